@@ -1,0 +1,109 @@
+"""The public codec API: ``compress``, ``decompress``, ``max_compressed_size``.
+
+It picks an implementation by where the data lives: device arrays go to the GPU
+codec and stay on the device; host arrays go to the CPU fast path (or the NumPy
+reference when ``backend="reference"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import format as fmt
+from .arrays import as_bf16, host_bits, is_device_array
+from .codebook import Codebook
+
+_HOST_BACKENDS = ("auto", "cpu", "reference")
+
+
+def _host_codec(backend: str):
+    if backend not in _HOST_BACKENDS:
+        raise ValueError(f"backend must be one of {_HOST_BACKENDS} for host arrays, got {backend!r}")
+    if backend == "reference":
+        from .codec import reference
+        return reference
+    from .codec import cpu
+    return cpu
+
+
+def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | None) -> Codebook:
+    if codebook is not None and sigma is not None:
+        raise ValueError("give either codebook= or sigma=, not both")
+    if codebook is not None:
+        if not isinstance(codebook, Codebook):
+            raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+        return codebook
+    if sigma is not None:
+        return Codebook.from_sigma(sigma)
+    return Codebook.from_sample(bits)
+
+
+def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
+             dtype: str | None = None, checksum: bool = True, out=None, stream=None,
+             backend: str = "auto"):
+    """Compress a BF16 tensor into one frame: a contiguous uint8 buffer, ready to send.
+
+    ``x`` is an ``ml_dtypes.bfloat16`` NumPy array, a torch bfloat16 tensor, a uint16
+    array with ``dtype="bfloat16"``, or a device array (CuPy, Numba, CUDA torch), in
+    which case the frame is a device array on the same device, written on ``stream``.
+    The codebook defaults to ``Codebook.from_sigma`` of a strided-sample estimate;
+    ``sigma=`` gives sigma directly. ``out=`` is a preallocated uint8 buffer of at least
+    ``max_compressed_size(x.size)`` bytes; the frame is written at its start and the
+    returned array is a view of it.
+
+    >>> import ml_dtypes, numpy as np, zipccl
+    >>> x = np.random.default_rng(0).normal(0, 0.02, 10000).astype(ml_dtypes.bfloat16)
+    >>> frame = zipccl.compress(x)
+    >>> y = zipccl.decompress(frame)
+    >>> bool(np.array_equal(x.view(np.uint16), y.view(np.uint16))), len(frame) < x.nbytes
+    (True, True)
+    """
+    if is_device_array(x):
+        from .codec import gpu
+        return gpu.compress(x, codebook=codebook, sigma=sigma, dtype=dtype, checksum=checksum,
+                            out=out, stream=stream)
+    bits = host_bits(x, dtype=dtype)
+    cb = _pick_codebook(bits, codebook, sigma)
+    frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum)
+    if out is None:
+        return frame
+    dst = np.asarray(out).reshape(-1).view(np.uint8)
+    if dst.size < frame.size:
+        raise ValueError(f"out= holds {dst.size} bytes; this frame needs {frame.size} "
+                         f"(max_compressed_size({bits.size}) = {fmt.max_compressed_size(bits.size)})")
+    dst[:frame.size] = frame
+    return dst[:frame.size]
+
+
+def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
+    """Decompress one frame into a tensor bit-identical to the compressed one.
+
+    A host frame (bytes, bytearray, uint8 NumPy array) gives an ``ml_dtypes.bfloat16``
+    NumPy array of the original shape; a device frame gives a device array. Raises
+    ValueError if ``frame`` is not a complete, valid zipccl frame.
+    """
+    if is_device_array(frame):
+        from .codec import gpu
+        return gpu.decompress(frame, out=out, stream=stream)
+    if isinstance(frame, np.ndarray) and frame.dtype != np.uint8:
+        raise TypeError(f"a zipccl frame is a uint8 buffer, got dtype {frame.dtype}")
+    bits, header = _host_codec(backend).decode(frame)
+    if out is None:
+        return as_bf16(bits)
+    dst = host_bits(out, dtype="bfloat16" if np.asarray(out).dtype == np.uint16 else None)
+    if dst.shape != bits.shape and dst.size != bits.size:
+        raise ValueError(f"out= has {dst.size} elements; the frame holds {bits.size}")
+    dst.reshape(-1)[:] = bits.reshape(-1)
+    return out
+
+
+def max_compressed_size(n: int) -> int:
+    """Worst-case frame size in bytes for ``n`` BF16 values (header + raw data).
+
+    >>> max_compressed_size(1 << 20)
+    2097280
+    """
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"element count must be >= 0, got {n}")
+    return fmt.max_compressed_size(n)

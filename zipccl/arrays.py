@@ -1,0 +1,86 @@
+"""Arrays in and out: NumPy (ml_dtypes.bfloat16 or uint16), torch, CuPy, Numba device arrays.
+
+Inside the codec a BF16 tensor is its uint16 bit patterns. This module turns
+whatever the caller has into that view without copying where the memory allows
+it, and tells host arrays from device arrays. It imports neither torch nor CuPy
+unless the caller's object already comes from them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+_BF16_NAMES = ("bfloat16", "bf16")
+
+
+def _torch_of(x):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch
+    return None
+
+
+def is_device_array(x) -> bool:
+    """True for CUDA memory: CuPy, Numba device arrays, CUDA torch tensors."""
+    torch = _torch_of(x)
+    if torch is not None:
+        return bool(x.is_cuda)
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _check_bf16(dtype_obj, dtype: str | None, what: str) -> None:
+    name = str(dtype_obj)
+    if name in ("bfloat16", "torch.bfloat16"):
+        return
+    if dtype in _BF16_NAMES and name in ("uint16", "int16", "torch.int16", "torch.uint16"):
+        return
+    hint = (" (pass dtype=\"bfloat16\" to read uint16 bit patterns as BF16)"
+            if name in ("uint16", "int16", "torch.int16", "torch.uint16") else "")
+    raise TypeError(f"zipccl compresses BF16 tensors; got a {what} of dtype {name}{hint}")
+
+
+def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
+    """The BF16 bit patterns of a host array as a C-contiguous uint16 array of the same shape.
+
+    Accepts a NumPy array of ``ml_dtypes.bfloat16``, a uint16/int16 array with
+    ``dtype="bfloat16"``, or a CPU torch tensor of ``torch.bfloat16``. A
+    non-contiguous input is copied; anything else is a view. Raises TypeError for
+    other dtypes, naming the dtype.
+
+    >>> import ml_dtypes, numpy as np
+    >>> host_bits(np.array([1.0, -2.0], dtype=ml_dtypes.bfloat16))
+    array([16256, 49152], dtype=uint16)
+    """
+    if dtype is not None and dtype not in _BF16_NAMES:
+        raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
+    torch = _torch_of(x)
+    if torch is not None:
+        if x.is_cuda:
+            raise TypeError("host_bits needs a host tensor; this torch tensor is on a CUDA device")
+        _check_bf16(x.dtype, dtype, "torch tensor")
+        t = x.detach().contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        return t.numpy().view(np.uint16)
+    if is_device_array(x):
+        raise TypeError("host_bits needs a host array; this one lives on a CUDA device")
+    arr = np.asarray(x)
+    _check_bf16(arr.dtype, dtype, "NumPy array")
+    return np.ascontiguousarray(arr).view(np.uint16)
+
+
+def as_bf16(bits: np.ndarray) -> np.ndarray:
+    """View uint16 bit patterns as an ``ml_dtypes.bfloat16`` array (no copy)."""
+    return np.asarray(bits).view(BF16)
+
+
+def to_bf16(x) -> np.ndarray:
+    """Round any floating host array to BF16 (round-to-nearest-even), for tools and demos."""
+    torch = _torch_of(x)
+    if torch is not None:
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x).astype(BF16)

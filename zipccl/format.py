@@ -1,0 +1,263 @@
+"""The zipccl frame: header, section offsets, alignment and sizes.
+
+This is the only module that knows where anything lives inside a frame. The
+codecs (reference, CPU, GPU) and the collectives ask it for offsets and never
+compute one themselves. ``docs/FORMAT.md`` describes the same layout in prose;
+the two must agree.
+
+Frame layout (all integers little-endian, every section starts on a 128-byte
+boundary, padding bytes are zero)::
+
+    offset 0     header (128 bytes, see HEADER_FIELDS)
+    SM_OFFSET    sign-mantissa plane: n bytes, byte i = sign(x_i) << 7 | mantissa(x_i)
+    planes       3 code planes, plane k at planes_offset + k * plane_stride; each is
+                 ceil(n/32) uint32 words, bit j of word w = bit k of code(x_{32w+j})
+    counts       ceil(n/BLOCK) uint32: number of escapes in each block of BLOCK elements
+    escapes      n_escapes bytes: the exponent byte of every escaped element, in order
+    ---------    frame ends right after the last escape byte (no tail padding)
+
+Everything before ``escapes`` has a size that depends on n alone: that is the
+*static part*, which a receiver can size without being told. A RAW frame (flag
+bit 0) holds the header and then the 2n input bytes verbatim; an encoder writes
+one exactly when the compressed frame would be longer, so no frame is longer
+than ``max_compressed_size(n) = HEADER_SIZE + 2n``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"ZCCL"
+VERSION = 1
+DTYPE_BF16 = 1
+DTYPE_NAMES = {DTYPE_BF16: "bfloat16"}
+
+HEADER_SIZE = 128
+ALIGN = 128
+BLOCK = 4096  # elements per escape block (one count per block)
+CODEBOOK_SIZE = 7  # codes 1..7 name codebook entries; code 0 is the escape
+MAX_NDIM = 8
+
+FLAG_RAW = 1 << 0
+FLAG_CHECKSUM = 1 << 1
+KNOWN_FLAGS = FLAG_RAW | FLAG_CHECKSUM
+
+# name, struct code, offset. The header is exactly HEADER_SIZE bytes; the last
+# four hold a CRC-32 of the 124 bytes before them.
+HEADER_FIELDS = (
+    ("magic", "4s", 0),
+    ("version", "B", 4),
+    ("dtype", "B", 5),
+    ("flags", "H", 6),
+    ("n", "Q", 8),
+    ("n_escapes", "Q", 16),
+    ("frame_len", "Q", 24),
+    ("checksum", "Q", 32),
+    ("codebook", "7s", 40),
+    ("ndim", "B", 47),
+    ("block", "I", 48),
+    ("reserved", "I", 52),
+    ("shape", "8Q", 56),
+    ("reserved2", "I", 120),
+    ("header_crc", "I", 124),
+)
+_HEADER_STRUCT = struct.Struct("<4sBBHQQQQ7sBII8QII")
+assert _HEADER_STRUCT.size == HEADER_SIZE
+assert [f[2] for f in HEADER_FIELDS] == [0, 4, 5, 6, 8, 16, 24, 32, 40, 47, 48, 52, 56, 120, 124]
+
+
+def align(nbytes: int) -> int:
+    """Round ``nbytes`` up to the next multiple of ALIGN (128)."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Byte offsets and sizes of every section of a frame of ``n`` elements.
+
+    >>> lay = Layout.for_count(4096)
+    >>> lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset, lay.escapes_offset
+    (128, 4224, 512, 5760, 5888)
+    """
+
+    n: int
+    sm_offset: int
+    planes_offset: int
+    plane_words: int  # uint32 words in one code plane
+    plane_stride: int  # bytes from one plane to the next (128-aligned)
+    counts_offset: int
+    n_blocks: int
+    escapes_offset: int  # == static_size: everything before it depends on n only
+    raw_size: int  # length of a RAW frame of n elements
+
+    @staticmethod
+    def for_count(n: int) -> "Layout":
+        if n < 0:
+            raise ValueError(f"element count must be >= 0, got {n}")
+        sm_offset = HEADER_SIZE
+        planes_offset = align(sm_offset + n)
+        plane_words = (n + 31) // 32
+        plane_stride = align(4 * plane_words)
+        counts_offset = planes_offset + 3 * plane_stride
+        n_blocks = (n + BLOCK - 1) // BLOCK
+        escapes_offset = align(counts_offset + 4 * n_blocks)
+        return Layout(n, sm_offset, planes_offset, plane_words, plane_stride, counts_offset,
+                      n_blocks, escapes_offset, HEADER_SIZE + 2 * n)
+
+    def plane_offset(self, k: int) -> int:
+        """Byte offset of code plane ``k`` (0, 1 or 2)."""
+        return self.planes_offset + k * self.plane_stride
+
+    @property
+    def static_size(self) -> int:
+        """Bytes of a compressed frame whose size depends on n alone."""
+        return self.escapes_offset
+
+    def compressed_len(self, n_escapes: int) -> int:
+        """Length of the compressed (non-RAW) frame with ``n_escapes`` escapes."""
+        return self.escapes_offset + n_escapes
+
+    def is_raw(self, n_escapes: int) -> bool:
+        """The rule every encoder follows: RAW exactly when compressing would grow the frame."""
+        return self.compressed_len(n_escapes) > self.raw_size
+
+    def frame_len(self, n_escapes: int) -> int:
+        return self.raw_size if self.is_raw(n_escapes) else self.compressed_len(n_escapes)
+
+
+def max_compressed_size(n: int) -> int:
+    """Largest frame that compressing ``n`` BF16 values can produce, in bytes.
+
+    >>> max_compressed_size(1000)
+    2128
+    """
+    return Layout.for_count(int(n)).raw_size
+
+
+def static_size(n: int) -> int:
+    """Size of the static part of a compressed frame of ``n`` elements (header .. counts)."""
+    return Layout.for_count(int(n)).static_size
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded fixed-size header of a frame."""
+
+    n: int
+    n_escapes: int
+    frame_len: int
+    flags: int
+    codebook: tuple[int, ...]
+    shape: tuple[int, ...]
+    checksum: int = 0
+    dtype: int = DTYPE_BF16
+    block: int = BLOCK
+    version: int = VERSION
+
+    @property
+    def raw(self) -> bool:
+        return bool(self.flags & FLAG_RAW)
+
+    @property
+    def has_checksum(self) -> bool:
+        return bool(self.flags & FLAG_CHECKSUM)
+
+    def pack(self) -> bytes:
+        """The 128 header bytes, CRC included."""
+        if len(self.shape) > MAX_NDIM:
+            raise ValueError(f"zipccl frames hold at most {MAX_NDIM} dimensions, got {len(self.shape)}")
+        shape8 = tuple(self.shape) + (0,) * (MAX_NDIM - len(self.shape))
+        body = _HEADER_STRUCT.pack(MAGIC, self.version, self.dtype, self.flags, self.n,
+                                   self.n_escapes, self.frame_len, self.checksum,
+                                   bytes(self.codebook), len(self.shape), self.block, 0,
+                                   *shape8, 0, 0)
+        crc = zlib.crc32(body[:HEADER_SIZE - 4])
+        return body[:HEADER_SIZE - 4] + struct.pack("<I", crc)
+
+
+def pack_header(header: Header) -> np.ndarray:
+    """The header as a uint8 array of HEADER_SIZE bytes."""
+    return np.frombuffer(header.pack(), dtype=np.uint8).copy()
+
+
+def parse_header(buf) -> Header:
+    """Read and validate the header of ``buf`` (any bytes-like / uint8 array).
+
+    Checks magic, version, dtype, flags, header CRC, shape and every length against
+    the buffer size. Raises ValueError with a message naming what is wrong. It does
+    not look at the payload; the decoders check the escape counts and checksum.
+    """
+    mv = memoryview(np.ascontiguousarray(np.frombuffer(buf, dtype=np.uint8)))
+    if len(mv) < HEADER_SIZE:
+        raise ValueError(f"not a zipccl frame: {len(mv)} bytes is shorter than the "
+                         f"{HEADER_SIZE}-byte header")
+    raw = bytes(mv[:HEADER_SIZE])
+    (magic, version, dtype, flags, n, n_esc, frame_len, checksum, codebook, ndim, block,
+     reserved, *rest) = _HEADER_STRUCT.unpack(raw)
+    shape8, reserved2, crc = rest[:8], rest[8], rest[9]
+    if magic != MAGIC:
+        raise ValueError(f"not a zipccl frame: magic is {magic!r}, expected {MAGIC!r}")
+    if crc != zlib.crc32(raw[:HEADER_SIZE - 4]):
+        raise ValueError("corrupted zipccl frame: header checksum mismatch")
+    if version != VERSION:
+        raise ValueError(f"unsupported zipccl frame version {version} (this build reads {VERSION})")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unsupported zipccl frame dtype code {dtype}")
+    if flags & ~KNOWN_FLAGS:
+        raise ValueError(f"corrupted zipccl frame: unknown flag bits 0x{flags & ~KNOWN_FLAGS:x}")
+    if block != BLOCK:
+        raise ValueError(f"corrupted zipccl frame: block size {block}, expected {BLOCK}")
+    if ndim > MAX_NDIM or reserved or reserved2 or any(shape8[ndim:]):
+        raise ValueError("corrupted zipccl frame: bad shape fields")
+    shape = tuple(int(d) for d in shape8[:ndim])
+    if ndim and int(np.prod(np.array(shape, dtype=object))) != n:
+        raise ValueError(f"corrupted zipccl frame: shape {shape} does not hold {n} elements")
+    if ndim == 0 and n != 1:
+        raise ValueError(f"corrupted zipccl frame: a 0-d frame must hold 1 element, not {n}")
+    cb = tuple(codebook)
+    if len(set(cb)) != CODEBOOK_SIZE:
+        raise ValueError(f"corrupted zipccl frame: codebook {cb} has repeated entries")
+    lay = Layout.for_count(n)
+    raw_frame = bool(flags & FLAG_RAW)
+    if raw_frame:
+        expected = lay.raw_size
+        if n_esc != 0:
+            raise ValueError("corrupted zipccl frame: a RAW frame lists escapes")
+    else:
+        if n_esc > n:
+            raise ValueError(f"corrupted zipccl frame: {n_esc} escapes for {n} elements")
+        if lay.is_raw(n_esc):
+            raise ValueError("corrupted zipccl frame: compressed frame longer than RAW")
+        expected = lay.compressed_len(n_esc)
+    if frame_len != expected:
+        raise ValueError(f"corrupted zipccl frame: header says {frame_len} bytes, "
+                         f"layout needs {expected}")
+    if len(mv) < frame_len:
+        raise ValueError(f"truncated zipccl frame: {len(mv)} bytes, header says {frame_len}")
+    if not flags & FLAG_CHECKSUM and checksum:
+        raise ValueError("corrupted zipccl frame: checksum present without its flag")
+    return Header(n=n, n_escapes=n_esc, frame_len=frame_len, flags=flags, codebook=cb,
+                  shape=shape, checksum=checksum, dtype=dtype, block=block, version=version)
+
+
+def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
+    """Checksum of frame bytes [HEADER_SIZE, frame_len), the reference definition.
+
+    The payload is zero-padded to a multiple of 4 bytes and read as little-endian
+    uint32 words w_i (i = 0 is the word at HEADER_SIZE); the checksum is
+    sum_i w_i * (2i + 1) mod 2**64. Any single-bit flip changes it (the weight is odd),
+    and it splits into independent per-range partial sums, so a GPU can compute it
+    in parallel and still be deterministic.
+    """
+    payload = np.asarray(frame[HEADER_SIZE:frame_len], dtype=np.uint8)
+    pad = (-len(payload)) % 4
+    if pad:
+        payload = np.concatenate([payload, np.zeros(pad, np.uint8)])
+    words = payload.view("<u4").astype(np.uint64)
+    weights = 2 * np.arange(len(words), dtype=np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        return int(np.sum(words * weights, dtype=np.uint64))
