@@ -1,0 +1,7 @@
+"""``python -m zipccl``: see zipccl.cli."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
