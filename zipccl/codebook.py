@@ -11,6 +11,14 @@ distribution by one exponent, so the best 7-value window is
 floor(log2 sigma) + 127 + offset(frac(log2 sigma)), a closed-form function of
 sigma (``window_start``). ``theory/01_sigma_codebook.ipynb`` derives and checks it.
 
+Real tensors are not all zero-mean Gaussians: biases and norm weights have a
+non-zero mean, some tensors are heavy-tailed or full of exact zeros. The
+default codebook (``Codebook.from_sample``) therefore reads one small strided
+sample, takes the sigma window from its RMS, and falls back to the sample's own
+top-7 exponents when those cover clearly more of the sample (``choose_codebook``;
+``theory/02_real_tensors.ipynb`` shows where that happens). It never builds a
+histogram of the whole tensor.
+
 A codebook never affects correctness: exponents outside it are escaped and
 stored whole. A poor codebook only costs ratio.
 """
@@ -25,6 +33,10 @@ import numpy as np
 from .format import CODEBOOK_SIZE
 
 SAMPLE_SIZE = 4096  # values read by the strided sigma estimate
+# The sample's top-7 replaces the sigma window only when it covers at least this
+# fraction more of the sample: ~3 standard deviations of the sampling noise of a
+# one-exponent difference at SAMPLE_SIZE, so Gaussian data keeps its sigma window.
+FALLBACK_MARGIN = 0.005
 _LOWEST_START = 0  # exponent 0: zeros and subnormals
 _HIGHEST_START = 254 - (CODEBOOK_SIZE - 1)  # keep 255 (inf / NaN) out of a sigma window
 
@@ -34,26 +46,51 @@ def _phi(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-def exponent_probabilities(sigma: float, exponents) -> np.ndarray:
-    """P(biased exponent == e) for x ~ N(0, sigma^2), for each e in ``exponents``.
+def exponent_probabilities(sigma: float, exponents, mean: float = 0.0) -> np.ndarray:
+    """P(biased exponent == e) for x ~ N(mean, sigma^2), for each e in ``exponents``.
 
     Exponent 0 collects zeros and subnormals (|x| < 2^-126); 255 is never hit
-    by a finite Gaussian (overflow beyond the BF16 range is neglected).
+    by a finite Gaussian (overflow beyond the BF16 range is neglected). With
+    ``mean == 0`` this is the closed form of the module docstring; a non-zero
+    mean (norm weights near 1.0, biases) adds the mirrored interval
+    -2^(e-126) < x <= -2^(e-127) separately.
 
     >>> p = exponent_probabilities(1.0, [126, 127])  # 0.5 <= |x| < 1 and 1 <= |x| < 2
     >>> [round(float(v), 4) for v in p]
     [0.2998, 0.2718]
+    >>> round(float(exponent_probabilities(0.01, [126], mean=1.0)[0]), 4)  # just below 1.0
+    0.5
     """
     out = np.zeros(len(exponents))
+    if not (sigma > 0.0 and math.isfinite(sigma)):
+        return out
     for i, e in enumerate(exponents):
         e = int(e)
-        if e == 0:
-            out[i] = 2.0 * _phi(2.0 ** -126 / sigma) - 1.0
-        elif 0 < e < 255:
-            lo = math.ldexp(1.0, e - 127) / sigma
-            hi = math.ldexp(1.0, e - 126) / sigma
-            out[i] = math.erfc(lo / math.sqrt(2.0)) - math.erfc(hi / math.sqrt(2.0))
+        if e < 0 or e > 254:
+            continue
+        lo = 0.0 if e == 0 else math.ldexp(1.0, e - 127)
+        hi = math.ldexp(1.0, -126) if e == 0 else math.ldexp(1.0, e - 126)
+        if mean == 0.0:
+            # 2 * [Phi(hi/s) - Phi(lo/s)], written with erfc to keep far tails accurate
+            out[i] = math.erfc(lo / sigma / math.sqrt(2.0)) - math.erfc(hi / sigma / math.sqrt(2.0))
+        else:
+            out[i] = (_phi((hi - mean) / sigma) - _phi((lo - mean) / sigma)
+                      + _phi((-lo - mean) / sigma) - _phi((-hi - mean) / sigma))
     return out
+
+
+def gaussian_coverage(sigma: float, start: int | None = None, mean: float = 0.0) -> float:
+    """Predicted coverage of the window starting at ``start`` (default: ``window_start(sigma)``).
+
+    The fraction of N(mean, sigma^2) values whose exponent lies in
+    ``start .. start + 6``. Over all sigma its zero-mean optimum stays between
+    about 97.0% and 97.9% (theory notebook 01).
+
+    >>> round(gaussian_coverage(0.02), 4)
+    0.9787
+    """
+    s = window_start(sigma) if start is None else int(start)
+    return float(exponent_probabilities(sigma, range(s, s + CODEBOOK_SIZE), mean).sum())
 
 
 def window_start(sigma: float) -> int:
@@ -83,32 +120,86 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> float:
-    """Root-mean-square of a strided sample of about ``samples`` BF16 values.
+def strided_sample(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
+    """At most ``samples`` BF16 bit patterns at a fixed stride over the flattened tensor.
 
-    Reads at most ``samples`` values (a fixed stride over the flattened tensor, so
-    the estimate is deterministic), ignores inf and NaN, and returns 0.0 when no
-    finite value is seen. Zero-mean Gaussian data has RMS == sigma.
+    Deterministic (no randomness), so every implementation picks the same sample:
+    elements 0, s, 2s, ... with s = max(1, n // samples), the first ``samples`` of them.
 
     >>> import numpy as np
-    >>> bits = (np.full(10, 0.5, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    >>> estimate_sigma(bits)
-    0.5
+    >>> strided_sample(np.arange(10, dtype=np.uint16), 4)
+    array([0, 2, 4, 6], dtype=uint16)
     """
     flat = np.asarray(bits).reshape(-1)
     if flat.size == 0:
-        return 0.0
+        return flat.astype(np.uint16)
     stride = max(1, flat.size // samples)
-    v = bf16_bits_to_float(flat[::stride][:samples]).astype(np.float64)
+    return flat[::stride][:samples].astype(np.uint16, copy=False)
+
+
+def _rms(sample: np.ndarray) -> float:
+    v = bf16_bits_to_float(sample).astype(np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return 0.0
     return float(np.sqrt(np.mean(v * v)))
 
 
+def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> float:
+    """Root-mean-square of a strided sample of about ``samples`` BF16 values.
+
+    Reads at most ``samples`` values (``strided_sample``, so the estimate is
+    deterministic), ignores inf and NaN, and returns 0.0 when no finite value is
+    seen. Zero-mean Gaussian data has RMS == sigma. The RMS, not the standard
+    deviation, is what places the window: the exponent depends on |x|, so a
+    tensor of mean 1.0 needs the window of 1.0, not that of its spread.
+
+    >>> import numpy as np
+    >>> bits = (np.full(10, 0.5, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    >>> estimate_sigma(bits)
+    0.5
+    """
+    return _rms(strided_sample(bits, samples))
+
+
 def exponents_of(bits: np.ndarray) -> np.ndarray:
     """The 8-bit biased exponent of each BF16 bit pattern."""
     return ((np.asarray(bits, dtype=np.uint16) >> 7) & 0xFF).astype(np.uint8)
+
+
+def exponent_histogram(bits: np.ndarray) -> np.ndarray:
+    """Counts of each of the 256 exponent values (int64, length 256)."""
+    return np.bincount(exponents_of(np.asarray(bits).reshape(-1)), minlength=256).astype(np.int64)
+
+
+def top_exponents(hist: np.ndarray, k: int = CODEBOOK_SIZE) -> tuple[int, ...]:
+    """The ``k`` most frequent exponents of a 256-bin histogram (ties: lower exponent first).
+
+    Exponents that never occur fill the remaining places in ascending order.
+
+    >>> h = np.zeros(256, np.int64); h[[3, 9]] = [5, 7]
+    >>> top_exponents(h)
+    (9, 3, 0, 1, 2, 4, 5)
+    """
+    order = np.lexsort((np.arange(256), -np.asarray(hist)))  # count descending, then exponent
+    return tuple(int(e) for e in order[:k])
+
+
+def exponent_entropy(hist: np.ndarray) -> float:
+    """Shannon entropy (bits) of the exponent distribution given by a histogram.
+
+    8 + exponent_entropy is the entropy limit in bits per BF16 value of any coder
+    that stores the sign-mantissa byte raw and codes exponents independently.
+
+    >>> exponent_entropy(np.array([1, 1, 2]))
+    1.5
+    """
+    h = np.asarray(hist, dtype=np.float64)
+    total = h.sum()
+    if total == 0:
+        return 0.0
+    p = h[h > 0] / total
+    return float(-(p * np.log2(p)).sum() + 0.0)
 
 
 @dataclass(frozen=True)
@@ -131,18 +222,26 @@ class Codebook:
         object.__setattr__(self, "exponents", ex)
 
     @classmethod
-    def from_sigma(cls, sigma: float) -> "Codebook":
+    def from_sigma(cls, sigma: float) -> Codebook:
         """The most probable window for N(0, sigma^2), in closed form (no data needed)."""
         s = window_start(float(sigma))
         return cls(tuple(range(s, s + CODEBOOK_SIZE)), sigma=float(sigma))
 
     @classmethod
-    def from_sample(cls, bits: np.ndarray, samples: int = SAMPLE_SIZE) -> "Codebook":
-        """``from_sigma`` of the strided-sample sigma estimate: the default codebook."""
-        return cls.from_sigma(estimate_sigma(bits, samples))
+    def from_sample(cls, bits: np.ndarray, samples: int = SAMPLE_SIZE, *,
+                    fallback: bool = True) -> Codebook:
+        """The default codebook, from one strided sample of at most ``samples`` values.
+
+        ``from_sigma`` of the sample's RMS; with ``fallback`` (the default) the
+        sample's top-7 exponents replace that window when they cover clearly more
+        of the sample (``choose_codebook``). Reads only the sample.
+        """
+        if not fallback:
+            return cls.from_sigma(estimate_sigma(bits, samples))
+        return choose_codebook(bits, samples).codebook
 
     @classmethod
-    def from_histogram(cls, x, *, dtype: str | None = None) -> "Codebook":
+    def from_histogram(cls, x, *, dtype: str | None = None) -> Codebook:
         """The exact 7 most frequent exponents of ``x`` (ties: lower exponent first).
 
         Exponents that never occur fill the remaining places in ascending order, so a
@@ -150,10 +249,7 @@ class Codebook:
         """
         from .arrays import host_bits
 
-        bits = host_bits(x, dtype=dtype)
-        hist = np.bincount(exponents_of(bits.reshape(-1)), minlength=256)
-        order = np.lexsort((np.arange(256), -hist))  # count descending, then exponent
-        return cls(tuple(int(e) for e in order[:CODEBOOK_SIZE]))
+        return cls(top_exponents(exponent_histogram(host_bits(x, dtype=dtype))))
 
     def lut(self) -> np.ndarray:
         """256-entry uint8 table: exponent -> code (0 = escape)."""
@@ -174,3 +270,51 @@ class Codebook:
         if bits.size == 0:
             return 1.0
         return float(np.count_nonzero(self.lut()[exponents_of(bits)]) / bits.size)
+
+
+@dataclass(frozen=True)
+class CodebookChoice:
+    """How the default codebook was chosen for one tensor (see ``choose_codebook``)."""
+
+    codebook: Codebook
+    sigma: float  # RMS of the sample
+    sigma_window: tuple[int, ...]  # from_sigma(sigma).exponents
+    sample_size: int
+    sigma_sample_coverage: float  # of the sigma window, on the sample
+    top_sample_coverage: float  # of the sample's top-7, on the sample
+    fallback: bool  # True when the sample's top-7 replaced the sigma window
+
+
+def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
+                    margin: float = FALLBACK_MARGIN) -> CodebookChoice:
+    """The default codebook and why: sigma window, or the sample's top-7 as a fallback.
+
+    One strided sample of at most ``samples`` values is read. Its RMS places the
+    sigma window (``Codebook.from_sigma``); its exponent histogram (256 bins, on
+    the sample only) checks that window. When the sample's own top-7 covers more
+    than ``margin`` more of the sample, the tensor is not the Gaussian the closed
+    form assumes (exact zeros, heavy tails, skewed or shifted values), and the
+    top-7 is used instead. For Gaussian data the two agree within sampling noise
+    and the sigma window is kept.
+
+    >>> import numpy as np
+    >>> bits = np.zeros(8192, np.uint16)  # half exact zeros: the sigma window misses them
+    >>> bits[:4096] = (np.random.default_rng(0).normal(0, 0.02, 4096).astype(np.float32)
+    ...                .view(np.uint32) >> 16).astype(np.uint16)
+    >>> c = choose_codebook(bits)
+    >>> c.fallback, 0 in c.codebook.exponents, 0 in c.sigma_window
+    (True, True, False)
+    """
+    sample = strided_sample(bits, samples)
+    sigma = _rms(sample)
+    by_sigma = Codebook.from_sigma(sigma)
+    if sample.size == 0:
+        return CodebookChoice(by_sigma, sigma, by_sigma.exponents, 0, 1.0, 1.0, False)
+    hist = exponent_histogram(sample)
+    top = top_exponents(hist)
+    cov_sigma = float(hist[list(by_sigma.exponents)].sum() / sample.size)
+    cov_top = float(hist[list(top)].sum() / sample.size)
+    fallback = cov_top - cov_sigma > margin
+    chosen = Codebook(top) if fallback else by_sigma
+    return CodebookChoice(chosen, sigma, by_sigma.exponents, int(sample.size), cov_sigma, cov_top,
+                          fallback)
