@@ -120,21 +120,39 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def sample_stride(n: int, samples: int = SAMPLE_SIZE) -> int:
+    """The stride of the strided sample: the largest s <= n // samples with gcd(s, 6) == 1.
+
+    A stride that shares a factor with the row length of a matrix samples only a
+    few of its columns (stride 256 over 256-wide rows reads column 0 only: the
+    diagonal of a causal attention matrix, never its masked zeros). Row lengths of
+    LLM tensors are products of powers of 2 and 3, so a stride prime to 6 walks
+    across all columns.
+
+    >>> sample_stride(1 << 20), sample_stride(4096), sample_stride(100)
+    (253, 1, 1)
+    """
+    s = max(1, n // max(1, samples))
+    while s > 1 and math.gcd(s, 6) != 1:
+        s -= 1
+    return s
+
+
 def strided_sample(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
     """At most ``samples`` BF16 bit patterns at a fixed stride over the flattened tensor.
 
     Deterministic (no randomness), so every implementation picks the same sample:
-    elements 0, s, 2s, ... with s = max(1, n // samples), the first ``samples`` of them.
+    elements 0, s, 2s, ... with s = ``sample_stride(n, samples)``, the first
+    ``samples`` of them.
 
     >>> import numpy as np
-    >>> strided_sample(np.arange(10, dtype=np.uint16), 4)
-    array([0, 2, 4, 6], dtype=uint16)
+    >>> strided_sample(np.arange(20, dtype=np.uint16), 4)
+    array([ 0,  5, 10, 15], dtype=uint16)
     """
     flat = np.asarray(bits).reshape(-1)
     if flat.size == 0:
         return flat.astype(np.uint16)
-    stride = max(1, flat.size // samples)
-    return flat[::stride][:samples].astype(np.uint16, copy=False)
+    return flat[::sample_stride(flat.size, samples)][:samples].astype(np.uint16, copy=False)
 
 
 def _rms(sample: np.ndarray) -> float:
@@ -298,9 +316,9 @@ def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
     and the sigma window is kept.
 
     >>> import numpy as np
-    >>> bits = np.zeros(8192, np.uint16)  # half exact zeros: the sigma window misses them
-    >>> bits[:4096] = (np.random.default_rng(0).normal(0, 0.02, 4096).astype(np.float32)
-    ...                .view(np.uint32) >> 16).astype(np.uint16)
+    >>> bits = (np.random.default_rng(0).normal(0, 0.02, 4096).astype(np.float32)
+    ...         .view(np.uint32) >> 16).astype(np.uint16)
+    >>> bits[1::2] = 0  # half exact zeros: the sigma window misses them
     >>> c = choose_codebook(bits)
     >>> c.fallback, 0 in c.codebook.exponents, 0 in c.sigma_window
     (True, True, False)

@@ -1,0 +1,324 @@
+"""Train a small Llama-style decoder on the CPU and capture its BF16 traffic for the theory notebooks.
+
+The model has what today's LLMs have (RMSNorm, rotary attention, SwiGLU, untied
+embeddings; about 3.3 million parameters) and learns byte-level language modelling
+on real text: the Python standard library's own source files. At several steps it
+captures, in BF16 (round to nearest even, what a mixed-precision job sends):
+
+- weights  (what FSDP/ZeRO all-gather),
+- gradients of the weights (what data parallelism reduce-scatters / all-reduces)
+  and of the residual stream (what tensor/sequence parallelism moves backwards),
+- activations: residual stream, normalized inputs, attention scores and
+  probabilities, attention output, SwiGLU hidden state, logits.
+
+For every captured tensor it writes one record with ``zipccl.metrics.tensor_stats``
+(sigma, coverage of the sigma window / default codebook / exact top-7, exact frame
+ratios, entropy limit, exponent histogram) after compressing it with the reference
+codec and checking the round trip bit for bit. It also writes a few small sample
+tensors. The notebooks read those files and need neither torch nor this run.
+
+    pip install "zipccl[torch]"        # or: pip install torch
+    python experiments/capture_training.py                 # ~10 minutes on 2 cores
+    python experiments/capture_training.py --steps 3 --capture 0,3 --out /tmp/cap   # smoke test
+
+Outputs (default ``--out experiments``):
+``results/training_capture.jsonl`` (one record per tensor and step),
+``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+import zipccl
+from zipccl.arrays import to_bf16
+from zipccl.codebook import Codebook
+from zipccl.metrics import tensor_stats
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything that determines the run; saved whole with every record."""
+
+    seed: int = 0
+    vocab: int = 256  # bytes
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 688  # SwiGLU hidden size, ~8/3 d_model
+    seq_len: int = 256
+    batch: int = 16
+    steps: int = 300
+    lr: float = 1e-3
+    warmup: int = 20
+    weight_decay: float = 0.1
+    capture_steps: tuple[int, ...] = (0, 10, 30, 100, 200, 300)
+    capture_seqs: int = 4  # activations are captured for the first sequences of the batch
+    corpus_bytes: int = 4_000_000
+    threads: int = 2
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError("d_model / n_heads must be an even integer (rotary pairs)")
+        if not all(0 <= s <= self.steps for s in self.capture_steps):
+            raise ValueError(f"capture steps {self.capture_steps} must lie in 0..{self.steps}")
+        if self.capture_seqs > self.batch:
+            raise ValueError("capture_seqs must be <= batch")
+
+
+def stdlib_corpus(limit: int) -> tuple[np.ndarray, list[str]]:
+    """The first ``limit`` bytes of the standard library's top-level .py files, in name order."""
+    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))
+    chunks, used, total = [], [], 0
+    for f in files:
+        data = Path(f).read_bytes()
+        chunks.append(data)
+        used.append(os.path.basename(f))
+        total += len(data)
+        if total >= limit:
+            break
+    return np.frombuffer(b"".join(chunks)[:limit], dtype=np.uint8), used
+
+
+def build_model(cfg: Config):
+    """The decoder, as torch modules (torch is imported here, not at module import)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d: int, eps: float = 1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+            self.eps = eps
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def rotate(x, cos, sin):  # rotary embedding on pairs (x[..., :h], x[..., h:])
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d = cfg.d_model
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+        def forward(self, x, cos, sin, cap, prefix):
+            b, t, d = x.shape
+            hd = d // cfg.n_heads
+            q, k, v = (w(x).view(b, t, cfg.n_heads, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+            out = (probs @ v).transpose(1, 2).reshape(b, t, d)
+            if cap is not None:
+                n = cfg.capture_seqs
+                cap[prefix + "attn_scores"] = scores[:n][..., ~mask]  # causal entries only
+                cap[prefix + "attn_probs"] = probs[:n]  # includes the masked zeros
+                cap[prefix + "attn_out"] = out[:n]
+            return self.wo(out)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+            self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+            self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+        def forward(self, x, cap, prefix):
+            h = F.silu(self.w_gate(x)) * self.w_up(x)
+            if cap is not None:
+                cap[prefix + "mlp_hidden"] = h[:cfg.capture_seqs]
+            return self.w_down(h)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn_norm, self.attn = RMSNorm(cfg.d_model), Attention()
+            self.mlp_norm, self.mlp = RMSNorm(cfg.d_model), MLP()
+
+        def forward(self, x, cos, sin, cap, prefix):
+            h = self.attn_norm(x)
+            if cap is not None:
+                cap[prefix + "residual"] = x[:cfg.capture_seqs]
+                cap[prefix + "norm_out"] = h[:cfg.capture_seqs]
+            x = x + self.attn(h, cos, sin, cap, prefix)
+            return x + self.mlp(self.mlp_norm(x), cap, prefix)
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.n_layers))
+            self.norm = RMSNorm(cfg.d_model)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+            hd = cfg.d_model // cfg.n_heads
+            inv = 1.0 / (10000.0 ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2)))
+            ang = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv)
+            self.register_buffer("cos", ang.cos(), persistent=False)
+            self.register_buffer("sin", ang.sin(), persistent=False)
+            for name, p in self.named_parameters():  # GPT-2 / Llama style init
+                if p.dim() == 2:
+                    scaled = name.endswith(("wo.weight", "w_down.weight"))  # residual outputs
+                    std = 0.02 / math.sqrt(2 * cfg.n_layers) if scaled else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, cap=None):
+            x = self.embed(idx)
+            outs = []
+            for i, blk in enumerate(self.blocks):
+                x = blk(x, self.cos, self.sin, cap, f"blocks.{i}.")
+                if cap is not None:
+                    x.retain_grad()  # its gradient is what the backward pass sends between stages
+                    outs.append(x)
+            logits = self.lm_head(self.norm(x))
+            if cap is not None:
+                cap["logits"] = logits[:cfg.capture_seqs]
+            return logits, outs
+
+    return Decoder()
+
+
+def classify(name: str) -> tuple[str, str, int]:
+    """(kind, role, layer) of a captured tensor name; layer -1 outside the blocks."""
+    kind = "weight"
+    if name.startswith("grad:"):
+        kind, name = "gradient", name[5:]
+    elif name.startswith("act:"):
+        kind, name = "activation", name[4:]
+    elif name.startswith("actgrad:"):
+        kind, name = "gradient", name[8:]
+    layer = int(name.split(".")[1]) if name.startswith("blocks.") else -1
+    leaf = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
+    role = {"embed": "embedding", "lm_head": "lm_head", "wq": "attn_qkv", "wk": "attn_qkv",
+            "wv": "attn_qkv", "wo": "attn_out_proj", "w_gate": "mlp_in", "w_up": "mlp_in",
+            "w_down": "mlp_out", "attn_norm": "norm", "mlp_norm": "norm", "norm": "norm"}.get(leaf, leaf)
+    if kind == "gradient" and name.endswith("output"):
+        role = "residual_grad"
+    return kind, role, layer
+
+
+def machine() -> dict:
+    return {"machine": f"{os.cpu_count()}-core CPU dev box", "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version()}
+
+
+def measure(name: str, t) -> tuple[dict, np.ndarray]:
+    """Cast one tensor to BF16, compress it (reference codec), check the round trip, take stats."""
+    bf = to_bf16(t.detach().float().contiguous().numpy())
+    bits = bf.view(np.uint16)
+    cb = Codebook.from_sample(bits)
+    frame = zipccl.compress(bf, codebook=cb, backend="reference")
+    back = zipccl.decompress(frame, backend="reference")
+    if not np.array_equal(back.view(np.uint16), bits):
+        raise AssertionError(f"{name}: round trip is not bit-exact")
+    stats = tensor_stats(bits, frame_bytes=int(frame.size))  # checks frame size == prediction
+    kind, role, layer = classify(name)
+    return {"name": name, "kind": kind, "role": role, "layer": layer, "shape": list(bf.shape),
+            "frame_bytes": int(frame.size), "bit_exact": True, **stats.as_record()}, bits
+
+
+SAMPLES = {  # name in the capture -> how many leading values to keep in data_samples
+    "embed.weight": None, "blocks.1.mlp.w_up.weight": None, "grad:blocks.1.mlp.w_up.weight": None,
+    "blocks.1.attn_norm.weight": None, "grad:embed.weight": None, "act:blocks.1.attn_probs": 65536,
+    "act:blocks.1.attn_scores": 65536, "act:blocks.1.mlp_hidden": 65536, "act:blocks.1.residual": 65536,
+    "actgrad:blocks.1.output": 65536, "act:logits": 65536,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=Config.steps)
+    ap.add_argument("--capture", default=",".join(map(str, Config.capture_steps)),
+                    help="comma-separated steps to capture (0 = initialization)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    args = ap.parse_args(argv)
+    cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
+
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    rng = np.random.default_rng(cfg.seed)
+    data, files = stdlib_corpus(cfg.corpus_bytes)
+    model = build_model(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
+    print(f"model: {n_params:,} parameters; corpus: {data.size:,} bytes from {len(files)} stdlib files")
+
+    results = args.out / "results"
+    samples_dir = args.out / "data_samples"
+    results.mkdir(parents=True, exist_ok=True)
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    common = {"experiment": "training_capture", **machine(), "torch": torch.__version__,
+              "zipccl": zipccl.__version__, "n_params": n_params, "config": asdict(cfg)}
+    rec_path, loss_path = results / "training_capture.jsonl", results / "training_capture_loss.jsonl"
+    samples: dict[str, np.ndarray] = {}
+    t0 = time.time()
+    with open(rec_path, "w") as rec_f, open(loss_path, "w") as loss_f:
+        for step in range(cfg.steps + 1):
+            starts = rng.integers(0, data.size - cfg.seq_len - 1, cfg.batch)
+            chunk = torch.from_numpy(np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64))
+            capture = step in cfg.capture_steps
+            cap = {} if capture else None
+            logits, outs = model(chunk[:, :-1], cap)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), chunk[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            print(json.dumps({"experiment": "training_capture_loss", "step": step, "loss": loss.item(),
+                              "lr": sched.get_last_lr()[0], "elapsed_s": time.time() - t0}),
+                  file=loss_f, flush=True)
+            if capture:
+                tensors = {}
+                for name, p in model.named_parameters():
+                    tensors[name] = p  # weights before this step's update: after `step` updates
+                    tensors["grad:" + name] = p.grad
+                for name, a in cap.items():
+                    tensors["act:" + name] = a
+                for i, o in enumerate(outs):
+                    tensors[f"actgrad:blocks.{i}.output"] = o.grad[:cfg.capture_seqs]
+                for name, t in tensors.items():
+                    rec, bits = measure(name, t)
+                    print(json.dumps({**common, "step": step, "loss": loss.item(), **rec}), file=rec_f)
+                    if step == max(cfg.capture_steps) and name in SAMPLES:
+                        keep = SAMPLES[name]
+                        samples[name] = bits.reshape(-1)[:keep] if keep else bits
+                rec_f.flush()
+                print(f"step {step:4d} loss {loss.item():.3f} captured {len(tensors)} tensors "
+                      f"({time.time() - t0:.0f} s)")
+            if step == cfg.steps:
+                break
+            opt.step()
+            sched.step()
+            if step % 25 == 0:
+                print(f"step {step:4d} loss {loss.item():.3f} ({time.time() - t0:.0f} s)")
+    np.savez_compressed(samples_dir / "training_tensors.npz",
+                        **{k.replace(":", "__"): v for k, v in samples.items()},
+                        step=np.array(max(cfg.capture_steps)))
+    print(f"wrote {rec_path}, {loss_path}, {samples_dir / 'training_tensors.npz'} "
+          f"in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
