@@ -70,7 +70,8 @@ def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
         raise TypeError("host_bits needs a host array; this one lives on a CUDA device")
     arr = np.asarray(x)
     _check_bf16(arr.dtype, dtype, "NumPy array")
-    return np.ascontiguousarray(arr).view(np.uint16)
+    # ascontiguousarray promotes 0-d arrays to 1-d; keep the caller's shape.
+    return np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)
 
 
 def as_bf16(bits: np.ndarray) -> np.ndarray:
