@@ -46,19 +46,36 @@ def _phi(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-def exponent_probabilities(sigma: float, exponents, mean: float = 0.0) -> np.ndarray:
-    """P(biased exponent == e) for x ~ N(mean, sigma^2), for each e in ``exponents``.
+def _lower_bound(e: int, rounded: bool) -> float:
+    """Smallest |x| whose BF16 value has biased exponent ``e`` (1 <= e <= 255).
 
-    Exponent 0 collects zeros and subnormals (|x| < 2^-126); 255 is never hit
-    by a finite Gaussian (overflow beyond the BF16 range is neglected). With
-    ``mean == 0`` this is the closed form of the module docstring; a non-zero
-    mean (norm weights near 1.0, biases) adds the mirrored interval
-    -2^(e-126) < x <= -2^(e-127) separately.
+    Unrounded: 2^(e-127). Rounded to nearest BF16: the midpoint between 2^(e-127)
+    and the BF16 value just below it (ties round up to the even 2^(e-127)), i.e.
+    2^(e-127) * (1 - 2^-9), or (1 - 2^-8) for e = 1, whose neighbour below is the
+    largest subnormal. e = 255 starts where values overflow to inf.
+    """
+    if not rounded:
+        return math.ldexp(1.0, e - 127)
+    return math.ldexp(1.0 - (2.0 ** -8 if e == 1 else 2.0 ** -9), e - 127)
 
-    >>> p = exponent_probabilities(1.0, [126, 127])  # 0.5 <= |x| < 1 and 1 <= |x| < 2
+
+def exponent_probabilities(sigma: float, exponents, mean: float = 0.0, *,
+                           rounded: bool = True) -> np.ndarray:
+    """P(biased exponent == e) for x ~ N(mean, sigma^2) stored as BF16, for each e in ``exponents``.
+
+    With ``rounded=False`` this is the textbook form P(2^(e-127) <= |x| < 2^(e-126)),
+    whose zero-mean value is 2 * [Phi(2^(e-126) / sigma) - Phi(2^(e-127) / sigma)].
+    By default it describes values rounded to BF16 (round to nearest even), as every
+    tensor zipccl sees is: the interval of exponent e then starts half a BF16 step
+    below 2^(e-127) (``_lower_bound``). Both depend on sigma only through
+    2^(e-127) / sigma. Exponent 0 collects zeros and subnormals, 255 overflow
+    (never hit in practice). A non-zero ``mean`` (norm weights near 1.0, biases)
+    adds the mirrored negative interval separately.
+
+    >>> p = exponent_probabilities(1.0, [126, 127], rounded=False)  # 0.5 <= |x| < 1, 1 <= |x| < 2
     >>> [round(float(v), 4) for v in p]
     [0.2998, 0.2718]
-    >>> round(float(exponent_probabilities(0.01, [126], mean=1.0)[0]), 4)  # just below 1.0
+    >>> round(float(exponent_probabilities(0.01, [126], mean=1.0, rounded=False)[0]), 4)
     0.5
     """
     out = np.zeros(len(exponents))
@@ -66,10 +83,10 @@ def exponent_probabilities(sigma: float, exponents, mean: float = 0.0) -> np.nda
         return out
     for i, e in enumerate(exponents):
         e = int(e)
-        if e < 0 or e > 254:
+        if e < 0 or e > 255:
             continue
-        lo = 0.0 if e == 0 else math.ldexp(1.0, e - 127)
-        hi = math.ldexp(1.0, -126) if e == 0 else math.ldexp(1.0, e - 126)
+        lo = 0.0 if e == 0 else _lower_bound(e, rounded)
+        hi = math.inf if e == 255 else _lower_bound(e + 1, rounded)
         if mean == 0.0:
             # 2 * [Phi(hi/s) - Phi(lo/s)], written with erfc to keep far tails accurate
             out[i] = math.erfc(lo / sigma / math.sqrt(2.0)) - math.erfc(hi / sigma / math.sqrt(2.0))

@@ -1,0 +1,149 @@
+"""The sigma -> codebook theory: closed form, scale invariance, coverage bound, Monte Carlo, fallback."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import zipccl
+from zipccl.codebook import (
+    Codebook,
+    choose_codebook,
+    estimate_sigma,
+    exponent_entropy,
+    exponent_histogram,
+    exponent_probabilities,
+    gaussian_coverage,
+    sample_stride,
+    strided_sample,
+    top_exponents,
+    window_start,
+)
+from zipccl.metrics import frame_ratio, tensor_stats
+
+ALL = range(256)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+@pytest.mark.parametrize("sigma", [1e-30, 1e-6, 0.02, 0.7, 1.0, 3.3, 1e4])
+@pytest.mark.parametrize("mean", [0.0, 0.5, -1.0])
+def test_probabilities_sum_to_one(sigma, mean):
+    if mean and sigma < 1e-20:
+        pytest.skip("mean-only distribution: a point mass, tested elsewhere")
+    assert exponent_probabilities(sigma, ALL, mean).sum() == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("sigma", [3e-5, 0.013, 0.02, 0.37, 1.9])
+def test_doubling_sigma_shifts_every_exponent_by_one(sigma):
+    """P depends on sigma only through frac(log2 sigma): sigma -> 2 sigma is e -> e + 1."""
+    e = np.arange(60, 180)
+    p1 = exponent_probabilities(sigma, e)
+    p2 = exponent_probabilities(2 * sigma, e + 1)
+    assert np.allclose(p1, p2, rtol=1e-9, atol=1e-15)
+    assert window_start(2 * sigma) == window_start(sigma) + 1
+    assert gaussian_coverage(2 * sigma) == pytest.approx(gaussian_coverage(sigma), rel=1e-12)
+
+
+def test_window_is_the_best_contiguous_window_and_best_of_all():
+    for sigma in 2.0 ** np.linspace(-10, 1, 37):
+        p = exponent_probabilities(sigma, ALL)
+        best_any = np.sort(p)[-7:].sum()  # the unconstrained top-7 of the distribution
+        assert gaussian_coverage(sigma) == pytest.approx(best_any, abs=1e-12)
+        s = window_start(sigma)
+        assert set(range(s, s + 7)) == set(top_exponents(p))
+
+
+def test_coverage_bound_over_all_sigma():
+    """The optimal window covers between ~97.0% and ~97.9% of a Gaussian, whatever sigma."""
+    fracs = np.linspace(0, 1, 257)[:-1]
+    cov = np.array([gaussian_coverage(2.0 ** (-6 + f)) for f in fracs])
+    assert 0.9695 < cov.min() < 0.9710
+    assert 0.9785 < cov.max() < 0.9795
+
+
+@pytest.mark.parametrize("sigma,mean", [(0.02, 0.0), (0.0037, 0.0), (1.3, 0.0), (0.05, 1.0),
+                                        (0.1, 0.6), (0.2, -0.3)])
+def test_monte_carlo_matches_the_closed_form(sigma, mean):
+    n = 400_000
+    x = np.random.default_rng(7).normal(mean, sigma, n)
+    bits = bf16_bits(x)
+    hist = exponent_histogram(bits) / n
+    pred = exponent_probabilities(sigma, ALL, mean)
+    # BF16 rounding moves values within 2^-9 of a power of two up one exponent: tiny
+    assert np.abs(hist - pred).max() < 0.004
+    s = window_start(sigma)
+    pred_cov = gaussian_coverage(sigma, s, mean)
+    meas_cov = Codebook(tuple(range(s, s + 7))).coverage(bits, dtype="bfloat16")
+    assert abs(meas_cov - pred_cov) < 0.002
+
+
+def test_sigma_estimate_of_gaussian_data():
+    for sigma in (1e-4, 0.02, 2.0):
+        bits = bf16_bits(np.random.default_rng(1).normal(0, sigma, 1 << 18))
+        assert estimate_sigma(bits) == pytest.approx(sigma, rel=0.05)
+    assert estimate_sigma(np.zeros(0, np.uint16)) == 0.0
+    assert estimate_sigma(np.full(9, 0x7FC0, np.uint16)) == 0.0  # NaN only
+
+
+def test_sample_stride_is_prime_to_6_and_reads_all_columns():
+    for n in (1, 100, 4096, 4097, 1 << 20, 3 * (1 << 18), 704_512, 10**9):
+        s = sample_stride(n)
+        assert s >= 1 and (s == 1 or math.gcd(s, 6) == 1)
+        assert s <= max(1, n // 4096)
+    m = np.zeros((4096, 256), np.uint16)
+    m[:, 0] = 0x3F80  # one column differs, as a causal attention matrix's first column does
+    sample = strided_sample(m)
+    assert 0 < np.count_nonzero(sample) < sample.size / 10
+
+
+def test_gaussian_data_keeps_its_sigma_window():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        sigma = 2.0 ** rng.uniform(-14, 3)
+        bits = bf16_bits(rng.normal(0, sigma, 50_000))
+        c = choose_codebook(bits)
+        assert not c.fallback
+        assert Codebook.from_sample(bits) == Codebook.from_sigma(estimate_sigma(bits))
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: np.where(r.random(1 << 16) < 0.6, 0.0, r.normal(0, 0.02, 1 << 16)),  # sparse gradient
+    lambda r: r.laplace(0, 0.01, 1 << 16) * r.normal(0, 1, 1 << 16),  # heavy tails
+    lambda r: np.exp(r.normal(-6, 2.5, 1 << 16)),  # softmax-like, log-normal, positive
+])
+def test_fallback_fixes_non_gaussian_tensors(make):
+    bits = bf16_bits(make(np.random.default_rng(5)))
+    by_sigma = Codebook.from_sigma(estimate_sigma(bits)).coverage(bits, dtype="bfloat16")
+    default = Codebook.from_sample(bits).coverage(bits, dtype="bfloat16")
+    best = Codebook.from_histogram(bits, dtype="bfloat16").coverage(bits, dtype="bfloat16")
+    assert choose_codebook(bits).fallback
+    assert default > by_sigma + 0.005
+    assert default > best - 0.01  # the sample's top-7 is nearly the exact top-7
+    assert Codebook.from_sample(bits, fallback=False).coverage(bits, dtype="bfloat16") == by_sigma
+
+
+def test_entropy_and_frame_ratio():
+    assert exponent_entropy(np.ones(8)) == pytest.approx(3.0)
+    assert exponent_entropy(np.zeros(256)) == 0.0
+    assert frame_ratio(0, 0) == 1.0
+    n = 1 << 20
+    assert frame_ratio(n, n) == pytest.approx((128 + 2 * n) / (2 * n))  # RAW frame
+
+
+@pytest.mark.parametrize("n", [1, 1000, 4096, 70_001])
+def test_tensor_stats_predicts_the_real_frame_size(n):
+    x = np.random.default_rng(n).standard_t(3, n) * 0.01  # heavy tails: some escapes
+    bf = np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+    frame = zipccl.compress(bf, backend="reference")
+    s = tensor_stats(bf.view(np.uint16), frame_bytes=int(frame.size))
+    assert s.ratio_default == pytest.approx(frame.size / bf.nbytes)
+    assert s.coverage_hist >= s.coverage_default - 1e-12 and s.coverage_hist >= s.coverage_sigma - 1e-12
+    assert sum(s.hist.values()) == n
+    with pytest.raises(ValueError, match="layout predicts"):
+        tensor_stats(bf.view(np.uint16), frame_bytes=int(frame.size) + 1)
