@@ -1,0 +1,54 @@
+"""The collectives on 1, 2 and 4 ranks: ``mpiexec -n N pytest tests/mpi/mpi_collectives.py``.
+
+Each rank derives its expected output from seeds alone (see that file). Four
+ranks on a two-core machine oversubscribe it, so the sizes there stay small.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+
+
+def mpiexec() -> str:
+    """The mpiexec next to this Python (the mpich wheel's), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpiexec not found: `make install` installs the mpich wheel that provides it")
+    return found
+
+
+def clean_env() -> dict[str, str]:
+    """This environment minus any MPI launcher state (a parent that initialised MPI leaks PMI_*)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALRANKID"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_ranks(n: int, target: str) -> subprocess.CompletedProcess:
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", target]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")[-4000:]
+        pytest.fail(f"{n} ranks did not finish in {TIMEOUT_S} s (a hang?):\n{out!r}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_collectives_under_mpiexec(ranks):
+    r = run_ranks(ranks, "tests/mpi/mpi_collectives.py")
+    assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout

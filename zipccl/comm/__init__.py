@@ -1,0 +1,20 @@
+"""Compressed collectives: ``Communicator`` over NCCL or MPI transports.
+
+``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
+holds the algorithms (two-phase frame exchange, the stated BF16 reduction),
+``policy`` decides compressed or native per call, ``communicator`` is the
+user-facing class. Importing this package does not import mpi4py's MPI module
+or touch a GPU.
+"""
+
+from .collectives import CollectiveError
+from .policy import Decision, Policy
+
+__all__ = ["CollectiveError", "Decision", "Policy", "Communicator"]
+
+
+def __getattr__(name):
+    if name == "Communicator":
+        from .communicator import Communicator
+        return Communicator
+    raise AttributeError(f"module 'zipccl.comm' has no attribute {name!r}")

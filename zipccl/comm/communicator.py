@@ -1,0 +1,464 @@
+"""``zipccl.Communicator``: NCCL-like collectives that move BF16 tensors compressed, bit-exact.
+
+It wraps an mpi4py communicator (duplicated, so zipccl's messages never meet
+the caller's) and exposes ``all_gather``, ``reduce_scatter``, ``all_to_all``
+(with per-peer counts) and ``all_reduce`` on NumPy (``ml_dtypes.bfloat16``, or
+uint16 with ``dtype="bfloat16"``), torch, CuPy and Numba device arrays. BF16
+calls go compressed or native as the policy decides; any other dtype goes
+through the native collective unchanged.
+
+Every call first checks its arguments *collectively*: each rank checks its
+own buffers (sizes, dtype, contiguity, alignment, writability), then the ranks
+exchange a small signature and compare. Any problem on any rank raises the same
+``CollectiveError`` on every rank before a byte of payload moves, instead of a
+hang or a write out of bounds. Only then is the policy asked, with values all
+ranks share, so every rank takes the same path.
+
+Host arrays travel over MPI and are coded by the CPU codec. Device arrays
+travel over NCCL (``backend="nccl"``, or ``"auto"`` when CuPy's NCCL works on
+every rank) or over MPI, directly if MPI reports CUDA support and staged through
+pinned host memory otherwise. The user selects the CUDA device before creating
+the communicator (``cupy.cuda.Device(i).use()``); nothing touches a GPU until a
+device array arrives.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..arrays import BF16
+from .collectives import (
+    CollectiveError,
+    ExchangeStats,
+    HostEngine,
+    all_gather_bf16,
+    all_reduce_bf16,
+    all_to_all_bf16,
+    reduce_scatter_bf16,
+)
+from .policy import Decision, Policy
+from .transport import REDUCE_OPS, MPITransport, Transport
+
+BACKENDS = ("auto", "nccl", "mpi")
+_BF16_NAMES = ("bfloat16", "bf16")
+
+
+@dataclass
+class _Arr:
+    """One argument, normalised: a 1-D view of the caller's memory (BF16 as uint16 bits)."""
+
+    data: object  # numpy.ndarray or cupy.ndarray, 1-D, C-contiguous, shares the caller's memory
+    device: bool
+    bf16: bool
+    dtype: str  # "bfloat16" or the NumPy dtype name
+    torch: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def _ptr_range(a) -> tuple[int, int]:
+    if isinstance(a, np.ndarray):
+        p = a.__array_interface__["data"][0]
+    else:
+        p = a.data.ptr
+    return p, p + a.nbytes
+
+
+def _overlap(a, b) -> bool:
+    (a0, a1), (b0, b1) = _ptr_range(a), _ptr_range(b)
+    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
+
+
+def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
+    """Normalise one argument; raises TypeError / ValueError naming ``role`` and the problem."""
+    if dtype is not None and dtype not in _BF16_NAMES:
+        raise TypeError(f"dtype= may only be 'bfloat16' (to read 16-bit integers as BF16), "
+                        f"got {dtype!r}")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_contiguous():
+            raise ValueError(f"{role} is a non-contiguous torch tensor; pass .contiguous()")
+        t = x.detach()
+        bf16 = t.dtype == torch.bfloat16 or (dtype is not None and t.dtype in (torch.int16,
+                                                                               torch.uint16))
+        if dtype is not None and not bf16:
+            raise TypeError(f"{role}: dtype='bfloat16' needs a 16-bit tensor, got {t.dtype}")
+        if bf16:
+            t = t.view(torch.int16)
+        if t.is_cuda:
+            import cupy
+
+            arr = cupy.asarray(t).reshape(-1)
+        else:
+            arr = t.numpy().reshape(-1)
+        if bf16:
+            arr = arr.view(np.uint16)
+        name = "bfloat16" if bf16 else str(arr.dtype)
+        return _Arr(arr, bool(t.is_cuda), bf16, name, torch=True)
+    if hasattr(x, "__cuda_array_interface__"):
+        try:
+            import cupy
+        except ImportError as e:
+            raise TypeError(f"{role} is a CUDA array; zipccl needs CuPy to move device arrays") from e
+        arr = cupy.asarray(x)
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{role} is a non-contiguous device array")
+        if arr.data.ptr % max(arr.itemsize, 1):
+            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
+        device = True
+    elif isinstance(x, np.ndarray):
+        arr = x
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{role} is a non-contiguous array (strides {arr.strides}); "
+                             f"pass np.ascontiguousarray(...)")
+        if not arr.flags.aligned:
+            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{role} is read-only")
+        device = False
+    else:
+        raise TypeError(f"{role} must be a NumPy, CuPy, Numba device or torch array, "
+                        f"got {type(x).__name__}")
+    name = np.dtype(arr.dtype).name if arr.dtype != BF16 else "bfloat16"
+    bf16 = name == "bfloat16" or (dtype is not None and name in ("uint16", "int16"))
+    if dtype is not None and not bf16:
+        raise TypeError(f"{role}: dtype='bfloat16' needs a 16-bit array, got {name}")
+    flat = arr.reshape(-1)
+    if bf16:
+        flat = flat.view(np.uint16)
+        name = "bfloat16"
+    return _Arr(flat, device, bf16, name)
+
+
+def _int_list(counts, p: int, what: str) -> list[int]:
+    vals = [int(c) for c in counts]
+    if len(vals) != p:
+        raise ValueError(f"{what} has {len(vals)} entries; the communicator has {p} ranks")
+    if any(c < 0 for c in vals):
+        raise ValueError(f"{what} has negative entries: {vals}")
+    return vals
+
+
+class Communicator:
+    """Compressed collectives over an mpi4py communicator.
+
+    >>> from mpi4py import MPI
+    >>> import ml_dtypes, numpy as np, zipccl
+    >>> comm = zipccl.Communicator(MPI.COMM_SELF, policy="always")
+    >>> x = np.arange(8, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    >>> out = np.empty(8 * comm.size, dtype=ml_dtypes.bfloat16)
+    >>> comm.all_gather(x, out)
+    >>> bool(np.array_equal(out.view(np.uint16), x.view(np.uint16)))
+    True
+    >>> comm.close()
+    """
+
+    def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
+                 checksum: bool = False, min_compress_bytes: int = 1 << 20,
+                 compress_host: bool = False, cuda_aware_mpi: bool | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.policy = policy if isinstance(policy, Policy) else \
+            Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
+        self.backend = backend
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.mpi = MPITransport(self.comm, cuda_aware=cuda_aware_mpi)
+        self._nccl: Transport | None = None
+        self._nccl_tried = False
+        self._checksum = bool(checksum)
+        self._host = HostEngine(checksum=self._checksum)
+        self._device_engine = None
+        self.last_decision: Decision | None = None
+        self.last_stats: ExchangeStats | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the duplicated MPI communicator and the NCCL communicator, if any."""
+        if self._nccl is not None:
+            self._nccl.close()
+            self._nccl = None
+        self.mpi.close()
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _agree(self, err: str | None, op: str = "collective") -> None:
+        """Raise the same CollectiveError on every rank if any rank reports ``err``."""
+        errs = self.comm.allgather(err)
+        bad = [(r, e) for r, e in enumerate(errs) if e]
+        if bad:
+            raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+
+    def _validate(self, op: str, check):
+        """Run ``check()`` -> (common, extra, value) on every rank and agree on the outcome.
+
+        ``common`` must be equal on all ranks; the list of every rank's ``extra`` is
+        returned for cross-rank checks; ``value`` is this rank's result of the check.
+        """
+        try:
+            common, extra, value = check()
+            err = None
+        except (TypeError, ValueError) as e:
+            common = extra = value = None
+            err = str(e)
+        everything = self.comm.allgather((err, common, extra))
+        bad = [(r, e) for r, (e, _, _) in enumerate(everything) if e]
+        if bad:
+            raise CollectiveError(f"zipccl {op}: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+        commons = [c for _, c, _ in everything]
+        if any(c != commons[0] for c in commons):
+            lines = "; ".join(f"rank {r}: {c}" for r, c in enumerate(commons))
+            raise CollectiveError(f"zipccl {op}: ranks disagree on the call ({lines})")
+        return [x for _, _, x in everything], value
+
+    def _route(self, device: bool):
+        """(engine, transport) for host or device data; the device side is set up lazily."""
+        if not device:
+            if self.backend == "nccl":
+                raise CollectiveError('backend="nccl" moves device arrays only; got host arrays')
+            return self._host, self.mpi
+        if self._device_engine is None:
+            from .device import DeviceEngine
+
+            self._device_engine = DeviceEngine(checksum=self._checksum)
+        return self._device_engine, self._device_transport()
+
+    def _device_transport(self) -> Transport:
+        if self.backend == "mpi":
+            return self.mpi
+        if not self._nccl_tried:
+            self._nccl_tried = True
+            err = None
+            try:
+                from cupy.cuda import nccl
+
+                nccl.get_version()
+            except Exception as e:  # noqa: BLE001 -- any failure means "no NCCL here"
+                err = f"NCCL unavailable: {e}"
+            oks = self.comm.allgather(err)
+            if any(oks):
+                if self.backend == "nccl":
+                    self._agree(err, "NCCL set-up")
+            else:
+                from .transport import NCCLTransport
+
+                self._nccl = NCCLTransport(self.comm)
+        return self._nccl if self._nccl is not None else self.mpi
+
+    @property
+    def transport_name(self) -> str:
+        """Where device arrays go: "nccl", "mpi" (CUDA-aware) or "mpi-staged"; host: "mpi"."""
+        if self._nccl is not None:
+            return "nccl"
+        return "mpi" if self.mpi.cuda_aware else "mpi-staged"
+
+    def _decide(self, op: str, nbytes: int, arr: _Arr) -> Decision:
+        d = self.policy.decide(op, nbytes, bf16=arr.bf16, device=arr.device, world=self.size)
+        self.last_decision = d
+        return d
+
+    def explain(self, op: str, nbytes: int, *, device: bool = True) -> str:
+        """What the policy would do for ``op`` on ``nbytes`` BF16 bytes per rank, and why."""
+        return self.policy.explain(op, nbytes, device=device, world=self.size)
+
+    @staticmethod
+    def _pair(send: _Arr, recv: _Arr) -> None:
+        if send.device != recv.device:
+            raise TypeError("send and recv must both be host arrays or both device arrays")
+        if send.dtype != recv.dtype:
+            raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
+
+    def _stream(self, arr: _Arr, stream):
+        if not arr.device:
+            return None
+        if stream is None and arr.torch:
+            import torch
+
+            return torch.cuda.current_stream().cuda_stream
+        return stream
+
+    # -- the collectives --------------------------------------------------------------------
+    def all_gather(self, send, recv, *, dtype: str | None = None, stream=None) -> None:
+        """recv = concatenation over ranks (rank order) of every rank's ``send``.
+
+        ``recv`` holds size x ``send.size`` elements. Like ncclAllGather; ``send``
+        may be rank's own slice of ``recv`` (in place).
+        """
+        def check():
+            s = _wrap(send, dtype, "send")
+            r = _wrap(recv, dtype, "recv", writable=True)
+            self._pair(s, r)
+            if r.size != self.size * s.size:
+                raise ValueError(f"recv holds {r.size} elements; all_gather of {s.size} per rank "
+                                 f"on {self.size} ranks needs {self.size * s.size}")
+            return ("all_gather", s.dtype, s.device, s.size), None, (s, r)
+
+        _, (s, r) = self._validate("all_gather", check)
+        d = self._decide("all_gather", s.nbytes, s)
+        eng, tr = self._route(s.device)
+        st = self._stream(s, stream)
+        sdata = self._detached(eng, s.data, r.data)
+        if s.bf16:
+            self.last_stats = all_gather_bf16(eng, tr, self._agree, sdata, r.data,
+                                              [s.size] * self.size, compress=d.compress, stream=st)
+        else:
+            tr.allgather(sdata.view("uint8"), r.data.view("uint8"), st)
+            self.last_stats = ExchangeStats(s.nbytes * (self.size - 1), s.nbytes * (self.size - 1))
+
+    def reduce_scatter(self, send, recv, op: str = "sum", *, dtype: str | None = None,
+                       stream=None) -> None:
+        """recv = reduction over ranks of each rank's block ``rank`` of ``send``.
+
+        ``send`` holds size x ``recv.size`` elements. BF16: ``op="sum"`` only, with
+        the reduction of ``zipccl.comm.collectives.reduce_sum_bf16`` (FP32, rank
+        order, one rounding) on the compressed path and on the native MPI path;
+        native NCCL uses NCCL's BF16 sum. Other dtypes: the native reduction.
+        """
+        def check():
+            s = _wrap(send, dtype, "send")
+            r = _wrap(recv, dtype, "recv", writable=True)
+            self._pair(s, r)
+            if op not in REDUCE_OPS:
+                raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+            if s.bf16 and op != "sum":
+                raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
+            if s.size != self.size * r.size:
+                raise ValueError(f"send holds {s.size} elements; reduce_scatter into {r.size} "
+                                 f"per rank on {self.size} ranks needs {self.size * r.size}")
+            return ("reduce_scatter", s.dtype, s.device, r.size, op), None, (s, r)
+
+        _, (s, r) = self._validate("reduce_scatter", check)
+        d = self._decide("reduce_scatter", s.nbytes, s)
+        eng, tr = self._route(s.device)
+        st = self._stream(s, stream)
+        sdata = self._detached(eng, s.data, r.data)
+        if s.bf16 and (d.compress or tr.name != "nccl"):
+            self.last_stats = reduce_scatter_bf16(eng, tr, self._agree, sdata, r.data,
+                                                  [r.size] * self.size, compress=d.compress,
+                                                  stream=st)
+        else:
+            tr.reduce_scatter(sdata, r.data, op, st, dtype="bfloat16" if s.bf16 else None)
+            raw = s.nbytes - r.nbytes
+            self.last_stats = ExchangeStats(raw, raw)
+
+    def all_to_all(self, send, recv, send_counts=None, recv_counts=None, *,
+                   dtype: str | None = None, stream=None) -> None:
+        """Rank i's block j of ``send`` becomes rank j's block i of ``recv``.
+
+        Without counts, both buffers split into ``size`` equal blocks. With
+        ``send_counts`` (elements per destination, packed in rank order, summing to
+        ``send.size``) blocks may be uneven, as MoE dispatch needs; ``recv_counts``
+        (elements per source) may be given or left for zipccl to derive from the
+        other ranks' ``send_counts``.
+        """
+        p = self.size
+
+        def check():
+            s = _wrap(send, dtype, "send")
+            r = _wrap(recv, dtype, "recv", writable=True)
+            self._pair(s, r)
+            if send_counts is None:
+                if recv_counts is not None:
+                    raise ValueError("recv_counts given without send_counts")
+                if s.size % p or r.size != s.size:
+                    raise ValueError(f"all_to_all without counts needs send and recv of equal size "
+                                     f"divisible by {p}; got {s.size} and {r.size}")
+                sc = [s.size // p] * p
+                rc = list(sc)
+            else:
+                sc = _int_list(send_counts, p, "send_counts")
+                rc = None if recv_counts is None else _int_list(recv_counts, p, "recv_counts")
+                if sum(sc) != s.size:
+                    raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
+                if rc is not None and sum(rc) != r.size:
+                    raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
+            return ("all_to_all", s.dtype, s.device), (sc, rc, r.size), (s, r)
+
+        extras, (s, r) = self._validate("all_to_all", check)
+        # Cross-rank consistency, computed identically on every rank.
+        matrix = [row[0] for row in extras]
+        problems = []
+        for i, (_, rc, rsize) in enumerate(extras):
+            column = [matrix[j][i] for j in range(p)]
+            if rc is None:
+                if sum(column) != rsize:
+                    problems.append(f"rank {i}: recv holds {rsize} elements, peers send {sum(column)}")
+            elif rc != column:
+                problems.append(f"rank {i}: recv_counts {rc} but peers send {column}")
+        if problems:
+            raise CollectiveError("zipccl all_to_all: " + "; ".join(problems))
+        my_recv_counts = [matrix[j][self.rank] for j in range(p)]
+        itemsize = 2 if s.bf16 else s.data.itemsize
+        mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
+        d = self._decide("all_to_all", mean_bytes, s)
+        eng, tr = self._route(s.device)
+        st = self._stream(s, stream)
+        sdata = self._detached(eng, s.data, r.data)
+        if s.bf16:
+            self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, matrix[self.rank],
+                                              my_recv_counts, compress=d.compress, stream=st)
+        else:
+            from .collectives import offsets
+
+            sc = [itemsize * c for c in matrix[self.rank]]
+            rc = [itemsize * c for c in my_recv_counts]
+            tr.alltoallv(sdata.view("uint8"), sc, offsets(sc), r.data.view("uint8"), rc,
+                         offsets(rc), st)
+            raw = sum(sc) - sc[self.rank]
+            self.last_stats = ExchangeStats(raw, raw)
+
+    def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
+        """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
+
+        BF16 (``op="sum"``): compressed = reduce-scatter of near-equal shards, then
+        all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
+        ncclAllReduce; native MPI is the same two steps uncompressed.
+        """
+        def check():
+            b = _wrap(buf, dtype, "buf", writable=True)
+            if op not in REDUCE_OPS:
+                raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+            if b.bf16 and op != "sum":
+                raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
+            return ("all_reduce", b.dtype, b.device, b.size, op), None, b
+
+        _, b = self._validate("all_reduce", check)
+        d = self._decide("all_reduce", b.nbytes, b)
+        eng, tr = self._route(b.device)
+        st = self._stream(b, stream)
+        if b.bf16 and (d.compress or tr.name != "nccl"):
+            self.last_stats = all_reduce_bf16(eng, tr, self._agree, b.data, compress=d.compress,
+                                              stream=st)
+        else:
+            tr.allreduce(b.data, op, st, dtype="bfloat16" if b.bf16 else None)
+            raw = 2 * b.nbytes * (self.size - 1) // self.size
+            self.last_stats = ExchangeStats(raw, raw)
+
+    @staticmethod
+    def _detached(eng, send, recv):
+        """``send`` itself, or a copy of it if it overlaps ``recv`` (in-place calls)."""
+        if not _overlap(send, recv):
+            return send
+        copy = eng.bits_workspace("detach", send.nbytes // 2).view(send.dtype) \
+            if send.nbytes % 2 == 0 else None
+        if copy is None:
+            return send.copy()
+        eng.copy(copy, send)
+        return copy
