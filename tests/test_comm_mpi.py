@@ -31,6 +31,7 @@ def clean_env() -> dict[str, str]:
     """This environment minus any MPI launcher state (a parent that initialised MPI leaks PMI_*)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALRANKID"))}
+    env.setdefault("NUMBA_NUM_THREADS", "1")  # ranks share the cores: no thread oversubscription
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
@@ -52,3 +53,15 @@ def test_collectives_under_mpiexec(ranks):
     r = run_ranks(ranks, "tests/mpi/mpi_collectives.py")
     assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert "passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_demo_is_bit_exact(ranks):
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "zipccl", "demo", "--limit", "400000",
+           "--repeat", "1", "--host"]
+    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "bit-exact: yes" in r.stdout
+    assert "all-MiniLM-L6-v2" in r.stdout or "generated" in r.stdout

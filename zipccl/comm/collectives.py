@@ -55,10 +55,10 @@ Agree = Callable[[str | None], None]  # raises CollectiveError on every rank if 
 
 
 def slot_size(n: int) -> int:
-    """Bytes reserved for one frame of ``n`` elements on either side of an exchange.
+    """Bytes reserved for one frame of ``n`` elements on either side of an exchange (0: no frame).
 
     >>> slot_size(0), slot_size(1), slot_size(4096)
-    (128, 768, 8320)
+    (0, 768, 8320)
     """
     if n == 0:
         return 0
@@ -166,11 +166,18 @@ class HostEngine:
             raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
         out[:] = bits.reshape(-1)
 
+    def decode_errors(self) -> str | None:
+        """Errors of decodes that report late (device); host decodes raise at once."""
+        return None
+
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
 
     def reduce_sum(self, stack: np.ndarray, out: np.ndarray) -> None:
         reduce_sum_bf16(stack, out)
+
+    def set_stream(self, stream) -> None:
+        pass
 
     def sync(self) -> None:
         pass
@@ -210,28 +217,37 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
         codebook = eng.codebook(send)
 
     # -- encode ------------------------------------------------------------------------------
-    s_off, s_stat, s_esc = [0] * p, [0] * p, [0] * p
+    # An engine's encode may return None: the length is then read from the frame's own header
+    # after all frames are written (one device synchronisation for all of them).
+    s_off, s_stat, s_esc, s_len, caps = [0] * p, [0] * p, [0] * p, [None] * p, [0] * p
     if shared:
         n = sends[me][1]
         sbuf = eng.workspace("send", slot_size(n))
         if n and p > 1:
             o = sends[me][0]
             flen = eng.encode(send[o:o + n], sbuf, codebook)
-            for j in range(p):
-                if j != me:
-                    s_stat[j] = fmt.static_size(n)
-                    s_esc[j] = max(0, flen - s_stat[j])
+            if flen is None:
+                eng.sync()
+                flen = eng.read_header(sbuf, 0, slot_size(n)).frame_len
+            s_len = [flen if j != me else 0 for j in range(p)]
+            s_stat = [fmt.static_size(n) if j != me else 0 for j in range(p)]
     else:
         caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(sends)]
         s_off = offsets(caps)
         sbuf = eng.workspace("send", sum(caps))
         for j, (o, c) in enumerate(sends):
             if j != me and c:
-                flen = eng.encode(send[o:o + c], sbuf[s_off[j]:s_off[j] + caps[j]], codebook)
+                s_len[j] = eng.encode(send[o:o + c], sbuf[s_off[j]:s_off[j] + caps[j]], codebook)
                 s_stat[j] = fmt.static_size(c)
-                s_esc[j] = max(0, flen - s_stat[j])
+        if any(s_len[j] is None and caps[j] for j in range(p)):
+            eng.sync()
+        for j in range(p):
+            if s_len[j] is None:
+                s_len[j] = eng.read_header(sbuf, s_off[j], caps[j]).frame_len if caps[j] and \
+                    sends[j][1] else 0
     for j in range(p):
         if j != me:
+            s_esc[j] = max(0, s_len[j] - s_stat[j]) if s_stat[j] else 0
             stats.wire_bytes += s_stat[j] + s_esc[j]
             stats.raw_bytes += 2 * sends[j][1]
 
@@ -271,6 +287,7 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
             eng.decode(rbuf[r_off[j]:r_off[j] + r_len[j]], recv[o:o + c])
         except ValueError as e:
             err = err or f"frame from rank {j}: {e}"
+    err = err or eng.decode_errors()
     o, c = recvs[me]
     if c:
         so, sc = sends[me]

@@ -228,16 +228,17 @@ class Communicator:
             raise CollectiveError(f"zipccl {op}: ranks disagree on the call ({lines})")
         return [x for _, _, x in everything], value
 
-    def _route(self, device: bool):
+    def _route(self, device: bool, stream):
         """(engine, transport) for host or device data; the device side is set up lazily."""
         if not device:
             if self.backend == "nccl":
                 raise CollectiveError('backend="nccl" moves device arrays only; got host arrays')
             return self._host, self.mpi
         if self._device_engine is None:
-            from .device import DeviceEngine
+            from .pipeline import DeviceEngine
 
             self._device_engine = DeviceEngine(checksum=self._checksum)
+        self._device_engine.set_stream(stream)
         return self._device_engine, self._device_transport()
 
     def _device_transport(self) -> Transport:
@@ -312,8 +313,8 @@ class Communicator:
 
         _, (s, r) = self._validate("all_gather", check)
         d = self._decide("all_gather", s.nbytes, s)
-        eng, tr = self._route(s.device)
         st = self._stream(s, stream)
+        eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
         if s.bf16:
             self.last_stats = all_gather_bf16(eng, tr, self._agree, sdata, r.data,
@@ -346,8 +347,8 @@ class Communicator:
 
         _, (s, r) = self._validate("reduce_scatter", check)
         d = self._decide("reduce_scatter", s.nbytes, s)
-        eng, tr = self._route(s.device)
         st = self._stream(s, stream)
+        eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
         if s.bf16 and (d.compress or tr.name != "nccl"):
             self.last_stats = reduce_scatter_bf16(eng, tr, self._agree, sdata, r.data,
@@ -408,8 +409,8 @@ class Communicator:
         itemsize = 2 if s.bf16 else s.data.itemsize
         mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
         d = self._decide("all_to_all", mean_bytes, s)
-        eng, tr = self._route(s.device)
         st = self._stream(s, stream)
+        eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
         if s.bf16:
             self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, matrix[self.rank],
@@ -441,8 +442,8 @@ class Communicator:
 
         _, b = self._validate("all_reduce", check)
         d = self._decide("all_reduce", b.nbytes, b)
-        eng, tr = self._route(b.device)
         st = self._stream(b, stream)
+        eng, tr = self._route(b.device, st)
         if b.bf16 and (d.compress or tr.name != "nccl"):
             self.last_stats = all_reduce_bf16(eng, tr, self._agree, b.data, compress=d.compress,
                                               stream=st)

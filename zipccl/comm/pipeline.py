@@ -1,0 +1,148 @@
+"""Device-side machinery of the collectives: CuPy buffers, the GPU codec, the stream.
+
+``DeviceEngine`` is the device counterpart of ``collectives.HostEngine``: the
+collective algorithms call the same methods (``workspace``, ``encode``,
+``read_header``, ``decode``, ``reduce_sum``, ``copy``, ``sync``) and never learn
+where the data lives. All device work is enqueued on the caller's CUDA stream;
+the only host synchronisations are the ones the two-phase exchange needs (frame
+lengths are read from headers before the escape phase).
+
+Buffers are reused across calls (grown, never shrunk), so a steady stream of
+equal-sized collectives allocates nothing after the first call. The GPU codec
+(``zipccl.codec.gpu``: ``encode_into`` / ``decode_into``) codes frames on the
+device; where it is missing, frames are coded on the host by the CPU codec
+(correct, slow) so that device arrays always work. Chunked pipelining across
+several streams builds on this engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import format as fmt
+from ..codebook import SAMPLE_SIZE, Codebook
+
+# One FP32 accumulation per element in rank order, one rounding: the definition of
+# collectives.reduce_sum_bf16, on the device. __fadd_rn keeps the compiler from fusing.
+_REDUCE_SRC = r"""
+float acc = __uint_as_float(((unsigned int)stack[i]) << 16);
+for (long long r = 1; r < p; ++r) {
+    acc = __fadd_rn(acc, __uint_as_float(((unsigned int)stack[r * m + i]) << 16));
+}
+unsigned int u = __float_as_uint(acc);
+out = isnan(acc) ? (unsigned short)0x7FC0
+                 : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+"""
+
+
+def _gpu_codec():
+    """``zipccl.codec.gpu`` if it provides the no-sync entry points, else None."""
+    try:
+        from ..codec import gpu
+    except ImportError:
+        return None
+    if hasattr(gpu, "encode_into") and hasattr(gpu, "decode_into"):
+        return gpu
+    return None
+
+
+class DeviceEngine:
+    """CuPy buffers on the current device, GPU codec (or host-codec fallback), one stream per call."""
+
+    device = True
+
+    def __init__(self, checksum: bool = False):
+        import cupy
+
+        self.cp = cupy
+        self.checksum = bool(checksum)
+        self.gpu = _gpu_codec()
+        self._work: dict[str, object] = {}
+        self._probe = np.zeros(0, dtype=np.uint8)
+        self._stream = cupy.cuda.get_current_stream()
+        self._reduce = cupy.ElementwiseKernel(
+            "raw uint16 stack, int64 p, int64 m", "uint16 out", _REDUCE_SRC,
+            "zipccl_reduce_sum_bf16")
+        self._pending_decode_errors: list[str] = []
+
+    @property
+    def codec_name(self) -> str:
+        return "gpu" if self.gpu is not None else "cpu (host fallback)"
+
+    def set_stream(self, stream) -> None:
+        from .transport import stream_ptr
+
+        self._stream = self.cp.cuda.ExternalStream(stream_ptr(stream))
+
+    def workspace(self, role: str, nbytes: int):
+        buf = self._work.get(role)
+        if buf is None or buf.size < nbytes:
+            buf = self.cp.zeros(max(nbytes, 1), dtype=self.cp.uint8)
+            self._work[role] = buf
+        return buf[:nbytes]
+
+    def bits_workspace(self, role: str, n: int):
+        return self.workspace(role, 2 * n).view(self.cp.uint16)
+
+    def codebook(self, bits) -> Codebook:
+        """``Codebook.from_sample`` of a strided sample copied to the host (a few KiB)."""
+        n = int(bits.size)
+        stride = max(1, n // SAMPLE_SIZE)
+        sample = self.cp.asnumpy(bits[::stride][:SAMPLE_SIZE], stream=self._stream)
+        self._stream.synchronize()
+        return Codebook.from_sample(sample)
+
+    def encode(self, bits, out, codebook: Codebook) -> int | None:
+        """Encode into the start of ``out``; None means "read the length from the header"."""
+        if self.gpu is not None:
+            self.gpu.encode_into(bits, out, codebook, self._stream, checksum=self.checksum)
+            return None
+        from ..codec import cpu
+
+        host = self.cp.asnumpy(bits, stream=self._stream)
+        self._stream.synchronize()
+        frame = cpu.encode(host, codebook, (host.size,), self.checksum)
+        out[:frame.size].set(frame, stream=self._stream)
+        return int(frame.size)
+
+    def read_header(self, buf, offset: int, capacity: int) -> fmt.Header:
+        """Copy one 128-byte header to the host and validate it for a ``capacity``-byte slot."""
+        if self._probe.size < capacity:
+            self._probe = np.zeros(capacity, dtype=np.uint8)  # calloc'd: untouched pages cost nothing
+        probe = self._probe[:capacity]
+        probe[:fmt.HEADER_SIZE] = self.cp.asnumpy(buf[offset:offset + fmt.HEADER_SIZE],
+                                                  stream=self._stream)
+        return fmt.parse_header(probe)
+
+    def decode(self, frame, out) -> None:
+        if self.gpu is not None:
+            self.gpu.decode_into(frame, out, self._stream)
+            return
+        from ..codec import cpu
+
+        host = self.cp.asnumpy(frame, stream=self._stream)
+        self._stream.synchronize()
+        bits, _ = cpu.decode(host)
+        if bits.size != out.size:
+            raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
+        out.set(bits.reshape(-1), stream=self._stream)
+
+    def decode_errors(self) -> str | None:
+        if self.gpu is not None and hasattr(self.gpu, "decode_errors"):
+            self._stream.synchronize()
+            return self.gpu.decode_errors(self._stream)
+        return None
+
+    def copy(self, dst, src) -> None:
+        with self._stream:
+            dst[...] = src
+
+    def reduce_sum(self, stack, out) -> None:
+        p, m = stack.shape
+        if m == 0:
+            return
+        with self._stream:
+            self._reduce(stack.reshape(-1), np.int64(p), np.int64(m), out)
+
+    def sync(self) -> None:
+        self._stream.synchronize()
