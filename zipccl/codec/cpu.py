@@ -42,7 +42,8 @@ from ..codebook import Codebook
 
 _BLOCK = fmt.BLOCK
 _SLOT = fmt.BLOCK // 8  # escape bytes a block keeps in scratch before it re-reads its input
-_CHUNK_WORDS = 1 << 14  # checksum words per parallel chunk
+_CHUNK_WORDS = 1 << 16  # checksum words per parallel chunk
+_PARALLEL_WORDS = 1 << 19  # sections longer than this (2 MiB) are summed in parallel
 _HDR = fmt.HEADER_SIZE
 # SWAR bit gather: (8 bytes, each 0 or 1) * _GATHER >> 56 moves byte i's bit to bit i.
 # Each partial product lands on its own bit position, so nothing carries into the top byte.
@@ -62,35 +63,43 @@ assert np.little_endian, "the CPU codec reads and writes little-endian words dir
 # aliases its base, and drops the stores made through it.
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _words_sum(words, tail, base):  # pragma: no cover - compiled
-    """sum_j w_j (2(base + j) + 1) mod 2**64 over ``words`` and then ``tail`` (< 4 bytes).
+@njit(cache=True, nogil=True)
+def _tail_term(tail, index):  # pragma: no cover - compiled
+    """The term of a last, partial word (< 4 bytes, zero-padded) at word ``index``."""
+    w = np.uint64(0)
+    for k in range(tail.size):
+        w |= np.uint64(tail[k]) << np.uint64(8 * k)
+    return w * np.uint64(2 * index + 1)
 
-    ``tail`` is the last, partial word, zero-padded. Chunks are summed in parallel
-    with the local weight 2j + 1 and shifted: sum w_j (2(b + j) + 1) =
-    sum w_j (2j + 1) + 2 b sum w_j (uint64 arithmetic wraps like the reference's).
+
+@njit(cache=True, nogil=True)
+def _words_sum(words, base):  # pragma: no cover - compiled
+    """sum_j w_j (2(base + j) + 1) mod 2**64, in one thread (short sections).
+
+    Written as sum w_j (2j + 1) + 2 base sum w_j, which vectorizes (uint64 arithmetic
+    wraps like the reference's).
     """
+    local = np.uint64(0)
+    plain = np.uint64(0)
+    for j in range(words.size):
+        w = np.uint64(words[j])
+        local += w * np.uint64(2 * j + 1)
+        plain += w
+    return local + np.uint64(2) * np.uint64(base) * plain
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _words_sum_parallel(words, base):  # pragma: no cover - compiled
+    """``_words_sum`` over chunks of _CHUNK_WORDS words in parallel (long sections)."""
     nwords = words.size
     nchunks = (nwords + _CHUNK_WORDS - 1) // _CHUNK_WORDS
     partial = np.zeros(nchunks, dtype=np.uint64)
     for c in prange(nchunks):
         lo = c * _CHUNK_WORDS
-        hi = min(lo + _CHUNK_WORDS, nwords)
-        local = np.uint64(0)
-        plain = np.uint64(0)
-        for j in range(hi - lo):
-            w = np.uint64(words[lo + j])
-            local += w * np.uint64(2 * j + 1)
-            plain += w
-        partial[c] = local + np.uint64(2) * np.uint64(base + lo) * plain
+        partial[c] = _words_sum(words[lo:min(lo + _CHUNK_WORDS, nwords)], base + lo)
     total = np.uint64(0)
     for c in range(nchunks):
         total += partial[c]
-    if tail.size:
-        w = np.uint64(0)
-        for k in range(tail.size):
-            w |= np.uint64(tail[k]) << np.uint64(8 * k)
-        total += w * np.uint64(2 * (base + nwords) + 1)
     return total
 
 
@@ -107,18 +116,6 @@ def _code(e, c0, c1, c2, c3, c4, c5, c6):  # pragma: no cover - compiled
     return (np.uint8(1) * (e == c0) | np.uint8(2) * (e == c1) | np.uint8(3) * (e == c2)
             | np.uint8(4) * (e == c3) | np.uint8(5) * (e == c4) | np.uint8(6) * (e == c5)
             | np.uint8(7) * (e == c6))
-
-
-@njit(cache=True, inline="always")
-def _wsum(words, base):  # pragma: no cover - compiled
-    """sum_j w_j (2(base + j) + 1) mod 2**64 over a short run of words (vectorizes)."""
-    local = np.uint64(0)
-    plain = np.uint64(0)
-    for j in range(words.size):
-        w = np.uint64(words[j])
-        local += w * np.uint64(2 * j + 1)
-        plain += w
-    return local + np.uint64(2) * np.uint64(base) * plain
 
 
 @njit(cache=True, inline="always")
@@ -198,9 +195,10 @@ def _encode_blocks(bits, cb, sm, sm_words, planes, stride_words, plane_base,
         counts[b] = e
         # Checksum share: the block's plane words and the sm words it fills completely
         # (sm word k is payload word k: the sm plane starts right after the header).
-        partial[b] = (_wsum(q0, plane_base + w0) + _wsum(q1, plane_base + stride_words + w0)
-                      + _wsum(q2, plane_base + 2 * stride_words + w0)
-                      + _wsum(sm_words[lo // 4:hi // 4], lo // 4))
+        partial[b] = (_words_sum(q0, plane_base + w0)
+                      + _words_sum(q1, plane_base + stride_words + w0)
+                      + _words_sum(q2, plane_base + 2 * stride_words + w0)
+                      + _words_sum(sm_words[lo // 4:hi // 4], lo // 4))
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -296,9 +294,10 @@ def _decode_blocks(sm, sm_words, planes, stride_words, plane_base, stored, table
                 e += 1
         seen[b] = e
         if with_checksum:
-            partial[b] = (_wsum(q0, plane_base + w0) + _wsum(q1, plane_base + stride_words + w0)
-                          + _wsum(q2, plane_base + 2 * stride_words + w0)
-                          + _wsum(sm_words[lo // 4:hi // 4], lo // 4))
+            partial[b] = (_words_sum(q0, plane_base + w0)
+                          + _words_sum(q1, plane_base + stride_words + w0)
+                          + _words_sum(q2, plane_base + 2 * stride_words + w0)
+                          + _words_sum(sm_words[lo // 4:hi // 4], lo // 4))
         else:
             partial[b] = 0
 
@@ -319,7 +318,13 @@ def _section_sum(frame: np.ndarray, start: int, stop: int) -> int:
     if stop <= start:
         return 0
     split = start + (stop - start) // 4 * 4
-    return int(_words_sum(_words(frame, start, split), frame[split:stop], (start - _HDR) // 4))
+    words, base = _words(frame, start, split), (start - _HDR) // 4
+    # A parallel region costs more than it saves on short sections.
+    total = int(_words_sum_parallel(words, base) if words.size > _PARALLEL_WORDS
+                else _words_sum(words, base))
+    if split < stop:
+        total += int(_tail_term(frame[split:stop], base + words.size))
+    return total
 
 
 def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
