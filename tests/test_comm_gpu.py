@@ -1,0 +1,55 @@
+"""The collectives on GPUs: ``mpirun -n 2 pytest tests/mpi/mpi_collectives_gpu.py`` (NCCL and staged MPI).
+
+Needs CuPy and at least one CUDA device (two for one GPU per rank); run with
+``make test-gpu`` / ``pytest -m gpu``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_comm_mpi import ROOT, TIMEOUT_S, clean_env, mpiexec
+
+
+def launcher(n: int) -> list[str]:
+    """mpirun/mpiexec for n ranks; Open MPI needs to be told it may run as root and oversubscribe."""
+    exe = mpiexec()
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    extra = ["--allow-run-as-root", "--oversubscribe"] if "Open MPI" in version else []
+    return [exe, *extra, "-n", str(n)]
+
+
+def gpus() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_collectives_on_gpus():
+    if gpus() == 0:
+        pytest.skip("no CUDA device / CuPy")
+    cmd = launcher(2) + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-W", "ignore::RuntimeWarning", "tests/mpi/mpi_collectives_gpu.py"]
+    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert r.returncode == 0, f"{r.stdout[-8000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_demo_on_gpus():
+    if gpus() == 0:
+        pytest.skip("no CUDA device / CuPy")
+    cmd = launcher(2) + [sys.executable, "-m", "zipccl", "demo"]
+    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    print(r.stdout)
+    assert r.returncode == 0 and "bit-exact: yes" in r.stdout, f"{r.stdout}\n{r.stderr[-3000:]}"
