@@ -299,12 +299,13 @@ def predict(op: str, nbytes: int, nranks: int, link: Link, codec: Codec, *,
 
 
 def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: float, *,
-                          chunks: int = 1, overhead: float = 0.0, reduce_gbps: float = math.inf,
-                          method: str | None = None) -> float:
+                          chunks: int | None = 1, overhead: float = 0.0, reduce_gbps: float = math.inf,
+                          method: str | None = None, max_chunks: int = 64) -> float:
     """Codec throughput (GB/s, encode = decode) at which compressed equals native.
 
-    Returns ``math.inf`` when no codec speed can pay (e.g. ratio >= 1, or the
-    fixed costs alone exceed the native time). Found by bisection on log speed.
+    ``chunks=None`` lets every candidate codec use its best chunk count (1..max_chunks).
+    Returns ``math.inf`` when no codec speed can pay (e.g. ratio >= 1, or the fixed
+    costs alone exceed the native time). Found by bisection on log speed.
 
     >>> link = Link("shm", 25.0)
     >>> round(break_even_throughput("all_gather", 1 << 30, 2, link, 0.7))  # 2 codec passes of m
@@ -314,7 +315,9 @@ def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: 
 
     def excess(gbps: float) -> float:
         c = Codec("x", gbps, gbps, ratio, overhead, reduce_gbps)
-        return compressed_time(op, nbytes, nranks, link, c, chunks=chunks, method=method) - native
+        k = best_chunks(op, nbytes, nranks, link, c, max_chunks=max_chunks, method=method) \
+            if chunks is None else chunks
+        return compressed_time(op, nbytes, nranks, link, c, chunks=k, method=method) - native
 
     lo, hi = 1e-3, 1e9
     if excess(hi) >= 0:
@@ -325,7 +328,7 @@ def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: 
             lo = mid
         else:
             hi = mid
-        if hi / lo < 1 + 1e-9:
+        if hi / lo < 1 + 1e-6:
             break
     return hi
 
