@@ -62,7 +62,8 @@ def slot_size(n: int) -> int:
     """
     if n == 0:
         return 0
-    return max(fmt.static_size(n), fmt.max_compressed_size(n))
+    # 128-aligned, so every slot packed after another starts where the GPU codec may write
+    return fmt.align(max(fmt.static_size(n), fmt.max_compressed_size(n)))
 
 
 def split_counts(n: int, p: int) -> list[int]:
@@ -159,7 +160,7 @@ class HostEngine:
     def read_header(self, buf: np.ndarray, offset: int, capacity: int) -> fmt.Header:
         return fmt.parse_header(buf[offset:offset + capacity])
 
-    def decode(self, frame: np.ndarray, out: np.ndarray) -> None:
+    def decode(self, frame: np.ndarray, out: np.ndarray, slot: int = 0) -> None:
         """Decode one frame into ``out`` (uint16, exactly the frame's element count)."""
         bits, header = self.codec.decode(frame)
         if bits.size != out.size:
@@ -284,7 +285,7 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
         if j == me or not c:
             continue
         try:
-            eng.decode(rbuf[r_off[j]:r_off[j] + r_len[j]], recv[o:o + c])
+            eng.decode(rbuf[r_off[j]:r_off[j] + r_len[j]], recv[o:o + c], j)
         except ValueError as e:
             err = err or f"frame from rank {j}: {e}"
     err = err or eng.decode_errors()

@@ -22,6 +22,8 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
 
+_ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
+
 # One FP32 accumulation per element in rank order, one rounding: the definition of
 # collectives.reduce_sum_bf16, on the device. __fadd_rn keeps the compiler from fusing.
 _REDUCE_SRC = r"""
@@ -63,7 +65,9 @@ class DeviceEngine:
         self._reduce = cupy.ElementwiseKernel(
             "raw uint16 stack, int64 p, int64 m", "uint16 out", _REDUCE_SRC,
             "zipccl_reduce_sum_bf16")
-        self._pending_decode_errors: list[str] = []
+        self._encode_ws = None
+        self._decode_ws: dict[int, object] = {}
+        self._used_ws: list[tuple[int, object]] = []
 
     @property
     def codec_name(self) -> str:
@@ -92,10 +96,29 @@ class DeviceEngine:
         self._stream.synchronize()
         return Codebook.from_sample(sample)
 
+    def _aligned(self, a, role: str):
+        """``a`` itself if 16-byte aligned (the GPU codec's vector loads), else a bounce buffer."""
+        if a.data.ptr % _ALIGN == 0:
+            return a, False
+        return self.bits_workspace(role, a.size), True
+
+    def _decode_workspace(self, slot: int, n: int):
+        """One codec workspace per decode slot, so each frame's error bits survive the others."""
+        ws = self._decode_ws.get(slot)
+        if ws is None or not ws.fits(n):
+            ws = self._decode_ws[slot] = self.gpu.Workspace(max(n, 1 << 20))
+        return ws
+
     def encode(self, bits, out, codebook: Codebook) -> int | None:
         """Encode into the start of ``out``; None means "read the length from the header"."""
         if self.gpu is not None:
-            self.gpu.encode_into(bits, out, codebook, self._stream, checksum=self.checksum)
+            src, bounced = self._aligned(bits, "bounce_in")
+            if bounced:
+                self.copy(src, bits)
+            if self._encode_ws is None or not self._encode_ws.fits(bits.size):
+                self._encode_ws = self.gpu.Workspace(max(int(bits.size), 1 << 20))
+            self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
+                                 workspace=self._encode_ws)
             return None
         from ..codec import cpu
 
@@ -114,9 +137,15 @@ class DeviceEngine:
                                                   stream=self._stream)
         return fmt.parse_header(probe)
 
-    def decode(self, frame, out) -> None:
+    def decode(self, frame, out, slot: int = 0) -> None:
+        """Decode one frame into ``out``; device errors are read by ``decode_errors``."""
         if self.gpu is not None:
-            self.gpu.decode_into(frame, out, self._stream)
+            dst, bounced = self._aligned(out, "bounce_out")
+            ws = self._decode_workspace(slot, out.size)
+            self.gpu.decode_into(frame, dst, self._stream, workspace=ws)
+            self._used_ws.append((slot, ws))
+            if bounced:
+                self.copy(out, dst)
             return
         from ..codec import cpu
 
@@ -128,9 +157,15 @@ class DeviceEngine:
         out.set(bits.reshape(-1), stream=self._stream)
 
     def decode_errors(self) -> str | None:
-        if self.gpu is not None and hasattr(self.gpu, "decode_errors"):
-            self._stream.synchronize()
-            return self.gpu.decode_errors(self._stream)
+        """Error bits of this call's device decodes (one synchronisation), in words."""
+        used, self._used_ws = self._used_ws, []
+        if not used:
+            return None
+        self._stream.synchronize()
+        for slot, ws in used:
+            bits = ws.last_error(self._stream)
+            if bits:
+                return f"frame from rank {slot}: corrupted zipccl frame: {ws.describe(bits)}"
         return None
 
     def copy(self, dst, src) -> None:
