@@ -437,7 +437,10 @@ def decode(frame) -> tuple[np.ndarray, fmt.Header]:
     """
     buf = _as_frame_bytes(frame)
     h = fmt.parse_header(buf)
-    buf = np.ascontiguousarray(buf)
+    # Always a read-only view: one compiled specialization serves writable arrays,
+    # bytes and other read-only buffers alike (each one costs seconds of compilation).
+    buf = np.ascontiguousarray(buf).view()
+    buf.flags.writeable = False
     n = h.n
     lay = fmt.Layout.for_count(n)
     if h.raw:
