@@ -180,6 +180,19 @@ def test_raw_fallback_exactly_at_the_threshold(n_blocks):
     assert h.raw and h.n_escapes == 0 and len(over) == lay.raw_size
 
 
+def test_escape_heavy_blocks_next_to_light_ones():
+    # The CPU encoder keeps up to cpu._SLOT escapes per block in scratch and re-reads
+    # the input of blocks with more; mix both kinds (and the exact boundary) in one
+    # compressed frame.
+    bits = _frame_with_escapes(6, 0)
+    rng = np.random.default_rng(13)
+    for b, k in enumerate([cpu._SLOT - 1, cpu._SLOT, cpu._SLOT + 1, 0, 3 * cpu._SLOT, 7]):
+        pos = b * fmt.BLOCK + rng.choice(fmt.BLOCK, k, replace=False)
+        bits[pos] = (bits[pos] & 0x807F) | (rng.integers(0, 116, k).astype(np.uint16) << 7)
+    h = fmt.parse_header(check_everything(bits))
+    assert not h.raw and h.n_escapes == 6 * cpu._SLOT + 7
+
+
 def test_small_tensors_travel_raw():
     for n in (1, 31, 200):
         h = fmt.parse_header(check_everything(gaussian_bits(n)))
