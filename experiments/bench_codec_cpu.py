@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     info = machine_info()
+    info["run"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # groups this invocation's records
     t0 = time.perf_counter()
     cpu.decode(cpu.encode(gaussian(1 << 16), Codebook.from_sigma(0.02)))
     info["first_call_s"] = round(time.perf_counter() - t0, 3)  # JIT compile or cache load
