@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"time, plain all_gather      ({plain.last_decision.reason}): {1e3 * t_n:9.2f} ms")
         print(f"policy \"auto\" decides: {auto.last_decision}")
         print(f"bit-exact: {'yes' if all_same else 'NO'} -- compressed result "
-              f"{'==' if all_same else '!='} plain result == the checkpoint, "
+              f"{'==' if all_same else '!='} plain result == the source tensor, "
               f"{p * n:,} values on each of {p} rank(s)")
     for c in (zc, plain, auto):
         c.close()

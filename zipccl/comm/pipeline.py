@@ -74,9 +74,9 @@ class DeviceEngine:
         return "gpu" if self.gpu is not None else "cpu (host fallback)"
 
     def set_stream(self, stream) -> None:
-        from .transport import stream_ptr
+        from .transport import cupy_stream
 
-        self._stream = self.cp.cuda.ExternalStream(stream_ptr(stream))
+        self._stream = cupy_stream(stream)
 
     def workspace(self, role: str, nbytes: int):
         buf = self._work.get(role)

@@ -90,6 +90,25 @@ def stream_ptr(stream) -> int:
     raise TypeError(f"cannot read a CUDA stream handle from {type(stream).__name__}")
 
 
+_CUPY_STREAMS: dict[tuple[int, int], object] = {}
+
+
+def cupy_stream(stream):
+    """A cached CuPy wrapper of the caller's stream (CuPy / torch / int / None = CuPy's current)."""
+    import cupy
+
+    ptr = stream_ptr(stream)
+    key = (cupy.cuda.runtime.getDevice(), ptr)
+    s = _CUPY_STREAMS.get(key)
+    if s is None:
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external(obj); we hold a raw handle
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _CUPY_STREAMS[key] = cupy.cuda.ExternalStream(ptr)
+    return s
+
+
 class Transport:
     """The interface every transport fills; see the module docstring."""
 
@@ -149,7 +168,7 @@ class MPITransport(Transport):
 
         d8 = dev.view(cupy.uint8)
         host = self._pinned_buffer(role, d8.size)
-        s = cupy.cuda.ExternalStream(stream_ptr(stream))
+        s = cupy_stream(stream)
         for off, cnt in regions:
             if cnt:
                 d8[off:off + cnt].get(stream=s, out=host[off:off + cnt])
@@ -157,14 +176,18 @@ class MPITransport(Transport):
         return host
 
     def _stage_out(self, host: np.ndarray, dev, regions, stream) -> None:
-        """Copy the byte ``regions`` of pinned ``host`` back into device array ``dev``."""
+        """Copy the byte ``regions`` of pinned ``host`` back into device array ``dev``.
+
+        Waits for the copies: the pinned buffer is reused by the next call, whatever its stream.
+        """
         import cupy
 
         d8 = dev.view(cupy.uint8)
-        s = cupy.cuda.ExternalStream(stream_ptr(stream))
+        s = cupy_stream(stream)
         for off, cnt in regions:
             if cnt:
                 d8[off:off + cnt].set(host[off:off + cnt], stream=s)
+        s.synchronize()
 
     def _device(self, *bufs) -> bool:
         dev = [is_device_buffer(b) for b in bufs]
@@ -173,9 +196,7 @@ class MPITransport(Transport):
         return bool(dev and dev[0])
 
     def _sync(self, stream) -> None:
-        import cupy
-
-        cupy.cuda.ExternalStream(stream_ptr(stream)).synchronize()
+        cupy_stream(stream).synchronize()
 
     # -- byte exchanges ---------------------------------------------------------------------
     def alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, stream=None) -> None:
@@ -306,7 +327,7 @@ class NCCLTransport(Transport):
             if rcounts[me] != scounts[me]:
                 raise ValueError("alltoallv: self send and receive counts differ")
             s8, r8 = send.view(cupy.uint8), recv.view(cupy.uint8)
-            with cupy.cuda.ExternalStream(s):
+            with cupy_stream(s):
                 r8[rdispls[me]:rdispls[me] + rcounts[me]] = s8[sdispls[me]:sdispls[me] + scounts[me]]
 
     def allgather(self, send, recv, stream=None) -> None:
