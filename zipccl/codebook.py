@@ -10,6 +10,9 @@ e - 127 - log2(sigma). Shifting sigma by a factor of two shifts the whole
 distribution by one exponent, so the best 7-value window is
 floor(log2 sigma) + 127 + offset(frac(log2 sigma)), a closed-form function of
 sigma (``window_start``). ``theory/01_sigma_codebook.ipynb`` derives and checks it.
+Values rounded to BF16 move the interval of each exponent down by half a BF16 step
+(``exponent_probabilities(..., rounded=True)``, the default); a non-zero mean is in
+the closed form too (``mean=``).
 
 Real tensors are not all zero-mean Gaussians: biases and norm weights have a
 non-zero mean, some tensors are heavy-tailed or full of exact zeros. The
@@ -347,9 +350,9 @@ def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
         return CodebookChoice(by_sigma, sigma, by_sigma.exponents, 0, 1.0, 1.0, False)
     hist = exponent_histogram(sample)
     top = top_exponents(hist)
-    cov_sigma = float(hist[list(by_sigma.exponents)].sum() / sample.size)
-    cov_top = float(hist[list(top)].sum() / sample.size)
-    fallback = cov_top - cov_sigma > margin
+    n_sigma, n_top = int(hist[list(by_sigma.exponents)].sum()), int(hist[list(top)].sum())
+    cov_sigma, cov_top = n_sigma / sample.size, n_top / sample.size
+    fallback = n_top - n_sigma > margin * sample.size  # integer counts: same on every device
     chosen = Codebook(top) if fallback else by_sigma
     return CodebookChoice(chosen, sigma, by_sigma.exponents, int(sample.size), cov_sigma, cov_top,
                           fallback)
