@@ -157,8 +157,15 @@ class HostEngine:
         out[:frame.size] = frame
         return int(frame.size)
 
-    def read_header(self, buf: np.ndarray, offset: int, capacity: int) -> fmt.Header:
-        return fmt.parse_header(buf[offset:offset + capacity])
+    def read_headers(self, items) -> list:
+        """Parse the frame header at each (buffer, offset, capacity); a str for an invalid one."""
+        out = []
+        for buf, offset, capacity in items:
+            try:
+                out.append(fmt.parse_header(buf[offset:offset + capacity]))
+            except ValueError as e:
+                out.append(str(e))
+        return out
 
     def decode(self, frame: np.ndarray, out: np.ndarray, slot: int = 0) -> None:
         """Decode one frame into ``out`` (uint16, exactly the frame's element count)."""
@@ -218,20 +225,19 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
         codebook = eng.codebook(send)
 
     # -- encode ------------------------------------------------------------------------------
-    # An engine's encode may return None: the length is then read from the frame's own header
-    # after all frames are written (one device synchronisation for all of them).
-    s_off, s_stat, s_esc, s_len, caps = [0] * p, [0] * p, [0] * p, [None] * p, [0] * p
+    # An engine's encode may return None (a device codec that does not synchronise): the
+    # length is then read from the frame's own header, together with the received headers.
+    s_off, s_stat, s_len, caps = [0] * p, [0] * p, [None] * p, [0] * p
     if shared:
         n = sends[me][1]
         sbuf = eng.workspace("send", slot_size(n))
+        flen = None
         if n and p > 1:
             o = sends[me][0]
             flen = eng.encode(send[o:o + n], sbuf, codebook)
-            if flen is None:
-                eng.sync()
-                flen = eng.read_header(sbuf, 0, slot_size(n)).frame_len
-            s_len = [flen if j != me else 0 for j in range(p)]
             s_stat = [fmt.static_size(n) if j != me else 0 for j in range(p)]
+        caps[me if p > 1 else 0] = slot_size(n)
+        s_len = [flen if s_stat[j] else 0 for j in range(p)]
     else:
         caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(sends)]
         s_off = offsets(caps)
@@ -240,39 +246,43 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
             if j != me and c:
                 s_len[j] = eng.encode(send[o:o + c], sbuf[s_off[j]:s_off[j] + caps[j]], codebook)
                 s_stat[j] = fmt.static_size(c)
-        if any(s_len[j] is None and caps[j] for j in range(p)):
-            eng.sync()
-        for j in range(p):
-            if s_len[j] is None:
-                s_len[j] = eng.read_header(sbuf, s_off[j], caps[j]).frame_len if caps[j] and \
-                    sends[j][1] else 0
-    for j in range(p):
-        if j != me:
-            s_esc[j] = max(0, s_len[j] - s_stat[j]) if s_stat[j] else 0
-            stats.wire_bytes += s_stat[j] + s_esc[j]
-            stats.raw_bytes += 2 * sends[j][1]
+            else:
+                s_len[j] = 0
 
-    # -- static phase ------------------------------------------------------------------------
+    # -- static phase: sizes known from the element counts alone ------------------------------
     r_caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(recvs)]
     r_off = offsets(r_caps)
     r_stat = [fmt.static_size(c) if (j != me and c) else 0 for j, (_, c) in enumerate(recvs)]
     rbuf = eng.workspace("recv", sum(r_caps))
     tr.alltoallv(sbuf, s_stat, s_off, rbuf, r_stat, r_off, stream)
 
-    # -- headers: frame lengths, agreed valid on every rank ------------------------------------
-    eng.sync()
+    # -- headers: frame lengths (own and received, one read), agreed valid on every rank -------
+    own = sorted({0 if shared else j for j in range(p) if s_len[j] is None})
+    peers = [j for j, (_, c) in enumerate(recvs) if j != me and c]
+    items = [(sbuf, s_off[j], caps[me] if shared else caps[j]) for j in own]
+    items += [(rbuf, r_off[j], r_caps[j]) for j in peers]
+    headers = eng.read_headers(items)
+    for j, h in zip(own, headers[:len(own)], strict=True):
+        if isinstance(h, str):  # our own encoder wrote it: a bug, not a transfer error
+            raise RuntimeError(f"zipccl: the local encoder wrote an invalid frame: {h}")
+        for k in (range(p) if shared else [j]):
+            if s_stat[k]:
+                s_len[k] = h.frame_len
+    s_esc = [max(0, s_len[j] - s_stat[j]) if s_stat[j] else 0 for j in range(p)]
+    for j in range(p):
+        if j != me:
+            stats.wire_bytes += s_stat[j] + s_esc[j]
+            stats.raw_bytes += 2 * sends[j][1]
     r_len, r_esc, err = [0] * p, [0] * p, None
-    for j, (_, c) in enumerate(recvs):
-        if j == me or not c:
-            continue
-        try:
-            h = eng.read_header(rbuf, r_off[j], r_caps[j])
-            if h.n != c:
-                raise ValueError(f"frame holds {h.n} elements, {c} expected")
+    for j, h in zip(peers, headers[len(own):], strict=True):
+        c = recvs[j][1]
+        if isinstance(h, str):
+            err = err or f"frame from rank {j}: {h}"
+        elif h.n != c:
+            err = err or f"frame from rank {j}: corrupted: it holds {h.n} elements, {c} expected"
+        else:
             r_len[j] = h.frame_len
             r_esc[j] = max(0, h.frame_len - r_stat[j])
-        except ValueError as e:
-            err = err or f"frame from rank {j}: {e}"
     agree(err)
 
     # -- dynamic phase: the escapes ------------------------------------------------------------

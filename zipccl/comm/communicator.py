@@ -25,6 +25,7 @@ device array arrives.
 from __future__ import annotations
 
 import sys
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,9 +171,17 @@ class Communicator:
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self.backend = backend
+        from mpi4py import MPI
+
+        self._MPI = MPI
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        # preallocated agreement buffers: [error flag, CRC of the call, 2p + 1 ints of extras]
+        self._sig = np.zeros(3 + 2 * self.size, dtype=np.int64)
+        self._sig_table = np.zeros((self.size, 3 + 2 * self.size), dtype=np.int64)
+        self._flag = np.zeros(1, dtype=np.int64)
+        self._flag_out = np.zeros(1, dtype=np.int64)
         self.mpi = MPITransport(self.comm, cuda_aware=cuda_aware_mpi)
         self._nccl: Transport | None = None
         self._nccl_tried = False
@@ -200,33 +209,48 @@ class Communicator:
         self.close()
 
     def _agree(self, err: str | None, op: str = "collective") -> None:
-        """Raise the same CollectiveError on every rank if any rank reports ``err``."""
-        errs = self.comm.allgather(err)
-        bad = [(r, e) for r, e in enumerate(errs) if e]
-        if bad:
+        """Raise the same CollectiveError on every rank if any rank reports ``err``.
+
+        One 8-byte all-reduce when all is well; the messages travel only on failure.
+        """
+        self._flag[0] = 1 if err else 0
+        self.comm.Allreduce(self._flag, self._flag_out, op=self._MPI.MAX)
+        if self._flag_out[0]:
+            errs = self.comm.allgather(err)
+            bad = [(r, e) for r, e in enumerate(errs) if e]
             raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
 
     def _validate(self, op: str, check):
         """Run ``check()`` -> (common, extra, value) on every rank and agree on the outcome.
 
-        ``common`` must be equal on all ranks; the list of every rank's ``extra`` is
-        returned for cross-rank checks; ``value`` is this rank's result of the check.
+        ``common`` (a tuple of plain values) must be equal on all ranks; ``extra`` (at
+        most 2 * size + 1 ints, or None) is gathered from every rank for cross-rank
+        checks and returned as a (size, 2 * size + 1) int64 array; ``value`` is this
+        rank's result of the check. One small all-gather of int64 when all is well.
         """
+        vec = self._sig
+        vec[:] = 0
         try:
             common, extra, value = check()
             err = None
+            vec[1] = zlib.crc32(repr(common).encode())
+            if extra is not None:
+                vec[2:2 + len(extra)] = extra
         except (TypeError, ValueError) as e:
-            common = extra = value = None
+            common = value = None
             err = str(e)
-        everything = self.comm.allgather((err, common, extra))
-        bad = [(r, e) for r, (e, _, _) in enumerate(everything) if e]
-        if bad:
-            raise CollectiveError(f"zipccl {op}: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
-        commons = [c for _, c, _ in everything]
-        if any(c != commons[0] for c in commons):
+            vec[0] = 1
+        table = self._sig_table
+        self.comm.Allgather(vec, table)
+        if table[:, 0].any():  # every rank sees the flag: all take this branch together
+            errs = self.comm.allgather(err)
+            raise CollectiveError(f"zipccl {op}: " + "; ".join(f"rank {r}: {e}" for r, e in
+                                                               enumerate(errs) if e))
+        if (table[:, 1] != table[0, 1]).any():
+            commons = self.comm.allgather(common)
             lines = "; ".join(f"rank {r}: {c}" for r, c in enumerate(commons))
             raise CollectiveError(f"zipccl {op}: ranks disagree on the call ({lines})")
-        return [x for _, _, x in everything], value
+        return table[:, 2:].copy(), value
 
     def _route(self, device: bool, stream):
         """(engine, transport) for host or device data; the device side is set up lazily."""
@@ -390,13 +414,16 @@ class Communicator:
                     raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
                 if rc is not None and sum(rc) != r.size:
                     raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
-            return ("all_to_all", s.dtype, s.device), (sc, rc, r.size), (s, r)
+            extra = [*sc, *(rc if rc is not None else [-1] * p), r.size]
+            return ("all_to_all", s.dtype, s.device), extra, (s, r)
 
         extras, (s, r) = self._validate("all_to_all", check)
         # Cross-rank consistency, computed identically on every rank.
-        matrix = [row[0] for row in extras]
+        matrix = [[int(c) for c in row[:p]] for row in extras]
         problems = []
-        for i, (_, rc, rsize) in enumerate(extras):
+        for i, row in enumerate(extras):
+            rc = None if row[p] < 0 else [int(c) for c in row[p:2 * p]]
+            rsize = int(row[2 * p])
             column = [matrix[j][i] for j in range(p)]
             if rc is None:
                 if sum(column) != rsize:

@@ -61,6 +61,7 @@ class DeviceEngine:
         self.gpu = _gpu_codec()
         self._work: dict[str, object] = {}
         self._probe = np.zeros(0, dtype=np.uint8)
+        self._pinned = None
         self._stream = cupy.cuda.get_current_stream()
         self._reduce = cupy.ElementwiseKernel(
             "raw uint16 stack, int64 p, int64 m", "uint16 out", _REDUCE_SRC,
@@ -128,14 +129,36 @@ class DeviceEngine:
         out[:frame.size].set(frame, stream=self._stream)
         return int(frame.size)
 
-    def read_header(self, buf, offset: int, capacity: int) -> fmt.Header:
-        """Copy one 128-byte header to the host and validate it for a ``capacity``-byte slot."""
-        if self._probe.size < capacity:
-            self._probe = np.zeros(capacity, dtype=np.uint8)  # calloc'd: untouched pages cost nothing
-        probe = self._probe[:capacity]
-        probe[:fmt.HEADER_SIZE] = self.cp.asnumpy(buf[offset:offset + fmt.HEADER_SIZE],
-                                                  stream=self._stream)
-        return fmt.parse_header(probe)
+    def read_headers(self, items) -> list:
+        """Headers at each (buffer, offset, capacity): all copied to pinned memory, one sync.
+
+        Returns a Header, or the reason as a str for an invalid one.
+        """
+        if not items:
+            return []
+        hs = fmt.HEADER_SIZE
+        pinned = self._pinned_headers(len(items) * hs)
+        for i, (buf, offset, _) in enumerate(items):
+            buf[offset:offset + hs].get(stream=self._stream, out=pinned[i * hs:(i + 1) * hs],
+                                        blocking=False)
+        self._stream.synchronize()
+        out = []
+        for i, (_, _, capacity) in enumerate(items):
+            if self._probe.size < capacity:
+                self._probe = np.zeros(capacity, dtype=np.uint8)  # calloc'd: untouched pages are free
+            probe = self._probe[:capacity]
+            probe[:hs] = pinned[i * hs:(i + 1) * hs]
+            try:
+                out.append(fmt.parse_header(probe))
+            except ValueError as e:
+                out.append(str(e))
+        return out
+
+    def _pinned_headers(self, nbytes: int) -> np.ndarray:
+        if self._pinned is None or self._pinned.size < nbytes:
+            mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 4096))
+            self._pinned = np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 4096))
+        return self._pinned
 
     def decode(self, frame, out, slot: int = 0) -> None:
         """Decode one frame into ``out``; device errors are read by ``decode_errors``."""
