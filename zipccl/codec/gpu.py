@@ -1,0 +1,403 @@
+"""GPU codec: host-side orchestration of the CUDA kernels in ``zipccl.kernels``.
+
+Same frames as ``codec.reference`` (byte for byte), for data that lives on a
+GPU: CuPy arrays, Numba device arrays and CUDA torch tensors (through
+``__cuda_array_interface__``; torch bfloat16 is viewed as int16). Work is
+enqueued on the caller's stream; nothing is copied to the host except where
+marked below.
+
+Two levels:
+
+``encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None)``
+    The no-synchronisation entry for collectives. ``bits``: n BF16 values
+    (uint16 / int16 / torch bfloat16, C-contiguous, 16-byte aligned); ``out``: a
+    uint8 device buffer of at least ``format.max_compressed_size(n)`` bytes,
+    16-byte aligned. Two kernel launches write the complete frame at the start
+    of ``out``; its length is header bytes 24..31 (int64 LE, ``Header.frame_len``)
+    and the escape count bytes 16..23, readable on the device; the first
+    ``format.static_size(n)`` bytes have a size known from n alone (if the frame
+    is not RAW). Nothing is allocated when ``workspace`` is given.
+``decode_into(frame, out, stream=None, workspace=None)``
+    The no-synchronisation decoder: ``frame`` a uint8 device buffer holding a
+    frame at its start (it may be longer than the frame), ``out`` n values
+    (uint16 / int16 / torch bfloat16), where n must match the frame. Never
+    writes outside ``out``. A bad frame sets error bits in the workspace
+    instead of raising: ``workspace.last_error()`` (a synchronisation) returns
+    them, ``Workspace.describe(bits)`` explains them; ``out`` is then undefined.
+``Workspace(max_elements)``
+    Device scratch (8 bytes per 4096 values + 256 bytes) for the scan and the
+    counters. One workspace serves any number of calls *in stream order*; two
+    streams running at once need two workspaces. Calls that pass none use one
+    cached per (device, stream), grown on demand (growing allocates).
+
+``compress`` / ``decompress`` (what ``zipccl.compress`` / ``zipccl.decompress``
+call for device arrays) add conveniences that synchronise: ``compress`` reads
+the 8-byte frame length back to return an exact-length view of the frame (and,
+without ``codebook=`` or ``sigma=``, the 8 KiB strided sample for
+``Codebook.from_sample``: one more small read); ``decompress`` parses and
+validates the 128-byte header on the host (one read) to size the output, then
+reads the error bits after decoding so a corrupted frame raises ValueError.
+Collectives use the ``*_into`` functions.
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+import zlib
+from functools import lru_cache
+
+import numpy as np
+
+from .. import format as fmt
+from ..codebook import SAMPLE_SIZE, Codebook
+
+_ALIGN = 16
+
+
+def _kernels():
+    # zipccl.kernels imports numba.cuda: only when a GPU codec call happens
+    from ..kernels import _common, decode, encode, runtime, stats
+    return _common, encode, decode, runtime, stats
+
+
+def _torch_of(x):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch
+    return None
+
+
+def _cupy_of(x):
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy
+    return None
+
+
+def _bits_view(x, dtype: str | None):
+    """(object exposing the interface as 16-bit integers, shape). Raises TypeError for non-BF16."""
+    torch = _torch_of(x)
+    if torch is not None:
+        if not x.is_cuda:
+            raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
+        if not x.is_contiguous():
+            raise ValueError("zipccl needs C-contiguous device arrays")
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16), tuple(x.shape)
+        if x.dtype in (torch.int16, torch.uint16) and dtype in ("bfloat16", "bf16"):
+            return x, tuple(x.shape)
+        raise TypeError(f"zipccl compresses BF16 tensors; got a torch tensor of dtype {x.dtype}"
+                        + (" (pass dtype=\"bfloat16\" to read 16-bit integers as BF16)"
+                           if x.dtype in (torch.int16, torch.uint16) else ""))
+    _, _, dt, shape = _kernels()[3].interface(x)
+    if dt.kind in "ui" and dt.itemsize == 2:
+        if dtype not in ("bfloat16", "bf16"):
+            raise TypeError(f"zipccl compresses BF16 tensors; got a device array of dtype {dt} "
+                            "(pass dtype=\"bfloat16\" to read uint16 bit patterns as BF16)")
+        return x, shape
+    raise TypeError(f"zipccl compresses BF16 tensors; got a device array of dtype {dt}")
+
+
+def _u16(obj):
+    """(pointer-owning object, n) of 16-bit device data, checked for alignment."""
+    runtime = _kernels()[3]
+    torch = _torch_of(obj)
+    if torch is not None and obj.dtype == torch.bfloat16:
+        obj = obj.view(torch.int16)
+    ptr, nbytes, dt, _ = runtime.interface(obj)
+    if dt.itemsize != 2:
+        raise TypeError(f"expected 16-bit values, got dtype {dt}")
+    if ptr % _ALIGN and nbytes:
+        raise ValueError(f"device data must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
+    return obj, nbytes // 2
+
+
+def _u8(obj):
+    runtime = _kernels()[3]
+    ptr, nbytes, dt, _ = runtime.interface(obj)
+    if dt.itemsize != 1:
+        raise TypeError(f"a zipccl frame buffer is uint8, got dtype {dt}")
+    if ptr % _ALIGN:
+        raise ValueError(f"frame buffers must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
+    return obj, nbytes
+
+
+class Workspace:
+    """Device scratch for the look-back scan and the counters of a sequence of calls.
+
+    >>> ws = Workspace(1 << 20)  # doctest: +SKIP  (needs a GPU)
+    """
+
+    def __init__(self, max_elements: int):
+        runtime = _kernels()[3]
+        self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
+        self.array = runtime.new_workspace_array(self.max_blocks)
+        self.device = runtime.current_device_id()
+
+    def fits(self, n: int) -> bool:
+        return -(-int(n) // fmt.BLOCK) <= self.max_blocks
+
+    def _slots(self, stream=None) -> np.ndarray:
+        _common, _, _, runtime, _ = _kernels()
+        return runtime.to_host(self.array, _common.WS_SLOTS, runtime.stream(stream))
+
+    def last_error(self, stream=None) -> int:
+        """Error bits of the last decode on this workspace (0 = valid). Synchronises."""
+        return int(self._slots(stream)[_kernels()[0].WS_ERR_LAST])
+
+    def last_frame_len(self, stream=None) -> int:
+        """Length of the last frame encoded with this workspace. Synchronises."""
+        return int(self._slots(stream)[_kernels()[0].WS_FLEN])
+
+    @staticmethod
+    def describe(bits: int) -> str:
+        """The error bits of ``last_error`` in words."""
+        text = _kernels()[0].ERROR_TEXT
+        return "; ".join(msg for bit, msg in text.items() if bits & bit) or "no error"
+
+
+_WORKSPACES: dict[tuple[int, int], Workspace] = {}
+
+
+def _stream_key(stream) -> int:
+    if stream is None:
+        return 0
+    for attr in ("ptr", "cuda_stream"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    if hasattr(stream, "handle"):
+        h = stream.handle
+        return int(getattr(h, "value", h) or 0)
+    return int(stream)
+
+
+def default_workspace(stream, n: int) -> Workspace:
+    """The cached workspace of (current device, stream), grown to hold n values."""
+    runtime = _kernels()[3]
+    key = (runtime.current_device_id(), _stream_key(stream))
+    ws = _WORKSPACES.get(key)
+    if ws is None or not ws.fits(n):
+        ws = _WORKSPACES[key] = Workspace(max(n, fmt.BLOCK * 256))
+    return ws
+
+
+@lru_cache(maxsize=512)
+def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...]):
+    """(16 header words with n_escapes, frame_len, checksum, flags and CRC left 0, CRC-32 of
+    its first 124 bytes, codebook as int)."""
+    h = fmt.Header(n=n, n_escapes=0, frame_len=0, flags=0, codebook=exponents, shape=shape)
+    raw = bytearray(h.pack())
+    raw[fmt.HEADER_SIZE - 4:] = bytes(4)
+    words = tuple(int(w) for w in np.frombuffer(bytes(raw), dtype="<i8"))
+    return words, zlib.crc32(bytes(raw[:fmt.HEADER_SIZE - 4])), int.from_bytes(bytes(exponents), "little")
+
+
+def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = False,
+                shape: tuple[int, ...] | None = None, workspace: Workspace | None = None) -> None:
+    """Write the frame of ``bits`` (n BF16 values on the device) at the start of ``out``.
+
+    No synchronisation, no allocation when ``workspace`` is given. See the module
+    docstring for the buffer rules and where the frame length is.
+    """
+    _common, encode, _, runtime, _ = _kernels()
+    if not isinstance(codebook, Codebook):
+        raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+    xb, n = _u16(bits)
+    ob, nbytes = _u8(out)
+    lay = fmt.Layout.for_count(n)
+    if nbytes < lay.raw_size:
+        raise ValueError(f"out holds {nbytes} bytes; a frame of {n} values may need "
+                         f"{lay.raw_size} (max_compressed_size)")
+    shape = (n,) if shape is None else tuple(int(d) for d in shape)
+    hdr, crc_base, cb64 = _template(n, shape, codebook.exponents)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    if not ws.fits(n):
+        raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+    s = runtime.stream(stream)
+    encode.launch(runtime.view(xb, (n & ~7) // 2, np.uint32),
+                  runtime.view(xb, n, np.uint16), runtime.view(ob, nbytes, np.uint8),
+                  runtime.view(ob, nbytes // 4, np.uint32), runtime.view(ob, nbytes // 8, np.int64),
+                  ws.array, lay, hdr, crc_base, runtime.crc_table(), cb64, checksum, s)
+
+
+def decode_into(frame, out, stream=None, workspace: Workspace | None = None) -> None:
+    """Decode the frame at the start of ``frame`` into ``out`` (n BF16 values on the device).
+
+    No synchronisation; errors go to the workspace (``Workspace.last_error``).
+    """
+    _common, _, decode, runtime, _ = _kernels()
+    fb, nbytes = _u8(frame)
+    ob, n = _u16(out)
+    if nbytes < fmt.HEADER_SIZE:
+        raise ValueError(f"not a zipccl frame: {nbytes} bytes is shorter than the "
+                         f"{fmt.HEADER_SIZE}-byte header")
+    lay = fmt.Layout.for_count(n)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    if not ws.fits(n):
+        raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+    s = runtime.stream(stream)
+    decode.launch(runtime.view(fb, nbytes, np.uint8), runtime.view(fb, nbytes // 4, np.uint32),
+                  runtime.view(fb, nbytes // 8, np.int64),
+                  runtime.view(ob, (n & ~7) // 2, np.uint32),
+                  runtime.view(ob, n, np.uint16), ws.array, lay, _common.CRC_ZERO,
+                  runtime.crc_table(), s)
+
+
+def estimate_sigma(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None = "bfloat16") -> float:
+    """``codebook.estimate_sigma`` on the device (reads one 16-byte result: a synchronisation)."""
+    _, _, _, runtime, stats = _kernels()
+    xb, _ = _bits_view(x, dtype)
+    xb, n = _u16(xb)
+    if n == 0:
+        return 0.0
+    s = runtime.stream(stream)
+    res = runtime.device_empty(2, np.float64) if not runtime.SIMULATOR \
+        else runtime.view(np.zeros(2), 2, np.float64)
+    stats.launch_sumsq(runtime.view(xb, n, np.uint16), n, samples, res, s)
+    ssum, cnt = runtime.to_host(res, None, s)
+    return float(np.sqrt(ssum / cnt)) if cnt else 0.0
+
+
+def sample_codebook(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None = "bfloat16") -> Codebook:
+    """``Codebook.from_sample`` of a device tensor: the strided sample (at most ``samples``
+    values, 8 KiB) is gathered on the device and read back (a synchronisation), so the
+    codebook is exactly the one the host codec picks for the same values."""
+    _, _, _, runtime, stats = _kernels()
+    xb, _ = _bits_view(x, dtype)
+    xb, n = _u16(xb)
+    s = runtime.stream(stream)
+    buf = runtime.device_empty(max(1, samples), np.uint16) if not runtime.SIMULATOR \
+        else runtime.view(np.zeros(max(1, samples), np.uint16), max(1, samples), np.uint16)
+    count = stats.launch_gather(runtime.view(xb, n, np.uint16), n, samples, buf, s)
+    return Codebook.from_sample(runtime.to_host(buf, count, s) if count else np.zeros(0, np.uint16),
+                                samples)
+
+
+def histogram_codebook(x, stream=None, dtype: str | None = "bfloat16") -> Codebook:
+    """``Codebook.from_histogram`` on the device (reads the 256 counts back: a synchronisation)."""
+    _, _, _, runtime, stats = _kernels()
+    xb, _ = _bits_view(x, dtype)
+    xb, n = _u16(xb)
+    s = runtime.stream(stream)
+    hist = runtime.device_zeros(256, np.int64) if not runtime.SIMULATOR \
+        else runtime.view(np.zeros(256, np.int64), 256, np.int64)
+    stats.launch_histogram(runtime.view(xb, (n & ~7) // 2, np.uint32),
+                           runtime.view(xb, n, np.uint16), n, hist, s)
+    h = runtime.to_host(hist, None, s)
+    order = np.lexsort((np.arange(256), -h))
+    return Codebook(tuple(int(e) for e in order[:fmt.CODEBOOK_SIZE]))
+
+
+def _empty_like_framework(like, nbytes_or_shape, kind: str):
+    """A new device array in the framework of ``like``: kind 'u8' (frame) or 'bf16' (values)."""
+    torch = _torch_of(like)
+    if torch is not None:
+        dt = torch.uint8 if kind == "u8" else torch.bfloat16
+        return torch.empty(nbytes_or_shape, dtype=dt, device=like.device)
+    cupy = _cupy_of(like)
+    if cupy is not None:
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(nbytes_or_shape, dtype=np.uint8 if kind == "u8" else np.uint16)
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return np.empty(nbytes_or_shape, dtype=np.uint8 if kind == "u8" else np.uint16)
+    return runtime.device_empty(nbytes_or_shape, np.uint8 if kind == "u8" else np.uint16)
+
+
+def _default_stream_for(x, stream):
+    if stream is not None:
+        return stream
+    cupy = _cupy_of(x)
+    if cupy is not None:
+        return cupy.cuda.get_current_stream().ptr
+    torch = _torch_of(x)
+    if torch is not None:
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return None
+
+
+def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
+             dtype: str | None = None, checksum: bool = True, out=None, stream=None):
+    """Compress a device BF16 tensor into a device frame (exact length; see module docstring).
+
+    The default codebook is ``Codebook.from_sample`` of the same strided sample the
+    host codec reads, so device and host frames of equal data are equal.
+
+    ``out`` (uint8, >= max_compressed_size(n) bytes) is used when given and the returned
+    frame is a view of its start. Synchronises once to learn the frame length (twice
+    without ``codebook`` or ``sigma``: the sample is read back).
+    """
+    if codebook is not None and sigma is not None:
+        raise ValueError("give either codebook= or sigma=, not both")
+    if codebook is not None and not isinstance(codebook, Codebook):
+        raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+    xb, shape = _bits_view(x, dtype)
+    stream = _default_stream_for(x, stream)
+    _, n = _u16(xb)
+    if codebook is None:
+        codebook = Codebook.from_sigma(sigma) if sigma is not None \
+            else sample_codebook(xb, stream=stream, dtype="bfloat16")
+    lay = fmt.Layout.for_count(n)
+    buf = out if out is not None else _empty_like_framework(x, lay.raw_size, "u8")
+    _, runtime_nbytes = _u8(buf)
+    if runtime_nbytes < lay.raw_size:
+        raise ValueError(f"out= holds {runtime_nbytes} bytes; this frame may need {lay.raw_size} "
+                         f"(max_compressed_size({n}))")
+    ws = default_workspace(stream, n)
+    encode_into(xb, buf, codebook, stream=stream, checksum=checksum, shape=shape, workspace=ws)
+    head = _kernels()[3].host_bytes(buf, 32, _kernels()[3].stream(stream))
+    flen = int(head[24:32].view("<i8")[0])
+    flat = buf.reshape(-1) if hasattr(buf, "reshape") else buf
+    return flat[:flen]
+
+
+def _parse_header_of(head: np.ndarray, nbytes: int) -> fmt.Header:
+    """``format.parse_header`` for a frame of ``nbytes`` bytes of which only the header is
+    on the host: the rest of the buffer is an untouched anonymous mapping (zero pages that
+    are never read), so nothing of the payload is copied."""
+    if nbytes <= 4096:
+        buf = np.zeros(nbytes, np.uint8)
+        buf[:len(head)] = head
+        return fmt.parse_header(buf)
+    mm = mmap.mmap(-1, nbytes)
+    try:
+        mm[:len(head)] = head.tobytes()
+        return fmt.parse_header(mm)
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a view from parse_header still alive: the GC closes it
+            pass
+
+
+def decompress(frame, out=None, stream=None):
+    """Decompress a device frame into a device tensor bit-identical to the compressed one.
+
+    Returns ``out`` when given (n values), else a new array of the header's shape in
+    the frame's framework (CuPy: uint16 bit patterns; torch: bfloat16; Numba: uint16).
+    Raises ValueError for an invalid frame. Synchronises twice (header, error bits).
+    """
+    _common, _, _, runtime, _ = _kernels()
+    fb, nbytes = _u8(frame)
+    stream = _default_stream_for(frame, stream)
+    if nbytes < fmt.HEADER_SIZE:
+        raise ValueError(f"not a zipccl frame: {nbytes} bytes is shorter than the "
+                         f"{fmt.HEADER_SIZE}-byte header")
+    s = runtime.stream(stream)
+    h = _parse_header_of(runtime.host_bytes(fb, fmt.HEADER_SIZE, s), nbytes)
+    if out is None:
+        dst = _empty_like_framework(frame, h.shape if h.shape else (1,), "bf16")
+        result = dst if h.shape else dst.reshape(())
+    else:
+        dst = out
+        result = out
+    ob, n_out = _u16(dst)
+    if n_out != h.n:
+        raise ValueError(f"out= has {n_out} elements; the frame holds {h.n}")
+    ws = default_workspace(stream, h.n)
+    decode_into(fb, ob, stream=stream, workspace=ws)
+    err = ws.last_error(stream)
+    if err:
+        raise ValueError(f"corrupted zipccl frame: {Workspace.describe(err)}")
+    return result

@@ -1,0 +1,176 @@
+"""Pieces shared by the encode and decode kernels: workspace slots, warp
+reductions, the decoupled look-back scan over escape blocks, and the header CRC.
+
+Why a look-back scan: the escapes of block b start at the sum of the escape
+counts of blocks 0..b-1. Each CUDA block codes one escape block (``format.BLOCK``
+= 4096 elements) and publishes its count; it then reads its predecessors'
+published values (a count, or an inclusive prefix that ends the walk) and so
+learns its exclusive prefix without a second pass over the data. Positions are
+sums of counts, so the output is the same on every run; the only atomic that
+orders anything is the ticket that numbers the blocks in launch order (so a
+block only ever waits for blocks that are already running), and it decides
+which CUDA block codes which tile, never where a byte goes.
+
+The workspace is an int64 device array: WS_SLOTS counters, then one status word
+per escape block. Status word = epoch << 34 | flag << 32 | value; a word whose
+epoch is not the current one counts as "not ready", so the status array never
+needs clearing between calls. The finishing kernel of every call resets the
+counters and advances the epoch, so a call leaves the workspace ready for the
+next one on the same stream (and a captured CUDA graph can replay calls).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from numba import cuda  # noqa: I001
+
+from .. import format as fmt
+from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from .compat import atomic_read, ballot, shfl_xor, wrap64
+
+TPB = 128  # threads per CUDA block: 4 warps
+WARPS = TPB // 32
+ROUNDS = 4  # per warp: 4 rounds of 32 lanes x 8 elements = 1024 elements
+assert fmt.BLOCK == WARPS * ROUNDS * 256, "one CUDA block codes exactly one escape block"
+
+# workspace slots (int64 each)
+WS_TICKET = 0  # next tile number for the main kernel
+WS_DONE = 1  # finished blocks of a multi-block finishing kernel
+WS_EPOCH = 2  # current epoch of the status words
+WS_ERR = 3  # decode: error bits of the call in flight
+WS_ERR_LAST = 4  # decode: error bits of the last finished call
+WS_ERR_STICKY = 5  # decode: OR of the error bits of every call since the host cleared it
+WS_NESC = 6  # encode: n_escapes of the last frame (0 for RAW)
+WS_FLEN = 7  # encode: frame_len of the last frame
+WS_CSUM = 8  # 8 slots: partial payload checksums (spread to avoid one hot address)
+WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
+WS_SLOTS = 32
+WS_STATUS = WS_SLOTS
+
+STATUS_AGG = 1
+STATUS_INC = 2
+EPOCH_LIMIT = 1 << 29
+LOW32 = 0xFFFFFFFF
+
+# decode error bits
+ERR_HEADER = 1  # magic / version / dtype / flags / n / lengths do not fit
+ERR_HEADER_CRC = 2
+ERR_COUNTS = 4  # a block's escape count disagrees with its code planes (or is impossible)
+ERR_TOTAL = 8  # the escape counts do not add up to the header's n_escapes
+ERR_CHECKSUM = 16  # payload checksum mismatch
+ERR_ESCAPE_RANGE = 32  # an escape position fell outside the escape section
+
+ERROR_TEXT = {
+    ERR_HEADER: "bad header fields (magic, version, dtype, flags, element count or lengths)",
+    ERR_HEADER_CRC: "header checksum mismatch",
+    ERR_COUNTS: "a block's escape count disagrees with its code planes",
+    ERR_TOTAL: "escape counts do not add up to the header's",
+    ERR_CHECKSUM: "payload checksum mismatch",
+    ERR_ESCAPE_RANGE: "an escape position falls outside the escape section",
+}
+
+_CRC_BITS = 8 * (fmt.HEADER_SIZE - 4)  # the CRC covers header bytes 0..123
+
+
+def _crc_tables() -> tuple[np.ndarray, int]:
+    """CRC-32 is affine over GF(2): crc(a ^ b) = crc(a) ^ crc(b) ^ crc(0) for equal lengths.
+
+    So crc(h) = crc(0) ^ XOR over the set bits i of h of T[i], T[i] = crc(e_i) ^ crc(0),
+    with e_i the 124-byte message with only bit i set. A warp evaluates that sum in
+    parallel; the encoder uses it on the few header bits it fills in on the device.
+    """
+    zero = bytes(fmt.HEADER_SIZE - 4)
+    c0 = zlib.crc32(zero)
+    tab = np.zeros(_CRC_BITS, dtype=np.int64)
+    for i in range(_CRC_BITS):
+        msg = bytearray(zero)
+        msg[i >> 3] = 1 << (i & 7)
+        tab[i] = zlib.crc32(bytes(msg)) ^ c0
+    return tab, c0
+
+
+CRC_TABLE, CRC_ZERO = _crc_tables()
+
+
+@cuda.jit(device=True)
+def warp_sum(v):
+    """Sum (mod 2**64) of v over the warp, in every lane."""
+    v = wrap64(v + shfl_xor(v, 16))
+    v = wrap64(v + shfl_xor(v, 8))
+    v = wrap64(v + shfl_xor(v, 4))
+    v = wrap64(v + shfl_xor(v, 2))
+    v = wrap64(v + shfl_xor(v, 1))
+    return v
+
+
+@cuda.jit(device=True)
+def warp_xor(v):
+    """XOR of v over the warp, in every lane."""
+    v = v ^ shfl_xor(v, 16)
+    v = v ^ shfl_xor(v, 8)
+    v = v ^ shfl_xor(v, 4)
+    v = v ^ shfl_xor(v, 2)
+    v = v ^ shfl_xor(v, 1)
+    return v
+
+
+@cuda.jit(device=True)
+def publish(ws, tile, epoch, flag, value):
+    """Make tile's count (flag AGG) or inclusive prefix (flag INC) visible to later tiles."""
+    cuda.atomic.exch(ws, WS_STATUS + tile, (epoch << 34) | (flag << 32) | (value & LOW32))
+
+
+@cuda.jit(device=True)
+def lookback(ws, tile, epoch, lane):
+    """Exclusive prefix of tile's escape count: sum of the values of tiles 0..tile-1.
+
+    Warp-wide: all 32 lanes call it together. Lane j inspects tile pos - j; the
+    walk stops at the nearest predecessor that published an inclusive prefix
+    (tile -1 counts as an inclusive 0) once every tile in between has published.
+    """
+    excl = np.int64(0)
+    pos = tile - 1
+    while True:
+        idx = pos - lane
+        flag = np.int64(STATUS_INC)
+        val = np.int64(0)
+        if idx >= 0:
+            s = atomic_read(ws, WS_STATUS + idx)
+            flag = (s >> 32) & 3
+            if (s >> 34) != epoch:
+                flag = 0
+            val = s & LOW32
+        notready = ballot(flag == 0)
+        incl = ballot(flag == STATUS_INC)
+        if incl != 0:
+            need = incl ^ (incl - 1)  # lanes 0 .. first inclusive lane
+            if (notready & need) == 0:
+                if ((need >> lane) & 1) == 0:
+                    val = 0
+                return excl + warp_sum(val)
+        elif notready == 0:
+            excl += warp_sum(val)
+            pos -= 32
+
+
+@cuda.jit(device=True)
+def byte_checksum(byte, q):
+    """Contribution of the payload byte at payload offset q to format.payload_checksum."""
+    return wrap64((byte << (8 * (q & 3))) * (2 * (q >> 2) + 1))
+
+
+@cuda.jit(device=True)
+def advance_epoch(ws, tid):
+    """Last step of every call (one block): next epoch; clear all status words on wrap."""
+    e = ws[WS_EPOCH] + 1
+    if e >= EPOCH_LIMIT:
+        i = WS_STATUS + tid
+        while i < ws.shape[0]:
+            ws[i] = 0
+            i += TPB
+        e = 0
+    cuda.syncthreads()
+    if tid == 0:
+        ws[WS_EPOCH] = e

@@ -1,0 +1,232 @@
+"""Compatibility layer under every zipccl CUDA kernel: one place for version quirks.
+
+Why it exists:
+
+* numba-cuda 0.30.4 calls ``numpy.row_stack`` while compiling, and numpy >= 2.5
+  removed it (``AttributeError: module 'numpy' has no attribute 'row_stack'``).
+  Importing this module defines ``numpy.row_stack = numpy.vstack`` when it is
+  missing, once, before anything is compiled. Every kernel module imports it
+  first, so no kernel can be compiled without the fix in place.
+* Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, used by the test suite on
+  machines without a GPU) has no warp intrinsics and cannot run LLVM
+  intrinsics. The warp helpers below (``ballot``, ``shfl``, ``shfl_up``,
+  ``shfl_xor``) and the 16-byte memory helpers (``load16``, ``store16``) have
+  one meaning in both worlds: on a GPU they compile to ``vote.sync``,
+  ``shfl.sync`` and ``ld.global.v4.u32`` / ``st.global.v4.u32``; under the
+  simulator they are Python functions with the same results (the warp helpers
+  exchange values through a per-warp barrier, so all 32 lanes of a warp must
+  call them together, exactly as on a GPU with a full mask).
+* Kernel arithmetic is done in int64 so that the simulator (NumPy / Python
+  integers) and compiled code agree bit for bit. ``wrap64`` reduces a value to
+  two's-complement int64 (mod 2**64) under the simulator and is the identity on
+  a GPU, where int64 arithmetic already wraps.
+
+Nothing here touches a GPU at import time.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # numpy >= 2.5 removed it; numba-cuda 0.30.4 still uses it
+    np.row_stack = np.vstack
+
+from numba import config as _numba_config  # noqa: E402
+from numba import cuda  # noqa: E402
+
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+FULL_MASK = 0xFFFFFFFF
+
+if SIMULATOR:
+    _LOCK = threading.Lock()
+    _M64 = (1 << 64) - 1
+
+    class _Warp:
+        """Rendezvous of the 32 simulated threads of one warp.
+
+        One condition variable and two slot buffers used alternately: exchange g
+        writes buffer g % 2, so a lane that runs ahead into exchange g + 1 never
+        overwrites values another lane is still reading (a single wait per
+        exchange instead of the two a plain barrier needs).
+        """
+
+        def __init__(self):
+            self.cv = threading.Condition()
+            self.count = 0
+            self.gen = 0
+            self.slots = ([0] * 32, [0] * 32)
+
+    def _warp_of_current_thread():
+        t = threading.current_thread()
+        mgr = t._manager  # the simulator's BlockManager: one per simulated block
+        warps = mgr.__dict__.get("_zipccl_warps")
+        if warps is None:
+            with _LOCK:
+                warps = mgr.__dict__.setdefault("_zipccl_warps", {})
+        w = warps.get(t.thread_id // 32)
+        if w is None:
+            with _LOCK:
+                w = warps.setdefault(t.thread_id // 32, _Warp())
+        return w, t.thread_id % 32
+
+    def _exchange(value):
+        w, lane = _warp_of_current_thread()
+        with w.cv:
+            g = w.gen
+            buf = w.slots[g & 1]
+            buf[lane] = value
+            w.count += 1
+            if w.count == 32:
+                w.count = 0
+                w.gen += 1
+                w.cv.notify_all()
+            else:
+                while w.gen == g:
+                    if not w.cv.wait(timeout=300):
+                        raise RuntimeError("warp exchange timed out: not all 32 lanes arrived")
+        return list(buf), lane
+
+    def wrap64(x):
+        """x reduced to a two's-complement int64 (mod 2**64)."""
+        v = int(x) & _M64
+        return np.int64(v - (1 << 64) if v >> 63 else v)
+
+    def ballot(pred):
+        """Bit j set iff lane j's predicate is true (all 32 lanes must call)."""
+        vals, _ = _exchange(bool(pred))
+        return np.int64(sum(1 << j for j, v in enumerate(vals) if v))
+
+    def shfl(value, src):
+        """Lane ``src``'s value."""
+        vals, _ = _exchange(value)
+        return vals[int(src) & 31]
+
+    def shfl_up(value, delta):
+        """Value of lane (lane - delta); a lane below ``delta`` keeps its own."""
+        vals, lane = _exchange(value)
+        return vals[lane - delta] if lane >= delta else value
+
+    def shfl_xor(value, mask):
+        """Value of lane (lane ^ mask)."""
+        vals, lane = _exchange(value)
+        return vals[lane ^ int(mask)]
+
+    def shfl32(value, src):
+        """``shfl`` of a value known to fit in 32 unsigned bits (one shuffle on a GPU)."""
+        return np.int64(shfl(int(value) & 0xFFFFFFFF, src))
+
+    def shfl_xor32(value, mask):
+        """``shfl_xor`` of a value known to fit in 32 unsigned bits (one shuffle on a GPU)."""
+        return np.int64(shfl_xor(int(value) & 0xFFFFFFFF, mask))
+
+    def popc(x):
+        """Number of set bits of a non-negative value."""
+        return np.int64(bin(int(x)).count("1"))
+
+    def load16(a32, i):
+        """Words 4i .. 4i+3 of a uint32 array (one 16-byte load on a GPU)."""
+        j = 4 * int(i)
+        return (a32[j], a32[j + 1], a32[j + 2], a32[j + 3])
+
+    def store16(a32, i, w0, w1, w2, w3):
+        """Store four words at 4i .. 4i+3 of a uint32 array (one 16-byte store on a GPU)."""
+        j = 4 * int(i)
+        a32[j] = int(w0) & 0xFFFFFFFF
+        a32[j + 1] = int(w1) & 0xFFFFFFFF
+        a32[j + 2] = int(w2) & 0xFFFFFFFF
+        a32[j + 3] = int(w3) & 0xFFFFFFFF
+
+    def atomic_read(a, i):
+        """Read a[i] through the atomic unit (coherent with other blocks' atomics).
+
+        The simulator runs one block at a time, so a plain read is coherent.
+        """
+        return np.int64(a[i])
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _ld_v4_u32(typingctx, arr, idx):
+        sig = types.UniTuple(types.uint32, 4)(arr, idx)
+
+        def codegen(context, builder, sig, args):
+            arrty, idxty = sig.args
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            i = context.cast(builder, args[1], idxty, types.int64)
+            ptr = builder.gep(ary.data, [builder.mul(i, ir.Constant(ir.IntType(64), 4))])
+            vty = ir.VectorType(ir.IntType(32), 4)
+            gptr = builder.addrspacecast(builder.bitcast(ptr, vty.as_pointer()), vty.as_pointer(1))
+            val = builder.load(gptr, align=16)
+            elems = [builder.extract_element(val, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, elems)
+
+        return sig, codegen
+
+    @intrinsic
+    def _st_v4_u32(typingctx, arr, idx, w0, w1, w2, w3):
+        sig = types.void(arr, idx, w0, w1, w2, w3)
+
+        def codegen(context, builder, sig, args):
+            arrty, idxty = sig.args[:2]
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            i = context.cast(builder, args[1], idxty, types.int64)
+            ptr = builder.gep(ary.data, [builder.mul(i, ir.Constant(ir.IntType(64), 4))])
+            vty = ir.VectorType(ir.IntType(32), 4)
+            vec = ir.Constant(vty, ir.Undefined)
+            for k in range(4):
+                w = context.cast(builder, args[2 + k], sig.args[2 + k], types.uint32)
+                vec = builder.insert_element(vec, w, ir.Constant(ir.IntType(32), k))
+            gptr = builder.addrspacecast(builder.bitcast(ptr, vty.as_pointer()), vty.as_pointer(1))
+            builder.store(vec, gptr, align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def wrap64(x):
+        return x
+
+    @cuda.jit(device=True, forceinline=True)
+    def ballot(pred):
+        return np.int64(cuda.ballot_sync(FULL_MASK, pred))
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl(value, src):
+        return cuda.shfl_sync(FULL_MASK, value, src)
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl_up(value, delta):
+        return cuda.shfl_up_sync(FULL_MASK, value, delta)
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl_xor(value, mask):
+        return cuda.shfl_xor_sync(FULL_MASK, value, mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl32(value, src):
+        return np.int64(cuda.shfl_sync(FULL_MASK, np.int32(value), src)) & 0xFFFFFFFF
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl_xor32(value, mask):
+        return np.int64(cuda.shfl_xor_sync(FULL_MASK, np.int32(value), mask)) & 0xFFFFFFFF
+
+    @cuda.jit(device=True, forceinline=True)
+    def popc(x):
+        return np.int64(cuda.popc(x))
+
+    @cuda.jit(device=True, forceinline=True)
+    def load16(a32, i):
+        return _ld_v4_u32(a32, i)
+
+    @cuda.jit(device=True, forceinline=True)
+    def store16(a32, i, w0, w1, w2, w3):
+        _st_v4_u32(a32, i, w0, w1, w2, w3)
+
+    @cuda.jit(device=True, forceinline=True)
+    def atomic_read(a, i):
+        return cuda.atomic.add(a, i, 0)
