@@ -13,7 +13,6 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import edge_corpus, gaussian_bits
 
 pytestmark = pytest.mark.gpu
