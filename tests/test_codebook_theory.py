@@ -89,15 +89,22 @@ def test_sigma_estimate_of_gaussian_data():
     assert estimate_sigma(np.full(9, 0x7FC0, np.uint16)) == 0.0  # NaN only
 
 
-def test_sample_stride_is_prime_to_6_and_reads_all_columns():
-    for n in (1, 100, 4096, 4097, 1 << 20, 3 * (1 << 18), 704_512, 10**9):
-        s = sample_stride(n)
-        assert s >= 1 and (s == 1 or math.gcd(s, 6) == 1)
-        assert s <= max(1, n // 4096)
-    m = np.zeros((4096, 256), np.uint16)
+@pytest.mark.parametrize("rows,cols", [(4096, 256), (256, 688), (16, 11008), (1024, 1024), (4, 4 * 256 * 256),
+                                       (105, 3 * 5 * 7), (3, 4097), (1, 5000), (7, 7 * 4096)])
+def test_strided_sample_reads_every_column(rows, cols):
+    """Every row length of a C-contiguous view divides n: a stride prime to n visits all columns."""
+    n = rows * cols
+    s = sample_stride(n)
+    assert s >= 1 and math.gcd(s, n) == 1 and s <= max(1, n // 4096)
+    idx = np.arange(n, dtype=np.int64)[::s][:4096]
+    assert idx.size == min(n, 4096)
+    assert np.unique(idx % cols).size == min(cols, idx.size)
+    m = np.zeros((rows, cols), np.uint16)
     m[:, 0] = 0x3F80  # one column differs, as a causal attention matrix's first column does
     sample = strided_sample(m)
-    assert 0 < np.count_nonzero(sample) < sample.size / 10
+    assert np.array_equal(sample, m.reshape(-1)[idx])
+    if cols > 1:
+        assert np.count_nonzero(sample) < sample.size
 
 
 def test_gaussian_data_keeps_its_sigma_window():

@@ -141,19 +141,20 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
 
 
 def sample_stride(n: int, samples: int = SAMPLE_SIZE) -> int:
-    """The stride of the strided sample: the largest s <= n // samples with gcd(s, 6) == 1.
+    """The stride of the strided sample: the largest s <= n // samples with gcd(s, n) == 1.
 
     A stride that shares a factor with the row length of a matrix samples only a
-    few of its columns (stride 256 over 256-wide rows reads column 0 only: the
-    diagonal of a causal attention matrix, never its masked zeros). Row lengths of
-    LLM tensors are products of powers of 2 and 3, so a stride prime to 6 walks
-    across all columns.
+    few of its columns: stride 256 over 256-wide rows reads column 0 only (the
+    diagonal of a causal attention matrix, never its masked zeros), stride 43 over
+    688-wide rows (16 x 43, like Llama's 11008 = 256 x 43) reads 16 columns. Every
+    row length L of any C-contiguous view of the tensor divides n, so a stride prime
+    to n is prime to L, and the sample visits min(L, samples) distinct columns.
 
-    >>> sample_stride(1 << 20), sample_stride(4096), sample_stride(100)
-    (253, 1, 1)
+    >>> sample_stride(1 << 20), sample_stride(256 * 688), sample_stride(4096), sample_stride(100)
+    (255, 41, 1, 1)
     """
     s = max(1, n // max(1, samples))
-    while s > 1 and math.gcd(s, 6) != 1:
+    while s > 1 and math.gcd(s, n) != 1:
         s -= 1
     return s
 
@@ -166,8 +167,8 @@ def strided_sample(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
     ``samples`` of them.
 
     >>> import numpy as np
-    >>> strided_sample(np.arange(20, dtype=np.uint16), 4)
-    array([ 0,  5, 10, 15], dtype=uint16)
+    >>> strided_sample(np.arange(20, dtype=np.uint16), 4)  # stride 3: 5 and 4 share factors with 20
+    array([0, 3, 6, 9], dtype=uint16)
     """
     flat = np.asarray(bits).reshape(-1)
     if flat.size == 0:
