@@ -18,7 +18,9 @@ BF16 N(0, 0.02^2) data, then times
 
 - ``nccl``: the NCCL collective called directly (cupy.cuda.nccl; all-to-all as
   grouped send/recv), the baseline;
-- ``always`` and ``auto``: ``zipccl.Communicator(policy=...)`` on the same data,
+- ``always`` and ``auto``: ``zipccl.Communicator(policy=...)`` on the same data
+  (``auto`` first calibrates: it measures both paths of every operation at 1-256 MiB
+  on this link and follows the fitted times),
 
 each after warm-up, with CUDA events on one stream between barriers, taking the
 slowest rank per iteration and the median over iterations. Then it checks the
@@ -91,6 +93,13 @@ def main(argv=None) -> int:
     comms = {v: zipccl.Communicator(world, backend="nccl", policy=v) for v in variants if v != "nccl"}
     engine = DeviceEngine()
     engine.set_stream(stream)
+    run_id = world.bcast(datetime.datetime.now().isoformat(timespec="seconds"), root=0)
+    profile = None
+    if "auto" in comms and not args.profile:  # "auto" follows a profile measured here, now
+        profile = comms["auto"].calibrate(device=True, sizes=(1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB),
+                                          repeat=2, stream=stream)
+        if me == 0:
+            print(f"calibrated: {profile.to_json()}", flush=True)
 
     def bf16_gaussian(n: int, seed: int):
         rs = cupy.random.RandomState(seed)
@@ -211,7 +220,7 @@ def main(argv=None) -> int:
                 med = statistics.median(ts)
                 nb = metrics.nccl_tests_size(op, size, p)
                 rec = {
-                    "bench": "collectives", "op": op, "link": args.link, "variant": v,
+                    "bench": "collectives", "run": run_id, "op": op, "link": args.link, "variant": v,
                     "per_rank_bytes": size, "nccl_tests_bytes": nb, "nranks": p,
                     "time_s": med, "time_min_s": min(ts), "times_s": ts,
                     "algbw_gbps": metrics.algbw(nb, med), "busbw_gbps": metrics.busbw(op, nb, med, p),
@@ -223,6 +232,8 @@ def main(argv=None) -> int:
                     "config": {"warmup": args.warmup, "iters": args.iters, "data": "N(0, 0.02^2) BF16",
                                "env": LINKS[args.link], "timing": "CUDA events, max over ranks, median"},
                 }
+                if v == "auto" and profile is not None:
+                    rec["config"]["policy_profile"] = {"key": profile.key, "fits": profile.fits}
                 if v in keep:
                     d, wire, raw = keep[v]
                     rec.update({"compressed": d.compress, "decision": d.reason,

@@ -279,6 +279,24 @@ def test_policy_decisions_are_shared():
     c.close()
 
 
+def test_calibrated_policy_is_shared_and_cached(tmp_path):
+    path = WORLD.bcast(str(tmp_path / "profile.json"), root=0)  # rank 0 reads and writes it
+    c = zipccl.Communicator(WORLD, policy="auto")
+    prof = c.calibrate(sizes=(8192, 131072), ops=("all_gather", "reduce_scatter"), repeat=1, path=path)
+    assert prof.key == f"host|mpi|{P} ranks"
+    x = np.zeros(65536, dtype=BF16)
+    out = np.zeros(P * 65536, dtype=BF16)
+    c.all_gather(x, out)
+    decisions = WORLD.allgather(str(c.last_decision))
+    assert len(set(decisions)) == 1  # every rank fitted the same numbers
+    if "all_gather" in prof.fits:
+        assert "measured profile" in c.last_decision.reason or P == 1
+    again = zipccl.Communicator(WORLD, policy="auto")
+    assert again.calibrate(path=path).to_json() == prof.to_json()  # loaded, not measured
+    for comm_ in (c, again):
+        comm_.close()
+
+
 class _nothing:
     def __enter__(self):
         return self

@@ -117,3 +117,14 @@ def test_errors_on_every_rank(comm):
         comm.all_gather(host_or_dev, cupy.zeros(P * 100, dtype=cupy.uint16), dtype="bfloat16")
     good = cupy.zeros(P * 100, dtype=cupy.uint16)
     comm.all_gather(x[:100], good, dtype="bfloat16")
+
+
+def test_calibrated_auto_on_device():
+    c = zipccl.Communicator(WORLD, backend="nccl", policy="auto")
+    prof = c.calibrate(device=True, sizes=(1 << 16, 1 << 20), ops=("all_gather",), repeat=1)
+    assert prof.key == f"device|nccl|{P} ranks"
+    out = cupy.zeros(P * 4096, dtype=cupy.uint16)
+    c.all_gather(dev(rank_input("gaussian", ME, 4096)), out, dtype="bfloat16")
+    assert np.array_equal(host(out), np.concatenate([rank_input("gaussian", r, 4096) for r in range(P)]))
+    assert len(set(WORLD.allgather(str(c.last_decision)))) == 1
+    c.close()

@@ -24,6 +24,7 @@ device array arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import zlib
 from dataclasses import dataclass
@@ -40,8 +41,8 @@ from .collectives import (
     all_to_all_bf16,
     reduce_scatter_bf16,
 )
-from .policy import Decision, Policy
-from .transport import REDUCE_OPS, MPITransport, Transport
+from .policy import OPS, Decision, Policy, Profile
+from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream
 
 BACKENDS = ("auto", "nccl", "mpi")
 _BF16_NAMES = ("bfloat16", "bf16")
@@ -188,6 +189,7 @@ class Communicator:
         self._checksum = bool(checksum)
         self._host = HostEngine(checksum=self._checksum)
         self._device_engine = None
+        self._force: bool | None = None  # set only while calibrating
         self.last_decision: Decision | None = None
         self.last_stats: ExchangeStats | None = None
 
@@ -295,12 +297,117 @@ class Communicator:
         return "mpi" if self.mpi.cuda_aware else "mpi-staged"
 
     def _decide(self, op: str, nbytes: int, arr: _Arr) -> Decision:
-        d = self.policy.decide(op, nbytes, bf16=arr.bf16, device=arr.device, world=self.size)
+        if self._force is not None and arr.bf16 and self.size > 1:
+            d = Decision(op, nbytes, self._force, "calibration")
+        else:
+            d = self.policy.decide(op, nbytes, bf16=arr.bf16, device=arr.device, world=self.size)
         self.last_decision = d
         return d
 
+    def calibrate(self, *, device: bool = False, sizes=(1 << 20, 16 << 20, 64 << 20),
+                  ops=OPS, repeat: int = 3, path: str | None = None, stream=None) -> Profile:
+        """Measure both paths of each BF16 collective here and make ``policy="auto"`` follow them.
+
+        For every op in ``ops`` and per-rank size in ``sizes`` (bytes each rank
+        contributes), times the native and the compressed call (after a warm-up, the
+        slowest rank's time, best of ``repeat``) on Gaussian BF16 data, host or device
+        (``device=True`` needs CuPy and selects this communicator's device transport),
+        fits ``alpha + bytes / beta`` per path and adopts the result as the policy's
+        profile. All ranks fit the same numbers, so they decide alike. With ``path``,
+        a profile saved there for the same transport and rank count is loaded instead of
+        measuring, and a newly measured one is saved. Returns the profile.
+        """
+        from ..costmodel import fit_alpha_beta
+
+        if device:
+            import cupy
+
+            self._route(True, stream)
+        key = f"{'device' if device else 'host'}|{self.transport_name if device else 'mpi'}|" \
+              f"{self.size} ranks"
+        if path is not None:
+            text = None
+            if self.rank == 0:
+                try:
+                    with open(path) as f:
+                        text = f.read()
+                except OSError:
+                    text = None
+            text = self.comm.bcast(text, root=0)
+            if text:
+                prof = Profile.from_json(text)
+                if prof.key == key:
+                    self.policy = dataclasses.replace(self.policy, profile=prof)
+                    return prof
+        p, MPI = self.size, self._MPI
+        rng = np.random.default_rng(12345 + self.rank)
+
+        def data(n: int):
+            if device:  # generated on the device: large calibration sizes stay quick
+                u = (cupy.random.RandomState(12345 + self.rank).standard_normal(n, dtype=cupy.float32)
+                     * 0.02).view(cupy.uint32)
+                return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+            return rng.normal(0.0, 0.02, n).astype(np.float32).astype(BF16)
+
+        def empty(n: int):
+            return cupy.zeros(n, dtype=cupy.uint16) if device else np.zeros(n, dtype=BF16)
+
+        def sync():
+            if device:
+                cupy_stream(stream).synchronize()
+
+        kw = {"dtype": "bfloat16", "stream": stream} if device else {}
+        points: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        try:
+            for op in ops:
+                for size in sizes:
+                    n = max(p, size // 2 // p * p)
+                    if op == "all_gather":
+                        x, out = data(n), empty(p * n)
+                        call = lambda x=x, out=out: self.all_gather(x, out, **kw)  # noqa: E731
+                    elif op == "reduce_scatter":
+                        x, out = data(p * n), empty(n)
+                        call = lambda x=x, out=out: self.reduce_scatter(x, out, **kw)  # noqa: E731
+                    elif op == "all_to_all":
+                        x, out = data(n), empty(n)
+                        call = lambda x=x, out=out: self.all_to_all(x, out, **kw)  # noqa: E731
+                    else:
+                        x = data(n)
+                        call = lambda x=x: self.all_reduce(x, **kw)  # noqa: E731
+                    for path_name, force in (("native", False), ("compressed", True)):
+                        self._force = force
+                        call()
+                        best = float("inf")
+                        for _ in range(repeat):
+                            sync()
+                            self.comm.Barrier()
+                            t0 = MPI.Wtime()
+                            call()
+                            sync()
+                            best = min(best, self.comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX))
+                        nbytes = self.last_decision.nbytes
+                        points.setdefault(op, {}).setdefault(path_name, []).append((nbytes, best))
+        finally:
+            self._force = None
+        fits = {}
+        for op, paths in points.items():
+            try:
+                fits[op] = {name: fit_alpha_beta([b for b, _ in pts], [t for _, t in pts])
+                            for name, pts in paths.items()}
+            except ValueError:
+                continue  # not enough signal for this op: the threshold rule stays for it
+        prof = Profile(key, fits)
+        self.policy = dataclasses.replace(self.policy, profile=prof)
+        if path is not None and self.rank == 0:
+            with open(path, "w") as f:
+                f.write(prof.to_json())
+        return prof
+
     def explain(self, op: str, nbytes: int, *, device: bool = True) -> str:
-        """What the policy would do for ``op`` on ``nbytes`` BF16 bytes per rank, and why."""
+        """What the policy would do for ``op`` on ``nbytes`` BF16 bytes per rank, and why.
+
+        With a measured profile (``calibrate``) the line holds both predicted times.
+        """
         return self.policy.explain(op, nbytes, device=device, world=self.size)
 
     @staticmethod

@@ -6,11 +6,14 @@ makes that choice in one place so it is inspectable (``explain``), loggable
 (``logging.getLogger("zipccl.policy")`` at DEBUG) and forceable
 (``mode="always" | "never"``).
 
-``mode="auto"`` is, for now, a size threshold: BF16 messages of at least
-``min_bytes`` per rank whose data lives on a GPU (where the codec runs at memory
-speed) are compressed; host arrays stay native unless ``compress_host=True``,
-because the CPU codec is slower than a shared-memory MPI link. A measured
-alpha-beta cost model replaces the threshold in ``zipccl.costmodel`` work.
+``mode="auto"`` uses a measured ``Profile`` when it has one: for each operation
+the native and the compressed path's times were measured at a few sizes
+(``Communicator.calibrate``) and fitted to ``alpha + bytes / beta``
+(``zipccl.costmodel.fit_alpha_beta``), and the path predicted faster wins, so
+fixed costs (kernel launches, synchronisations) and the real link speed are in
+the choice. Without a profile it falls back to a size threshold: BF16 messages
+of at least ``min_bytes`` per rank on a GPU are compressed; host arrays stay
+native unless ``compress_host=True``.
 
 Every rank must reach the same decision, so ``decide`` is a pure function of
 values all ranks agree on (they are checked collectively before it is called).
@@ -18,8 +21,9 @@ values all ranks agree on (they are checked collectively before it is called).
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MODES = ("auto", "always", "never")
 OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -42,6 +46,40 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """Measured alpha-beta fits of each path per operation: time = alpha + bytes / (beta GB/s).
+
+    ``fits[op][path] = (alpha_s, beta_gbps)`` for path "native" and "compressed";
+    ``key`` names what was measured (transport, ranks, device) so a cached profile is
+    only reused where it was made.
+
+    >>> prof = Profile("x", {"all_gather": {"native": (1e-5, 25.0), "compressed": (1e-3, 36.0)}})
+    >>> [round(t * 1e3, 3) for t in prof.predict("all_gather", 1 << 30)]
+    [42.96, 30.826]
+    """
+
+    key: str
+    fits: dict = field(default_factory=dict)
+
+    def predict(self, op: str, nbytes: int) -> tuple[float, float] | None:
+        """(native s, compressed s) predicted for ``op`` on ``nbytes`` per rank, or None."""
+        f = self.fits.get(op)
+        if not f or "native" not in f or "compressed" not in f:
+            return None
+        (an, bn), (ac, bc) = f["native"], f["compressed"]
+        return an + nbytes / (bn * 1e9), ac + nbytes / (bc * 1e9)
+
+    def to_json(self) -> str:
+        return json.dumps({"key": self.key, "fits": self.fits}, indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Profile:
+        d = json.loads(text)
+        fits = {op: {path: tuple(v) for path, v in paths.items()} for op, paths in d["fits"].items()}
+        return Profile(d["key"], fits)
+
+
+@dataclass(frozen=True)
 class Policy:
     """Native or compressed per operation and message size.
 
@@ -53,8 +91,9 @@ class Policy:
     """
 
     mode: str = "auto"
-    min_bytes: int = 1 << 20  # "auto": smallest per-rank BF16 message worth compressing
-    compress_host: bool = False  # "auto": also compress host (NumPy) arrays
+    min_bytes: int = 1 << 20  # "auto" without a profile: smallest per-rank BF16 message compressed
+    compress_host: bool = False  # "auto" without a profile: also compress host (NumPy) arrays
+    profile: Profile | None = None  # measured fits; "auto" follows them where they cover the op
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -74,6 +113,10 @@ class Policy:
             d = Decision(op, nbytes, False, 'policy="never"')
         elif self.mode == "always":
             d = Decision(op, nbytes, True, 'policy="always"')
+        elif self.profile is not None and self.profile.predict(op, nbytes) is not None:
+            tn, tc = self.profile.predict(op, nbytes)
+            d = Decision(op, nbytes, tc < tn, f"measured profile predicts native {tn * 1e3:.3f} ms, "
+                                              f"compressed {tc * 1e3:.3f} ms")
         elif not device and not self.compress_host:
             d = Decision(op, nbytes, False, "host arrays: the CPU codec is slower than a host MPI "
                                             "link (compress_host=False)")
