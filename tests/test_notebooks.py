@@ -22,7 +22,7 @@ NOTEBOOKS = {  # notebook -> checks it must state (label fragments)
     "01_sigma_codebook.ipynb": ["Monte-Carlo coverage vs closed form", "coverage lower bound",
                                 "coverage upper bound", "frame length of zipccl.compress"],
     "02_real_tensors.ipynb": ["checkpoint coverage, sigma window vs histogram",
-                              "worst training tensor", "stale sigma"],
+                              "training traffic, all steps", "stale sigma"],
     "03_when_compression_pays.ipynb": ["fitted link model vs measured NCCL busbw",
                                        "all-gather break-even on NVLink"],
 }
