@@ -60,7 +60,8 @@ def main(out, train_path, ckpt_path):
         if r["fallback"]:
             ax.text(0.02, 0.03, f"exact zeros: {r['zero_fraction']:.0%} (exponent 0, off scale)\n"
                                 f"default codebook falls back: {r['coverage_default']:.1%}",
-                    transform=ax.transAxes, va="bottom", fontsize=8)
+                    transform=ax.transAxes, va="bottom", fontsize=8,
+                    bbox=dict(facecolor="white", alpha=0.85, lw=0))
         ax.set(yscale="log", ylim=(1e-6, 1), xlabel="biased exponent", ylabel="fraction of values",
                title=f"{title}\nsigma {r['sigma']:.3g}, histogram top-7 {r['coverage_hist']:.1%}")
         ax.title.set_fontsize(9)
