@@ -1,7 +1,8 @@
 """Figure: zipccl's collectives against native NCCL, time and speed-up vs per-rank size.
 
 Reads the records of ``experiments/bench_collectives.py`` (results/collectives.jsonl);
-one column per operation, two rows per link (time, then speed-up over NCCL).
+one column per operation, two rows per link (time, then speed-up over NCCL); where a
+point was measured in several runs, the newest run's record is drawn.
 Times nothing, imports no CUDA or MPI module.
 
     python fig_collectives.py out/collectives.png ../experiments/results/collectives.jsonl
@@ -34,7 +35,12 @@ def load(paths: list[str]) -> list[dict]:
 
 
 def main(out: str, paths: list[str]) -> None:
-    recs = load(paths)
+    latest = {}  # the newest run's record for each (link, op, variant, size); old runs have no "run"
+    for r in load(paths):
+        k = (r["link"], r["op"], r["variant"], r["per_rank_bytes"])
+        if k not in latest or r.get("run", "") >= latest[k].get("run", ""):
+            latest[k] = r
+    recs = list(latest.values())
     links = [lk for lk in LINK_NAMES if any(r["link"] == lk for r in recs)]
     series = defaultdict(list)
     for r in recs:
