@@ -21,7 +21,8 @@ def _write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
     header, blobs, offset = {}, [], 0
     for k, v in tensors.items():
         b = np.ascontiguousarray(v).tobytes()
-        header[k] = {"dtype": names[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + len(b)]}
+        header[k] = {"dtype": names[v.dtype], "shape": list(v.shape),
+                     "data_offsets": [offset, offset + len(b)]}
         blobs.append(b)
         offset += len(b)
     h = json.dumps(header).encode()
@@ -79,7 +80,7 @@ def test_analyze_formats_and_json(tmp_path, tensors):
 def test_entropy_of_known_distribution():
     # exponents 127 and 128 equally often -> exactly 1 bit
     bits = np.array([0x3F80, 0x4000] * 50, dtype=np.uint16)
-    assert analyze.exponent_entropy(bits) == 1.0
+    assert analyze.analyze_tensor("f", "t", bits.view(ml_dtypes.bfloat16)).entropy_bits == 1.0
 
 
 def test_cli_usage_and_unknown_file(tmp_path, capsys):

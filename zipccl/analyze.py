@@ -18,7 +18,7 @@ import numpy as np
 from . import api
 from .arrays import host_bits, to_bf16
 from .checkpoints import default_checkpoint, is_floating, iter_tensors
-from .codebook import Codebook, estimate_sigma, exponents_of
+from .codebook import Codebook, estimate_sigma, exponent_entropy, exponent_histogram
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,6 @@ class TensorReport:
         return (8.0 + self.entropy_bits) / 16.0
 
 
-def exponent_entropy(bits: np.ndarray) -> float:
-    """Shannon entropy (bits) of the exponent byte over all values of ``bits``."""
-    hist = np.bincount(exponents_of(bits.reshape(-1)), minlength=256).astype(np.float64)
-    if hist.sum() == 0:
-        return 0.0
-    p = hist[hist > 0] / hist.sum()
-    return float(-(p * np.log2(p)).sum())
-
-
 def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto") -> TensorReport:
     """Compress one tensor (cast to BF16) and measure it."""
     bf = to_bf16(arr)
@@ -64,7 +55,7 @@ def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto")
     back = api.decompress(frame, backend=backend)
     exact = back.shape == bf.shape and np.array_equal(back.view(np.uint16), bits)
     return TensorReport(file=file, name=name, shape=tuple(bf.shape), numel=int(bf.size),
-                        sigma=estimate_sigma(bits), entropy_bits=exponent_entropy(bits),
+                        sigma=estimate_sigma(bits), entropy_bits=exponent_entropy(exponent_histogram(bits)),
                         coverage_sigma=cb.coverage(bits, dtype="bfloat16"),
                         coverage_hist=Codebook.from_histogram(bits, dtype="bfloat16").coverage(
                             bits, dtype="bfloat16"),

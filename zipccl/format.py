@@ -95,7 +95,7 @@ class Layout:
     raw_size: int  # length of a RAW frame of n elements
 
     @staticmethod
-    def for_count(n: int) -> "Layout":
+    def for_count(n: int) -> Layout:
         if n < 0:
             raise ValueError(f"element count must be >= 0, got {n}")
         sm_offset = HEADER_SIZE
