@@ -58,7 +58,7 @@ from ._common import (
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, load16, popc, shfl, shfl32, shfl_up, store16, wrap64
+from .compat import atomic_read, load16, popc, shfl, shfl_u32, shfl_up, store16, u32, wrap64
 
 _MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
 
@@ -88,15 +88,17 @@ def header_ok(f64, nbytes, lay):
 
 @cuda.jit(device=True)
 def _pair(t, s, smb, dl2):
-    """Two output values (slots s, s+1) as one 32-bit word, escapes' exponents left 0.
+    """Two output values (slots s, s+1) as one uint32 word, escapes' exponents left 0.
 
     t = p0 | p1 << 8 | p2 << 16 holds the lane's three plane bytes; the 6 code bits
     of the two slots index ``dl2``, which holds both exponents already in place.
+    Every intermediate goes through ``u32`` so that the instructions stay 32-bit.
     """
-    x = (t >> s) & 0x030303
-    u = (smb & 0xFF) | ((smb & 0xFF00) << 8)
-    sp = ((u & 0x00800080) << 8) | (u & 0x007F007F)
-    return np.uint32(sp | dl2[(x & 3) | ((x >> 6) & 12) | ((x >> 12) & 48)])
+    x = u32(u32(t >> s) & 0x030303)
+    u = u32(u32(smb & 0xFF) | u32(u32(smb & 0xFF00) << 8))
+    sp = u32(u32(u32(u & 0x00800080) << 8) | u32(u & 0x007F007F))
+    i = u32(u32(x & 3) | u32(u32(x >> 6) & 12) | u32(u32(x >> 12) & 48))
+    return u32(sp | dl2[i])
 
 
 @cuda.jit(device=True)
@@ -104,27 +106,30 @@ def _round(f64, p0w, p1w, p2w, e, n, r, lane, dl2, do_cs):
     """Decode one round: (4 output words, escape mask, valid mask, checksum part)."""
     src = 8 * r + (lane >> 2)
     sh8 = 8 * (lane & 3)
-    p0 = (shfl32(p0w, src) >> sh8) & 0xFF
-    p1 = (shfl32(p1w, src) >> sh8) & 0xFF
-    p2 = (shfl32(p2w, src) >> sh8) & 0xFF
+    p0 = u32(u32(shfl_u32(p0w, src) >> sh8) & 0xFF)
+    p1 = u32(u32(shfl_u32(p1w, src) >> sh8) & 0xFF)
+    p2 = u32(u32(shfl_u32(p2w, src) >> sh8) & 0xFF)
     vm = np.int64(0)
     if e + 8 <= n:
         vm = np.int64(0xFF)
     elif e < n:
         vm = (np.int64(1) << (n - e)) - 1
-    esc = ~(p0 | p1 | p2) & vm
-    t = p0 | (p1 << 8) | (p2 << 16)
-    sm = np.int64(0)
+    esc = np.int64(u32(~u32(p0 | p1 | p2)) & 0xFF) & vm
+    t = u32(p0 | u32(p1 << 8) | u32(p2 << 16))
+    lo = u32(0)
+    hi = u32(0)
     cs = np.int64(0)
     if vm != 0:
         sm = f64[(fmt.HEADER_SIZE + e) >> 3]
+        lo = u32(sm)
+        hi = u32(sm >> 32)
         if do_cs:
             i = e >> 2
-            cs = wrap64((sm & LOW32) * (2 * i + 1) + ((sm >> 32) & LOW32) * (2 * i + 3))
-    o0 = _pair(t, 0, sm & 0xFFFF, dl2)
-    o1 = _pair(t, 2, (sm >> 16) & 0xFFFF, dl2)
-    o2 = _pair(t, 4, (sm >> 32) & 0xFFFF, dl2)
-    o3 = _pair(t, 6, (sm >> 48) & 0xFFFF, dl2)
+            cs = wrap64(np.int64(lo) * (2 * i + 1) + np.int64(hi) * (2 * i + 3))
+    o0 = _pair(t, 0, lo, dl2)
+    o1 = _pair(t, 2, u32(lo >> 16), dl2)
+    o2 = _pair(t, 4, hi, dl2)
+    o3 = _pair(t, 6, u32(hi >> 16), dl2)
     return o0, o1, o2, o3, esc, vm, cs
 
 
@@ -185,7 +190,7 @@ def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
     eo = lay[5]
     pwords = lay[7]
     smem = cuda.shared.array(16, dtype=np.int64)
-    dl2 = cuda.shared.array(64, dtype=np.int32)
+    dl2 = cuda.shared.array(64, dtype=np.uint32)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
@@ -268,17 +273,18 @@ def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
     cnt = smem[7]
     wbase = tile * 4096 + warp * 1024
     gw = (wbase >> 5) + lane
-    p0w = np.int64(0)
-    p1w = np.int64(0)
-    p2w = np.int64(0)
+    p0w = u32(0)
+    p1w = u32(0)
+    p2w = u32(0)
     if gw < pwords:
-        p0w = np.int64(f32[(planes_off >> 2) + gw])
-        p1w = np.int64(f32[((planes_off + stride) >> 2) + gw])
-        p2w = np.int64(f32[((planes_off + 2 * stride) >> 2) + gw])
+        p0w = f32[(planes_off >> 2) + gw]
+        p1w = f32[((planes_off + stride) >> 2) + gw]
+        p2w = f32[((planes_off + 2 * stride) >> 2) + gw]
         if do_cs:
             base = 2 * (((planes_off - fmt.HEADER_SIZE) >> 2) + gw) + 1
             step = 2 * (stride >> 2)
-            cs = wrap64(p0w * base + p1w * (base + step) + p2w * (base + 2 * step))
+            cs = wrap64(np.int64(p0w) * base + np.int64(p1w) * (base + step)
+                        + np.int64(p2w) * (base + 2 * step))
     cuda.syncthreads()  # dl2 ready
     e0 = wbase + 8 * lane
     a0, a1, a2, a3, esc0, vm0, c = _round(f64, p0w, p1w, p2w, e0, n, 0, lane, dl2, do_cs)

@@ -60,7 +60,7 @@ from ._common import (
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, load16, popc, shfl, shfl_up, shfl_xor32, store16, wrap64
+from .compat import atomic_read, load16, popc, shfl, shfl_up, shfl_xor_u32, store16, u32, wrap64
 
 
 def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
@@ -114,57 +114,57 @@ def _load8(x32, x16, n, e):
 
 @cuda.jit(device=True)
 def _sm_pair(w):
-    """Sign-mantissa bytes of the two BF16 values in word w, as 16 bits."""
-    w = np.int64(w)
-    t = (w & 0x007F007F) | ((w >> 8) & 0x00800080)
-    return (t & 0xFF) | ((t >> 8) & 0xFF00)
+    """Sign-mantissa bytes of the two BF16 values in the uint32 w, as 16 bits (uint32)."""
+    t = u32(u32(w & 0x007F007F) | u32(u32(w >> 8) & 0x00800080))
+    return u32(u32(t & 0xFF) | u32(u32(t >> 8) & 0xFF00))
 
 
 @cuda.jit(device=True)
 def _code8(w0, w1, w2, w3, vm, lut):
-    """(plane bytes p0 | p1 << 8 | p2 << 16, escape mask, sign-mantissa bytes as int64)."""
-    w0 = np.int64(w0)
-    w1 = np.int64(w1)
-    w2 = np.int64(w2)
-    w3 = np.int64(w3)
-    acc = np.int64(lut[(w0 >> 7) & 0xFF])
-    acc |= np.int64(lut[(w0 >> 23) & 0xFF]) << 1
-    acc |= np.int64(lut[(w1 >> 7) & 0xFF]) << 2
-    acc |= np.int64(lut[(w1 >> 23) & 0xFF]) << 3
-    acc |= np.int64(lut[(w2 >> 7) & 0xFF]) << 4
-    acc |= np.int64(lut[(w2 >> 23) & 0xFF]) << 5
-    acc |= np.int64(lut[(w3 >> 7) & 0xFF]) << 6
-    acc |= np.int64(lut[(w3 >> 23) & 0xFF]) << 7
-    acc &= vm * 0x010101  # elements past n: code 0, and not an escape
-    esc = ~(acc | (acc >> 8) | (acc >> 16)) & vm
-    sm = _sm_pair(w0) | (_sm_pair(w1) << 16) | (_sm_pair(w2) << 32) | wrap64(_sm_pair(w3) << 48)
-    return acc, esc, sm
+    """(plane bytes p0 | p1 << 8 | p2 << 16, escape mask, sign-mantissa bytes 0-3 and 4-7).
+
+    All uint32 (``u32`` after every operation keeps the instructions 32-bit), except
+    the escape mask (int64, it feeds the scan).
+    """
+    acc = lut[u32(u32(w0 >> 7) & 0xFF)]
+    acc = u32(acc | u32(lut[u32(u32(w0 >> 23) & 0xFF)] << 1))
+    acc = u32(acc | u32(lut[u32(u32(w1 >> 7) & 0xFF)] << 2))
+    acc = u32(acc | u32(lut[u32(u32(w1 >> 23) & 0xFF)] << 3))
+    acc = u32(acc | u32(lut[u32(u32(w2 >> 7) & 0xFF)] << 4))
+    acc = u32(acc | u32(lut[u32(u32(w2 >> 23) & 0xFF)] << 5))
+    acc = u32(acc | u32(lut[u32(u32(w3 >> 7) & 0xFF)] << 6))
+    acc = u32(acc | u32(lut[u32(u32(w3 >> 23) & 0xFF)] << 7))
+    acc = u32(acc & u32(vm * 0x010101))  # elements past n: code 0, and not an escape
+    esc = np.int64(u32(~u32(acc | u32(acc >> 8) | u32(acc >> 16))) & 0xFF) & vm
+    lo = u32(_sm_pair(w0) | u32(_sm_pair(w1) << 16))
+    hi = u32(_sm_pair(w2) | u32(_sm_pair(w3) << 16))
+    return acc, esc, lo, hi
 
 
 @cuda.jit(device=True)
 def _transpose(acc, lane):
-    """4x4 byte transpose among lanes 4w..4w+3: lane 4w+k gets plane k's word w."""
+    """4x4 byte transpose among lanes 4w..4w+3: lane 4w+k gets plane k's word w (uint32)."""
     q = lane & 3
-    y = shfl_xor32(acc, 2)
+    y = shfl_xor_u32(acc, 2)
     if q < 2:
-        x = (acc & 0xFFFF) | ((y & 0xFFFF) << 16)
+        x = u32(u32(acc & 0xFFFF) | u32(y << 16))
     else:
-        x = ((y >> 16) & 0xFFFF) | (acc & 0xFFFF0000)
-    y = shfl_xor32(x, 1)
+        x = u32(u32(y >> 16) | u32(acc & 0xFFFF0000))
+    y = shfl_xor_u32(x, 1)
     if (q & 1) == 0:
-        return (x & 0x00FF00FF) | ((y & 0x00FF00FF) << 8)
-    return ((y >> 8) & 0x00FF00FF) | (x & 0xFF00FF00)
+        return u32(u32(x & 0x00FF00FF) | u32(u32(y & 0x00FF00FF) << 8))
+    return u32(u32(u32(y >> 8) & 0x00FF00FF) | u32(x & 0xFF00FF00))
 
 
 @cuda.jit(device=True)
-def _store_round(out32, out64, e, vm, acc, sm, r, wbase, lane, planes_off, stride, pwords, do_cs):
+def _store_round(out32, out64, e, vm, acc, lo, hi, r, wbase, lane, planes_off, stride, pwords, do_cs):
     """Store one round's sign-mantissa bytes and plane words; return their checksum part."""
     cs = np.int64(0)
     if vm != 0:
-        out64[(fmt.HEADER_SIZE + e) >> 3] = sm
+        out64[(fmt.HEADER_SIZE + e) >> 3] = np.int64(lo) | wrap64(np.int64(hi) << 32)
         if do_cs:
             i = e >> 2
-            cs = wrap64((sm & LOW32) * (2 * i + 1) + ((sm >> 32) & LOW32) * (2 * i + 3))
+            cs = wrap64(np.int64(lo) * (2 * i + 1) + np.int64(hi) * (2 * i + 3))
     t = _transpose(acc, lane)
     q = lane & 3
     gw = (wbase >> 5) + 8 * r + (lane >> 2)
@@ -172,7 +172,7 @@ def _store_round(out32, out64, e, vm, acc, sm, r, wbase, lane, planes_off, strid
         po = planes_off + q * stride
         out32[(po >> 2) + gw] = t
         if do_cs:
-            cs = wrap64(cs + t * (2 * (((po - fmt.HEADER_SIZE) >> 2) + gw) + 1))
+            cs = wrap64(cs + np.int64(t) * (2 * (((po - fmt.HEADER_SIZE) >> 2) + gw) + 1))
     return cs
 
 
@@ -205,7 +205,7 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     eo = lay[5]
     raw_size = lay[6]
     pwords = lay[7]
-    lut = cuda.shared.array(256, dtype=np.int32)
+    lut = cuda.shared.array(256, dtype=np.uint32)
     stage = cuda.shared.array(4096, dtype=np.uint8)
     smem = cuda.shared.array(8, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
@@ -227,16 +227,17 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     c0, c1, c2, c3, vm2 = _load8(x32, x16, n, e0 + 512)
     d0, d1, d2, d3, vm3 = _load8(x32, x16, n, e0 + 768)
 
-    acc0, esc0, sm0 = _code8(a0, a1, a2, a3, vm0, lut)
-    acc1, esc1, sm1 = _code8(b0, b1, b2, b3, vm1, lut)
-    acc2, esc2, sm2 = _code8(c0, c1, c2, c3, vm2, lut)
-    acc3, esc3, sm3 = _code8(d0, d1, d2, d3, vm3, lut)
-    cs = _store_round(out32, out64, e0, vm0, acc0, sm0, 0, wbase, lane, planes_off, stride, pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 256, vm1, acc1, sm1, 1, wbase, lane, planes_off, stride,
+    acc0, esc0, lo0, hi0 = _code8(a0, a1, a2, a3, vm0, lut)
+    acc1, esc1, lo1, hi1 = _code8(b0, b1, b2, b3, vm1, lut)
+    acc2, esc2, lo2, hi2 = _code8(c0, c1, c2, c3, vm2, lut)
+    acc3, esc3, lo3, hi3 = _code8(d0, d1, d2, d3, vm3, lut)
+    cs = _store_round(out32, out64, e0, vm0, acc0, lo0, hi0, 0, wbase, lane, planes_off, stride,
+                      pwords, do_cs)
+    cs += _store_round(out32, out64, e0 + 256, vm1, acc1, lo1, hi1, 1, wbase, lane, planes_off, stride,
                        pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 512, vm2, acc2, sm2, 2, wbase, lane, planes_off, stride,
+    cs += _store_round(out32, out64, e0 + 512, vm2, acc2, lo2, hi2, 2, wbase, lane, planes_off, stride,
                        pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 768, vm3, acc3, sm3, 3, wbase, lane, planes_off, stride,
+    cs += _store_round(out32, out64, e0 + 768, vm3, acc3, lo3, hi3, 3, wbase, lane, planes_off, stride,
                        pwords, do_cs)
     cs = wrap64(cs)
 
