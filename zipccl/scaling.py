@@ -203,7 +203,8 @@ def _compressed_raw(op: str, m: float, p: int, wire: cm.Link, codec: cm.Codec,
 def hidden_time(stages: Mapping[str, float]) -> float:
     """Time an overlapped path can hide: per exchange, min(transfer, encode + decode).
 
-    ``stages`` are ``Prediction.stages`` (all-reduce's are prefixed "rs." and "ag.").
+    ``stages`` are ``Prediction.stages`` (all-reduce's are prefixed "rs." and "ag.")
+    of a codec without fixed costs, so that the hidden time is linear in the overlap.
     """
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for k, v in stages.items():
@@ -354,6 +355,17 @@ class Projection:
         """native / zipccl time."""
         return self.native_s / self.compressed_s if self.compressed_s > 0 else 1.0
 
+    @property
+    def auto_s(self) -> float:
+        """The time of a policy that picks the faster path for each stage."""
+        return sum(min(a, b) for a, b in self.stages.values()) if self.stages else \
+            min(self.native_s, self.compressed_s)
+
+    @property
+    def speedup_auto(self) -> float:
+        """native / ``auto_s`` (never below 1: the policy can always stay native)."""
+        return self.native_s / self.auto_s if self.auto_s > 0 else 1.0
+
     def as_record(self) -> dict:
         """JSON-ready dict (times in seconds, bus bandwidths on uncompressed bytes)."""
         p, size = self.nranks, nccl_tests_size(self.op, self.nbytes, self.nranks)
@@ -361,7 +373,7 @@ class Projection:
         return {"record": "projection", "arrangement": self.arrangement, "transport": self.transport,
                 "ranks_per_node": self.ranks_per_node, "op": self.op, "per_rank_bytes": self.nbytes,
                 "nranks": p, "native_s": self.native_s, "compressed_s": self.compressed_s,
-                "speedup": self.speedup,
+                "speedup": self.speedup, "auto_s": self.auto_s, "speedup_auto": self.speedup_auto,
                 "native_busbw_gbps": size * f / self.native_s / 1e9 if self.native_s else None,
                 "compressed_busbw_gbps": size * f / self.compressed_s / 1e9 if self.compressed_s else None,
                 "stages": {k: {"native_s": a, "zipccl_s": b} for k, (a, b) in self.stages.items()}}
@@ -378,8 +390,12 @@ def compressed_time(op: str, nbytes: float, nranks: int, cal: Calibration, trans
     """
     if nranks <= 1:
         return 0.0
-    pred = _compressed_raw(op, nbytes, nranks, cal.wires[transport], cal.codec_for(transport), cal.chunks)
-    return pred.compressed_s - cal.overlap * hidden_time(pred.stages)
+    wire, codec = cal.wires[transport], cal.codec_for(transport)
+    t = _compressed_raw(op, nbytes, nranks, wire, codec, cal.chunks).compressed_s
+    if cal.overlap:  # hidden part: per-byte coding vs transfer, fixed codec costs excluded
+        bare = replace(codec, overhead=0.0, reduce_gbps=math.inf)
+        t -= cal.overlap * hidden_time(_compressed_raw(op, nbytes, nranks, wire, bare, cal.chunks).stages)
+    return t
 
 
 def ring_times(op: str, nbytes: int, nranks: int, cal: Calibration, transport: str) -> Projection:
@@ -409,6 +425,8 @@ def hierarchical_stages(op: str, nbytes: float, nranks: int, ranks_per_node: int
         raise ValueError(f"{nranks} ranks are not whole nodes of {ranks_per_node}")
     n = nranks // g
     m = float(nbytes)
+    if n == 1:  # one node: the op itself, on the intra-node link
+        return [("intra", op, m, g)] if g > 1 else []
     if op == "all_gather":
         st = [("inter", "all_gather", m, n), ("intra", "all_gather", n * m, g)]
     elif op == "reduce_scatter":
@@ -446,12 +464,17 @@ def hierarchical_times(op: str, nbytes: int, nranks: int, cal: Calibration, *, i
 def project(cal: Calibration, *, ops: Sequence[str] = OPS, sizes: Sequence[int] = (16 * MiB, 64 * MiB,
             256 * MiB, 1024 * MiB), ranks: Sequence[int] = (2, 4, 8, 16, 32, 64), ranks_per_node: int = 8,
             intra: str = "nvlink", inter: str = "shm") -> list[Projection]:
-    """Every (arrangement, transport, op, size, p): rings on each calibrated link, and hierarchical."""
+    """Every (arrangement, transport, op, size, p): rings on each calibrated link, and hierarchical.
+
+    A ring on the ``intra`` link stops at ``ranks_per_node`` ranks: an NVLink domain
+    is one node, measured between 2 GPUs.
+    """
     out = []
     for op in ops:
         for m in sizes:
             for p in ranks:
-                out += [ring_times(op, m, p, cal, t) for t in cal.links]
+                out += [ring_times(op, m, p, cal, t) for t in cal.links
+                        if t != intra or p <= ranks_per_node]
                 if intra in cal.links and inter in cal.links:
                     out.append(hierarchical_times(op, m, p, cal, intra=intra, inter=inter,
                                                   ranks_per_node=ranks_per_node))
