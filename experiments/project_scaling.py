@@ -43,6 +43,8 @@ def parse_args(argv=None):
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--intra", default="nvlink")
     ap.add_argument("--inter", default="shm")
+    ap.add_argument("--codec-variant", default="v2",
+                    help="codec_gpu kernel variant the measured collectives used (v2 until the v3 kernels)")
     return ap.parse_args(argv)
 
 
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     codec = sorted(glob.glob(os.path.join(args.results, "codec_gpu*.jsonl")))
     records = scaling.load_records(coll)
     codec_records = scaling.load_records(codec)
-    cal = scaling.calibrate(records, codec_records)
+    cal = scaling.calibrate(records, codec_records, codec_variant=args.codec_variant)
     fitted = scaling.select_latest(records)
     sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",") if s]
     ranks = [int(p) for p in args.ranks.split(",") if p]
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
             f.write(json.dumps({"bench": "scaling_projection", **r}, sort_keys=True) + "\n")
 
     c = cal.codec
-    print(f"calibrated on {', '.join(cal.source['runs'])}: codec {c.encode_gbps:.0f} GB/s per pass, "
+    print(f"calibrated on {', '.join(cal.source['runs'])}: {cal.source['codec_fit']}: codec encode "
+          f"{c.encode_gbps:.0f} / decode {c.decode_gbps:.0f} GB/s, "
           f"reduction {c.reduce_gbps:.0f} GB/s, {1e6 * c.overhead:.0f} us per codec call, "
           f"overlap {cal.overlap:.2f}, {cal.chunks} chunk(s); fit rms error "
           f"{100 * cal.source['fit_rms_rel_err']:.1f}%")
@@ -86,10 +89,14 @@ def main(argv=None) -> int:
     show = [p for p in ranks if p in (2, 8, 16, 32, 64)]
     print(f"\npredicted speed-up at {sizes[-1] // MiB} MiB per rank, p = {show}")
     by = {(p.arrangement, p.transport, p.op, p.nbytes, p.nranks): p.speedup for p in proj}
+    pp = {(p.arrangement, p.transport, p.op, p.nbytes, p.nranks): p.speedup_per_peer for p in proj}
     for arr, tr in sorted({(p.arrangement, p.transport) for p in proj}):
         for op in scaling.OPS:
             print(f"  {arr:12s} {tr:11s} {op:14s} "
                   + " ".join(f"{by[k]:5.2f}" if (k := (arr, tr, op, sizes[-1], p)) in by else "    -"
+                             for p in show)
+                  + "   per-peer calls: "
+                  + " ".join(f"{pp[k]:5.2f}" if (k := (arr, tr, op, sizes[-1], p)) in pp else "    -"
                              for p in show))
     bad = [x for x in checks if x["in_fit"] and abs(x["rel_err"]) > 0.15]
     print(f"\n2-rank check: {len(checks)} measured points, {sum(x['in_fit'] for x in checks)} in the fit; "

@@ -2,7 +2,9 @@
 
 Reads ``experiments/results/scaling_projection.jsonl`` (``experiments/project_scaling.py``):
 one column per operation, one row per per-rank size; curves are the projected
-speed-up (NCCL time / zipccl time) of each arrangement, markers the measured
+speed-up (NCCL time / zipccl time) of each arrangement (solid: codec fixed cost
+once per stage, as a batched launch; dashed: once per peer, as the library
+launches today), markers the measured
 ``policy="always"`` speed-ups (filled: the run the model was fitted on; hollow:
 older runs). Times nothing, imports no CUDA or MPI module.
 
@@ -53,6 +55,8 @@ def main(out: str, path: str) -> None:
                 if pts:
                     ax.plot([r["nranks"] for r in pts], [r["speedup"] for r in pts], color=color,
                             lw=1.6, label=f"projected: {label}")
+                    ax.plot([r["nranks"] for r in pts], [r["speedup_per_peer"] for r in pts], color=color,
+                            lw=0.9, ls="--")
             for r in points:
                 if r["op"] == op and r["per_rank_bytes"] == size and r["measured_speedup"]:
                     c = LINK_COLOR.get(r["link"], "k")
@@ -71,6 +75,8 @@ def main(out: str, path: str) -> None:
     ax0 = axes[0, 0]
     ax0.plot([], [], ls="none", marker="o", color="k", label="measured, 2 x H200 (fitted run)")
     ax0.plot([], [], ls="none", marker="o", color="k", mfc="none", label="measured, older run")
+    ax0.plot([], [], color="k", lw=0.9, ls="--",
+             label="projected, codec fixed cost paid per peer (today's library; upper bound)")
     ax0.plot([], [], color="0.5", ls=":", label=f"ratio bound 1/{ratio:.3f}")
     handles, labels = ax0.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)

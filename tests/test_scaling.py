@@ -166,3 +166,16 @@ def test_project_scaling_script_on_committed_results(tmp_path):
     assert {r["nranks"] for r in proj} >= {2, 8, 16, 32, 64}
     assert {r["arrangement"] for r in proj} == {"ring", "hierarchical"}
     assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in proj)
+
+
+@pytest.mark.parametrize("op", cm.OPS)
+def test_per_peer_fixed_costs_vanish_at_two_ranks_and_grow_with_peers(op):
+    cal = known()
+    t2 = sc.ring_times(op, 64 * MIB, 2, cal, "shm")
+    assert t2.per_peer_extra_s == 0.0 and t2.speedup_per_peer == t2.speedup
+    t8, t16 = (sc.ring_times(op, 64 * MIB, p, cal, "shm") for p in (8, 16))
+    assert 0 < t8.per_peer_extra_s < t16.per_peer_extra_s
+    calls = sc.codec_calls(op, 8, True) - sc.codec_calls(op, 8, False)
+    assert t8.per_peer_extra_s == pytest.approx(calls * cal.codec.overhead, rel=1e-12)
+    h = sc.hierarchical_times(op, 64 * MIB, 32, cal)  # 4 nodes: only the inter stage pays it
+    assert h.per_peer_extra_s == pytest.approx(sc.per_peer_extra(op, 4, cal), rel=1e-12)

@@ -50,7 +50,8 @@ Every prediction is a ``Projection`` with both times and the stage split.
 Limits (say them beside any number this produces): the 2-rank fit cannot separate
 a fixed cost that grows with the number of peers (zipccl launches one encode and
 one decode per peer today) from one that does not; the model charges it once per
-codec stage, as a batched launch would. Links are those measured between 2 GPUs;
+codec stage, as a batched launch would, and ``speedup_per_peer`` charges it per
+call of today's library (an upper bound on that cost). Links are those measured between 2 GPUs;
 an 8-GPU NVSwitch node and a real network may differ.
 
 >>> cal = Calibration.synthetic()
@@ -306,11 +307,13 @@ def fit_codec(records: Iterable[Mapping], wires: Mapping[str, cm.Link], ratio: M
 
 
 def calibrate(records: Iterable[Mapping], codec_records: Iterable[Mapping] = (), *,
-              nranks: int = 2, latest: bool = True) -> Calibration:
+              nranks: int = 2, latest: bool = True, codec_variant: str = "v2") -> Calibration:
     """Model parameters from ``collectives`` records (and optional ``codec_gpu`` records).
 
     With ``latest`` (default) each link is calibrated on its newest run only (the
     library changes between runs); otherwise on every ``nranks``-rank record.
+    ``codec_variant`` names the ``codec_gpu`` kernel variant the collectives ran
+    with ("v2": the library's kernels when the 2 x H200 collectives were measured).
     """
     recs = select_latest(records, nranks) if latest else \
         [dict(r) for r in records if r.get("bench") == "collectives" and r.get("nranks") == nranks]
@@ -322,13 +325,14 @@ def calibrate(records: Iterable[Mapping], codec_records: Iterable[Mapping] = (),
         rs = [float(r["wire_ratio"]) for r in recs if r["link"] == n and r.get("variant") == "always"
               and r.get("wire_ratio")]
         ratio[n] = statistics.median(rs) if rs else math.nan
-    have = {n for n in names if not math.isnan(ratio[n])}
-    known = fit_codec_gpu(codec_records)
+    have = [n for n in names if not math.isnan(ratio[n])]  # sorted: records come out in one order
+    known = fit_codec_gpu(codec_records, codec_variant)
     codec, overlap, chunks, diag = fit_codec(recs, {n: wires[n] for n in have}, ratio, known)
     runs = sorted({f"{r['link']}:{run_id(r) or '(first run)'}" for r in recs})
     return Calibration({n: links[n] for n in have}, {n: wires[n] for n in have}, codec,
                        {n: ratio[n] for n in have}, overlap, chunks,
                        {**diag, "runs": runs, "nranks": nranks,
+                        "codec_variant": codec_variant if known is not None else None,
                         "machine": sorted({r.get("machine", "?") for r in recs})})
 
 
@@ -349,11 +353,18 @@ class Projection:
     native_s: float
     compressed_s: float
     stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # name: (native, zipccl)
+    per_peer_extra_s: float = 0.0  # fixed costs a per-peer launch adds (see ``per_peer_extra``)
 
     @property
     def speedup(self) -> float:
         """native / zipccl time."""
         return self.native_s / self.compressed_s if self.compressed_s > 0 else 1.0
+
+    @property
+    def speedup_per_peer(self) -> float:
+        """native / zipccl time with one encode and one decode call per peer (today's library)."""
+        t = self.compressed_s + self.per_peer_extra_s
+        return self.native_s / t if t > 0 else 1.0
 
     @property
     def auto_s(self) -> float:
@@ -374,6 +385,8 @@ class Projection:
                 "ranks_per_node": self.ranks_per_node, "op": self.op, "per_rank_bytes": self.nbytes,
                 "nranks": p, "native_s": self.native_s, "compressed_s": self.compressed_s,
                 "speedup": self.speedup, "auto_s": self.auto_s, "speedup_auto": self.speedup_auto,
+                "compressed_per_peer_s": self.compressed_s + self.per_peer_extra_s,
+                "speedup_per_peer": self.speedup_per_peer,
                 "native_busbw_gbps": size * f / self.native_s / 1e9 if self.native_s else None,
                 "compressed_busbw_gbps": size * f / self.compressed_s / 1e9 if self.compressed_s else None,
                 "stages": {k: {"native_s": a, "zipccl_s": b} for k, (a, b) in self.stages.items()}}
@@ -398,6 +411,36 @@ def compressed_time(op: str, nbytes: float, nranks: int, cal: Calibration, trans
     return t
 
 
+def codec_calls(op: str, nranks: int, per_peer: bool) -> int:
+    """Encode + decode calls of one compressed ``op``: batched (the model) or one per peer (today).
+
+    The model charges the fixed cost once per codec stage: 2 per exchange, 4 for
+    all-reduce (two exchanges). The library today encodes and decodes each peer's
+    frame with its own call (an all-gather encodes once): more calls from 3 ranks on.
+
+    >>> [codec_calls(op, 2, True) == codec_calls(op, 2, False) for op in OPS]
+    [True, True, True, True]
+    >>> codec_calls("all_to_all", 64, True), codec_calls("all_to_all", 64, False)
+    (126, 2)
+    """
+    if nranks <= 1:
+        return 0
+    if not per_peer:
+        return 4 if op == "all_reduce" else 2
+    peers = nranks - 1
+    return {"all_gather": 1 + peers, "all_to_all": 2 * peers, "reduce_scatter": 2 * peers,
+            "all_reduce": 2 * peers + 1 + peers}[op]
+
+
+def per_peer_extra(op: str, nranks: int, cal: Calibration) -> float:
+    """Seconds a per-peer launch adds to the model's compressed time (0 at 2 ranks).
+
+    An upper bound: the fitted per-call cost also holds per-exchange host
+    synchronisations, which do not multiply with the peers.
+    """
+    return (codec_calls(op, nranks, True) - codec_calls(op, nranks, False)) * cal.codec.overhead
+
+
 def ring_times(op: str, nbytes: int, nranks: int, cal: Calibration, transport: str) -> Projection:
     """p ranks on one flat link: NCCL's ring (native) and zipccl's compressed exchange.
 
@@ -408,7 +451,7 @@ def ring_times(op: str, nbytes: int, nranks: int, cal: Calibration, transport: s
     nat = cm.native_time(op, nbytes, nranks, cal.links[transport])
     comp = compressed_time(op, nbytes, nranks, cal, transport)
     return Projection("ring", transport, op, int(nbytes), nranks, None, nat, comp,
-                      {op: (nat, comp)})
+                      {op: (nat, comp)}, per_peer_extra(op, nranks, cal))
 
 
 def hierarchical_stages(op: str, nbytes: float, nranks: int, ranks_per_node: int
@@ -451,14 +494,15 @@ def hierarchical_times(op: str, nbytes: int, nranks: int, cal: Calibration, *, i
     >>> 1.0 < hierarchical_times("all_gather", 1 << 30, 64, cal).speedup < 1 / 0.7
     True
     """
-    stages, nat, comp = {}, 0.0, 0.0
+    stages, nat, comp, extra = {}, 0.0, 0.0, 0.0
     for i, (level, sop, m, k) in enumerate(hierarchical_stages(op, nbytes, nranks, ranks_per_node)):
         t_nat = cm.native_time(sop, m, k, cal.links[intra if level == "intra" else inter])
         t_z = compressed_time(sop, m, k, cal, inter) if level == "inter" else t_nat
         stages[f"{i}.{level}.{sop}"] = (t_nat, t_z)
         nat, comp = nat + t_nat, comp + t_z
+        extra += per_peer_extra(sop, k, cal) if level == "inter" else 0.0
     return Projection("hierarchical", f"{intra}+{inter}", op, int(nbytes), nranks,
-                      ranks_per_node, nat, comp, stages)
+                      ranks_per_node, nat, comp, stages, extra)
 
 
 def project(cal: Calibration, *, ops: Sequence[str] = OPS, sizes: Sequence[int] = (16 * MiB, 64 * MiB,
