@@ -63,7 +63,7 @@ def main(out: str, path: str) -> None:
                     ax.plot(r["nranks"], r["measured_speedup"], ls="none", marker="o",
                             ms=7 if r["in_fit"] else 5, color=c, mfc=c if r["in_fit"] else "none",
                             zorder=5)
-            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            ax.axhline(1.0, color="0.3", lw=0.7)
             ax.axhline(1.0 / ratio, color="0.5", lw=0.8, ls=":")
             ax.set_xscale("log", base=2)
             ax.set_xticks(ranks, [str(p) for p in ranks])
