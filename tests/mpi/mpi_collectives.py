@@ -50,9 +50,13 @@ def expected_sum(shards: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-@pytest.fixture(scope="module", params=["always", "never"])
+# (policy, chunk_bytes): the pipelined exchange in one round (default chunk) and in rounds of
+# one escape block (4096 elements: most messages below take several), the two-phase exchange (0)
+@pytest.fixture(scope="module", params=[("always", None), ("always", 8192), ("always", 0),
+                                        ("never", None)], ids=lambda v: f"{v[0]}-{v[1]}")
 def comm(request):
-    c = zipccl.Communicator(WORLD, policy=request.param)
+    policy, chunk_bytes = request.param
+    c = zipccl.Communicator(WORLD, policy=policy, chunk_bytes=chunk_bytes)
     yield c
     c.close()
 
@@ -129,6 +133,16 @@ def test_all_to_all_uneven(comm, kind, give_recv_counts):
     for r in range(P):
         start = int(m[r, :ME].sum())
         pieces.append(inputs[r][start:start + m[r, ME]])
+    assert bits_equal(out, np.concatenate(pieces))
+
+
+def test_all_to_all_uneven_several_rounds(comm):
+    m = np.random.default_rng(13).integers(0, 11000, (P, P))  # up to 3 rounds of 4096
+    m[0, P - 1] = 0
+    inputs = [rank_input("mixed", r, int(m[r].sum()), seed=5) for r in range(P)]
+    out = np.full(int(m[:, ME].sum()), 0xABCD, dtype=np.uint16)
+    comm.all_to_all(inputs[ME].view(BF16), out.view(BF16), send_counts=list(m[ME]))
+    pieces = [inputs[r][int(m[r, :ME].sum()):][:m[r, ME]] for r in range(P)]
     assert bits_equal(out, np.concatenate(pieces))
 
 
@@ -236,16 +250,18 @@ def test_bad_counts_raise_everywhere(comm):
 
 
 @pytest.mark.skipif(P == 1, reason="one rank sends no frames")
+@pytest.mark.parametrize("chunk_bytes", [0, 8192, None])
 @pytest.mark.parametrize("where", ["header", "escapes", "payload"])
-def test_corrupted_frame_detected_everywhere(where):
-    c = zipccl.Communicator(WORLD, policy="always", checksum=True)
-    real = c.mpi.alltoallv
+def test_corrupted_frame_detected_everywhere(where, chunk_bytes):
+    c = zipccl.Communicator(WORLD, policy="always", checksum=True, chunk_bytes=chunk_bytes)
+    real, real_gather = c.mpi.alltoallv, c.mpi.allgather
     calls = []
+    peer = (ME + 1) % P
+    n = 6000 if not c.chunk else min(6000, c.chunk)  # elements of the first frame
 
-    def corrupting(send, sc, sd, recv, rc, rd, stream=None):
+    def corrupting(send, sc, sd, recv, rc, rd, stream=None):  # the two-phase exchange
         real(send, sc, sd, recv, rc, rd, stream)
         calls.append(1)
-        peer = (ME + 1) % P
         phase = len(calls)
         if ME == 0 and rc[peer]:
             if where == "header" and phase == 1:
@@ -255,12 +271,20 @@ def test_corrupted_frame_detected_everywhere(where):
             elif where == "escapes" and phase == 2:
                 recv[rd[peer]] ^= 0x80
 
-    c.mpi.alltoallv = corrupting
+    def corrupting_gather(send, recv, stream=None):  # the pipelined one: whole frames per round
+        real_gather(send, recv, stream)
+        calls.append(1)
+        at = peer * send.nbytes  # the peer's frame in the gathered round
+        if ME == 0 and len(calls) == 1:
+            off = {"header": 20, "payload": 200, "escapes": zipccl.format.static_size(n)}[where]
+            recv[at + off] ^= 0x80 if where == "escapes" else (0x01 if where == "header" else 0x10)
+
+    c.mpi.alltoallv, c.mpi.allgather = corrupting, corrupting_gather
     x = rank_input("edge", ME, 6000)  # plenty of escapes
     out = np.zeros(P * 6000, dtype=np.uint16)
     with pytest.raises(CollectiveError, match="rank 0: frame from rank 1: corrupted"):
         c.all_gather(x, out, dtype="bfloat16")
-    c.mpi.alltoallv = real
+    c.mpi.alltoallv, c.mpi.allgather = real, real_gather
     c.all_gather(x, out, dtype="bfloat16")
     assert bits_equal(out, np.concatenate([rank_input("edge", r, 6000) for r in range(P)]))
     c.close()
@@ -283,14 +307,19 @@ def test_calibrated_policy_is_shared_and_cached(tmp_path):
     path = WORLD.bcast(str(tmp_path / "profile.json"), root=0)  # rank 0 reads and writes it
     c = zipccl.Communicator(WORLD, policy="auto")
     prof = c.calibrate(sizes=(8192, 131072), ops=("all_gather", "reduce_scatter"), repeat=1, path=path)
-    assert prof.key == f"host|mpi|{P} ranks"
+    assert prof.key.startswith(f"host|mpi|{P} ranks|")
     x = np.zeros(65536, dtype=BF16)
     out = np.zeros(P * 65536, dtype=BF16)
     c.all_gather(x, out)
     decisions = WORLD.allgather(str(c.last_decision))
     assert len(set(decisions)) == 1  # every rank fitted the same numbers
-    if "all_gather" in prof.fits:
-        assert "measured profile" in c.last_decision.reason or P == 1
+    if "all_gather" in prof.native and P > 1:
+        assert "predicted native" in c.last_decision.reason
+        assert c.last_decision.native_s > 0 and c.last_decision.compressed_s > 0
+        line = c.explain("all_gather", 1 << 30, device=False, quiet=True)
+        assert "outside the calibrated range" in line and "-> native" in line
+    assert sorted(prof.measured) == ["all_gather", "reduce_scatter"]
+    assert all(len(v["compressed"]) == 2 for v in prof.measured.values())
     again = zipccl.Communicator(WORLD, policy="auto")
     assert again.calibrate(path=path).to_json() == prof.to_json()  # loaded, not measured
     for comm_ in (c, again):

@@ -23,11 +23,15 @@ P, ME = WORLD.Get_size(), WORLD.Get_rank()
 cupy.cuda.Device(ME % cupy.cuda.runtime.getDeviceCount()).use()
 
 
-@pytest.fixture(scope="module", params=[("nccl", "always"), ("nccl", "never"), ("mpi", "always"),
-                                        ("mpi", "never")], ids=lambda b: f"{b[0]}-{b[1]}")
+# (backend, policy, chunk_bytes): pipelined in one round (default chunk) and in rounds of
+# 32768 elements (the larger sizes below take several), two-phase (0), native
+@pytest.fixture(scope="module", params=[("nccl", "always", None), ("nccl", "always", 65536),
+                                        ("nccl", "always", 0), ("nccl", "never", None),
+                                        ("mpi", "always", 65536), ("mpi", "never", None)],
+                ids=lambda b: f"{b[0]}-{b[1]}-{b[2]}")
 def comm(request):
-    backend, policy = request.param
-    c = zipccl.Communicator(WORLD, backend=backend, policy=policy)
+    backend, policy, chunk_bytes = request.param
+    c = zipccl.Communicator(WORLD, backend=backend, policy=policy, chunk_bytes=chunk_bytes)
     yield c
     c.close()
 
@@ -127,4 +131,34 @@ def test_calibrated_auto_on_device():
     c.all_gather(dev(rank_input("gaussian", ME, 4096)), out, dtype="bfloat16")
     assert np.array_equal(host(out), np.concatenate([rank_input("gaussian", r, 4096) for r in range(P)]))
     assert len(set(WORLD.allgather(str(c.last_decision)))) == 1
+    c.close()
+
+
+@pytest.mark.skipif(P == 1, reason="one rank sends no frames")
+@pytest.mark.parametrize("where", ["header", "payload"])
+def test_corrupted_frame_detected_on_device(where):
+    from zipccl.comm.transport import cupy_stream
+
+    c = zipccl.Communicator(WORLD, backend="nccl", policy="always", checksum=True,
+                            chunk_bytes=65536)
+    n = 100_000  # 4 rounds of 32768 elements
+    x = dev(rank_input("edge", ME, n))
+    out = cupy.zeros(P * n, dtype=cupy.uint16)
+    c.all_gather(x, out, dtype="bfloat16")  # sets NCCL up
+    real, calls = c._nccl.allgather, []
+
+    def corrupting(send, recv, stream=None):
+        real(send, recv, stream)
+        calls.append(1)
+        if ME == 0 and len(calls) == 2:  # the second round's frame from rank 1
+            at = ((ME + 1) % P) * send.nbytes + {"header": 20, "payload": 200}[where]
+            with cupy_stream(stream):
+                recv[at:at + 1] ^= 1
+
+    c._nccl.allgather = corrupting
+    with pytest.raises(CollectiveError, match="rank 0: frame from rank 1: corrupted"):
+        c.all_gather(x, out, dtype="bfloat16")
+    c._nccl.allgather = real
+    c.all_gather(x, out, dtype="bfloat16")  # usable afterwards
+    assert np.array_equal(host(out), np.concatenate([rank_input("edge", r, n) for r in range(P)]))
     c.close()

@@ -184,11 +184,51 @@ class HostEngine:
     def reduce_sum(self, stack: np.ndarray, out: np.ndarray) -> None:
         reduce_sum_bf16(stack, out)
 
+    def reduce_cols(self, stage: np.ndarray, p: int, m: int, lo: int, hi: int,
+                    out: np.ndarray) -> None:
+        """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m)."""
+        reduce_sum_bf16(stage.reshape(p, m)[:, lo:hi], out[lo:hi])
+
     def set_stream(self, stream) -> None:
         pass
 
     def sync(self) -> None:
         pass
+
+    # -- hooks of ``chunked_exchange``: on the host everything happens at once, in order ------
+    def pipeline_begin(self, rounds: int, p: int) -> None:
+        """Start an exchange of ``rounds`` rounds with ``p`` frame slots each."""
+        self._lens = np.zeros(rounds * p, dtype=np.int64)
+
+    def encode_frame(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook, idx: int) -> None:
+        """Encode into the start of ``out``; its length becomes ``frame_lengths()[idx]``."""
+        self._lens[idx] = self.encode(bits, out, codebook)
+
+    def encoded(self, k: int) -> None:
+        """Round ``k``'s frames are all enqueued."""
+
+    def frame_lengths(self, k: int) -> np.ndarray:
+        """Lengths of the frames encoded so far (round ``k``'s included), by slot index."""
+        return self._lens
+
+    def transfer_stream(self, k: int):
+        """The stream round ``k``'s transfer goes on (host: none)."""
+        return None
+
+    def received(self, k: int) -> None:
+        """Round ``k``'s transfer is enqueued."""
+
+    def decode_frame(self, frame: np.ndarray, out: np.ndarray, k: int) -> str | None:
+        """Decode one frame of round ``k`` into ``out``; returns the error, if any, in words."""
+        try:
+            self.decode(frame, out)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def pipeline_end(self) -> str | None:
+        """Wait for the exchange; the first decode error that reports late (device), if any."""
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +350,198 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
     return stats
 
 
+# --------------------------------------------------------------------------------------------
+# The pipelined exchange (large messages): chunks, one frame per piece, streams overlapping
+# --------------------------------------------------------------------------------------------
+
+_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]  # int64 LE in the header
+
+
+def chunk_count(max_count: int, chunk: int) -> int:
+    """Number of pipeline rounds for messages of at most ``max_count`` elements (>= 1).
+
+    >>> chunk_count(0, 4096), chunk_count(4096, 4096), chunk_count(4097, 4096)
+    (1, 1, 2)
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk must be > 0 elements, got {chunk}")
+    return max(1, -(-int(max_count) // int(chunk)))
+
+
+def _piece(count: int, chunk: int, k: int) -> tuple[int, int]:
+    """(first element, element count) of round ``k``'s piece of a message of ``count`` elements."""
+    lo = k * chunk
+    return lo, max(0, min(chunk, count - lo))
+
+
+def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int]], recv,
+                     recvs: Sequence[tuple[int, int]], *, chunk: int, max_count: int,
+                     shared: bool = False, stream=None, codebook: Codebook | None = None,
+                     on_chunk: Callable[[int, int], None] | None = None) -> ExchangeStats:
+    """The same exchange as ``compressed_exchange``, cut into rounds of ``chunk`` elements.
+
+    Every message is cut into pieces of ``chunk`` elements; round k moves piece k of
+    every message as its own frame. The rounds overlap on the device engine's three
+    streams: while round k is on the wire (transfer stream), round k+1 is encoded
+    (caller's stream) and round k-1 decoded (decode stream), ordered by events.
+
+    NCCL and MPI need each message's byte count on the host before it is posted, so
+    each round starts with the host reading the lengths of the frames this rank just
+    encoded (waiting on that round's encode event, which runs one round ahead of the
+    wire) and one small MPI exchange of those lengths; then the whole frames move in
+    one step. With ``shared`` (all-gather) or on two ranks every rank contributes one
+    frame per round, so the round is an all-gather of frames padded to the longest
+    (NCCL's collective bandwidth, not send/recv's); otherwise it is a grouped
+    send/recv of exact lengths. ``max_count`` is the largest message any rank sends
+    in this exchange (all ranks pass the same value, so all run the same rounds).
+    ``on_chunk(lo, hi)`` runs on the decode stream once round k's pieces (element
+    range [lo, hi) of every message) are decoded; reductions use it.
+
+    Errors never break the lock-step: a failed round is skipped on every rank and
+    the first error is raised on every rank at the end (``agree``).
+    """
+    p, me = tr.size, tr.rank
+    stats = ExchangeStats()
+    if codebook is None:
+        codebook = eng.codebook(send)
+    rounds = chunk_count(max_count, chunk)
+    gather = shared or p == 2
+    peer = 1 - me if p == 2 else None
+    # what this rank contributes to a gathered round, and its piece sizes
+    own = sends[me] if shared else (sends[peer] if gather and p == 2 else None)
+    raw_to = [0 if j == me else (c if not shared else sends[me][1]) for j, (_, c) in enumerate(sends)]
+
+    # -- buffers: fixed offsets from the element counts alone --------------------------------
+    if gather:
+        caps = [slot_size(_piece(max_count, chunk, k)[1]) for k in range(rounds)]
+        s_base = offsets(caps)
+        r_base = [p * o for o in s_base]
+        sbuf = eng.workspace("send", sum(caps))
+        rbuf = eng.workspace("recv", p * sum(caps))
+    else:
+        s_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+                  for j, (_, c) in enumerate(sends)] for k in range(rounds)]
+        r_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+                  for j, (_, c) in enumerate(recvs)] for k in range(rounds)]
+        s_off = [offsets(row) for row in s_cap]
+        r_off = [offsets(row) for row in r_cap]
+        s_base, r_base, pos = [], [], 0
+        for row in s_cap:
+            s_base.append(pos)
+            pos += sum(row)
+        sbuf = eng.workspace("send", pos)
+        pos = 0
+        for row in r_cap:
+            r_base.append(pos)
+            pos += sum(row)
+        rbuf = eng.workspace("recv", pos)
+
+    eng.pipeline_begin(rounds, p)
+
+    def encode_round(k: int) -> None:
+        if gather:
+            o, c = own
+            lo, n = _piece(c, chunk, k)
+            if n:
+                eng.encode_frame(send[o + lo:o + lo + n], sbuf[s_base[k]:s_base[k] + caps[k]],
+                                 codebook, k * p)
+        else:
+            for j, (o, c) in enumerate(sends):
+                lo, n = _piece(c, chunk, k)
+                if j != me and n:
+                    at = s_base[k] + s_off[k][j]
+                    eng.encode_frame(send[o + lo:o + lo + n], sbuf[at:at + s_cap[k][j]], codebook,
+                                     k * p + j)
+        eng.encoded(k)
+
+    # the message to self is copied, never coded (before round 0: ordered before every event)
+    o, c = recvs[me]
+    err = None
+    if c:
+        so, sc = sends[me]
+        if sc != c:
+            err = f"rank {me} sends itself {sc} elements but expects {c}"
+        else:
+            eng.copy(recv[o:o + c], send[so:so + sc])
+    if p == 1 and on_chunk is not None and c:
+        on_chunk(0, c)
+    if p > 1:
+        encode_round(0)
+    failed = False
+    for k in range(rounds if p > 1 else 0):
+        lens = eng.frame_lengths(k)  # this round's frame lengths, indexed k * p + j
+        lo = k * chunk
+        if gather:
+            n = _piece(own[1], chunk, k)[1]
+            mine = int(lens[k * p]) if n else 0
+            bad = n and not fmt.HEADER_SIZE <= mine <= caps[k]
+            got = _exchange_lengths(tr.comm, [mine, 1 if bad else 0], reduce=True)
+            length, failed = fmt.align(int(got[0])), failed or bool(got[1])
+        else:
+            mine = [int(lens[k * p + j]) if (j != me and _piece(c, chunk, k)[1]) else 0
+                    for j, (_, c) in enumerate(sends)]
+            bad = any(m_ and not fmt.HEADER_SIZE <= m_ <= s_cap[k][j] for j, m_ in enumerate(mine))
+            got = _exchange_lengths(tr.comm, [[m_, 1 if bad else 0] for m_ in mine], reduce=False)
+            r_len = [int(x) for x in got[:, 0]]
+            failed = failed or bool(got[:, 1].any())
+        if failed:  # every rank saw the same flags: all stop moving data here
+            err = err or "the local encoder wrote a frame longer than its slot (a codec bug)"
+            break
+        tstream = eng.transfer_stream(k)
+        if gather:
+            if length:
+                tr.allgather(sbuf[s_base[k]:s_base[k] + length],
+                             rbuf[r_base[k]:r_base[k] + p * length], tstream)
+                wire = (p - 1) * length if shared else length
+                stats.wire_bytes += wire
+        else:
+            tr.alltoallv(sbuf, mine, [s_base[k] + x for x in s_off[k]], rbuf, r_len,
+                         [r_base[k] + x for x in r_off[k]], tstream)
+            stats.wire_bytes += sum(mine)
+        stats.raw_bytes += sum(2 * _piece(c, chunk, k)[1] for c in raw_to)
+        eng.received(k)
+        if k + 1 < rounds:
+            encode_round(k + 1)  # on the caller's stream while round k is on the wire
+        hi = lo
+        for j, (ro, rc) in enumerate(recvs):
+            plo, n = _piece(rc, chunk, k)
+            hi = max(hi, plo + n)
+            if j == me or not n:
+                continue
+            if gather:
+                at, flen = r_base[k] + j * length, length
+            else:
+                at, flen = r_base[k] + r_off[k][j], r_len[j]
+            e = eng.decode_frame(rbuf[at:at + flen], recv[ro + plo:ro + plo + n], k)
+            if e and err is None:
+                err = f"frame from rank {j}: {e}"
+        if on_chunk is not None and hi > lo:
+            on_chunk(lo, hi)
+    e = eng.pipeline_end()  # device decodes report here, for all their frames at once
+    if e and err is None:
+        err = f"frame from rank {peer}: {e}" if p == 2 else f"a frame from a peer: {e}"
+    agree(err)
+    return stats
+
+
+def _exchange_lengths(comm, rows, *, reduce: bool) -> np.ndarray:
+    """Host exchange of this round's frame lengths (and error flags) over MPI.
+
+    ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of each.
+    Otherwise ``rows[j]`` is [length of the frame for rank j, flag]; returns row i =
+    what rank i sent here. Every rank calls it once per round (a collective).
+    """
+    from mpi4py import MPI
+
+    mine = np.asarray(rows, dtype=np.int64)
+    out = np.empty_like(mine)
+    if reduce:
+        comm.Allreduce(mine, out, op=MPI.MAX)
+    else:
+        comm.Alltoall(mine, out)
+    return out
+
+
 def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
                  recvs: Sequence[tuple[int, int]], stream=None) -> None:
     """The uncompressed all-to-all of the same messages (byte offsets and counts)."""
@@ -321,15 +553,32 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
 # The collectives on BF16 bit arrays (1-D uint16, engine's kind)
 # --------------------------------------------------------------------------------------------
 
+def _exchange(eng, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
+              shared: bool = False, stream=None, on_chunk=None) -> ExchangeStats:
+    """The pipelined exchange for ``chunk`` > 0 elements, the two-phase one for ``chunk`` = 0."""
+    if chunk > 0:
+        return chunked_exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
+                                max_count=max_count, shared=shared, stream=stream, on_chunk=on_chunk)
+    stats = compressed_exchange(eng, tr, agree, send, sends, recv, recvs, shared=shared,
+                                stream=stream)
+    if on_chunk is not None:
+        on_chunk(0, max(c for _, c in recvs))
+    return stats
+
+
 def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
-                    compress: bool, stream=None) -> ExchangeStats:
-    """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j."""
+                    compress: bool, stream=None, chunk: int = 0) -> ExchangeStats:
+    """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j.
+
+    ``chunk``: elements per pipeline round of the compressed path (0: the two-phase
+    exchange in one round).
+    """
     me = tr.rank
     r_off = offsets(counts)
     if compress:
         sends = [(0, counts[me])] * tr.size
-        return compressed_exchange(eng, tr, agree, send, sends, recv,
-                                   list(zip(r_off, counts, strict=True)), shared=True, stream=stream)
+        return _exchange(eng, tr, agree, send, sends, recv, list(zip(r_off, counts, strict=True)),
+                         chunk=chunk, max_count=max(counts), shared=True, stream=stream)
     if len(set(counts)) == 1:
         tr.allgather(_bytes(send), _bytes(recv), stream)
     else:
@@ -340,12 +589,23 @@ def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
 
 
 def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int],
-                    recv_counts: Sequence[int], *, compress: bool, stream=None) -> ExchangeStats:
-    """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]]."""
+                    recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
+                    max_count: int | None = None) -> ExchangeStats:
+    """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
+
+    ``max_count``: the largest message between two different ranks anywhere (all ranks
+    pass the same; needed with ``chunk`` > 0 on more than two ranks).
+    """
     sends = list(zip(offsets(send_counts), send_counts, strict=True))
     recvs = list(zip(offsets(recv_counts), recv_counts, strict=True))
     if compress:
-        return compressed_exchange(eng, tr, agree, send, sends, recv, recvs, stream=stream)
+        if max_count is None:
+            if tr.size > 2 and chunk > 0:
+                raise ValueError("all_to_all_bf16 needs max_count to pipeline on more than 2 ranks")
+            max_count = max([c for j, c in enumerate(send_counts) if j != tr.rank]
+                            + [c for j, c in enumerate(recv_counts) if j != tr.rank] + [0])
+        return _exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
+                         max_count=max_count, stream=stream)
     raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(recv),
                  [(2 * o, 2 * c) for o, c in recvs], stream)
     raw = 2 * (sum(send_counts) - send_counts[tr.rank])
@@ -353,10 +613,11 @@ def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int
 
 
 def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
-                        compress: bool, stream=None) -> ExchangeStats:
+                        compress: bool, stream=None, chunk: int = 0) -> ExchangeStats:
     """recv = reduce_sum_bf16 over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
 
-    Both paths gather the p shards into a (p, counts[me]) staging array, then reduce.
+    Both paths gather the p shards into a (p, counts[me]) staging array, then reduce;
+    the pipelined path reduces each round's columns as soon as they are decoded.
     """
     p, me = tr.size, tr.rank
     m = counts[me]
@@ -364,22 +625,27 @@ def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int]
     sends = list(zip(offsets(counts), counts, strict=True))
     recvs = [(j * m, m) for j in range(p)]
     if compress:
-        stats = compressed_exchange(eng, tr, agree, send, sends, stage, recvs, stream=stream)
-    else:
-        raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(stage),
-                     [(2 * o, 2 * c) for o, c in recvs], stream)
-        raw = 2 * (sum(counts) - m)
-        stats = ExchangeStats(raw, raw)
+        def reduce_cols(lo: int, hi: int) -> None:
+            eng.reduce_cols(stage, p, m, lo, hi, recv)
+
+        return _exchange(eng, tr, agree, send, sends, stage, recvs, chunk=chunk,
+                         max_count=max(counts), stream=stream, on_chunk=reduce_cols)
+    raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(stage),
+                 [(2 * o, 2 * c) for o, c in recvs], stream)
     eng.reduce_sum(stage.reshape(p, m), recv)
-    return stats
+    raw = 2 * (sum(counts) - m)
+    return ExchangeStats(raw, raw)
 
 
-def all_reduce_bf16(eng, tr, agree: Agree, buf, *, compress: bool, stream=None) -> ExchangeStats:
+def all_reduce_bf16(eng, tr, agree: Agree, buf, *, compress: bool, stream=None,
+                    chunk: int = 0) -> ExchangeStats:
     """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards."""
     counts = split_counts(buf.size, tr.size)
     shard = eng.bits_workspace("shard", counts[tr.rank])
-    stats = reduce_scatter_bf16(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream)
-    stats.add(all_gather_bf16(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream))
+    stats = reduce_scatter_bf16(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream,
+                                chunk=chunk)
+    stats.add(all_gather_bf16(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream,
+                              chunk=chunk))
     return stats
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import format as fmt
 from ..arrays import BF16
 from .collectives import (
     CollectiveError,
@@ -45,6 +46,7 @@ from .policy import OPS, Decision, Policy, Profile
 from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream
 
 BACKENDS = ("auto", "nccl", "mpi")
+DEFAULT_CHUNK_BYTES = 32 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
 _BF16_NAMES = ("bfloat16", "bf16")
 
 
@@ -141,6 +143,19 @@ def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
     return _Arr(flat, device, bf16, name)
 
 
+def _machine_name(device: bool) -> str:
+    """Names the machine a profile was measured on: host name, and the GPU for device profiles."""
+    import platform
+
+    name = platform.node() or "unknown host"
+    if device:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name += f"/{props['name'].decode() if isinstance(props['name'], bytes) else props['name']}"
+    return name
+
+
 def _int_list(counts, p: int, what: str) -> list[int]:
     vals = [int(c) for c in counts]
     if len(vals) != p:
@@ -166,9 +181,15 @@ class Communicator:
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
-                 compress_host: bool = False, cuda_aware_mpi: bool | None = None):
+                 compress_host: bool = False, cuda_aware_mpi: bool | None = None,
+                 chunk_bytes: int | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+        if chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
+        # elements per pipeline round, whole escape blocks (0: the two-phase exchange, one round)
+        self.chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self.backend = backend
@@ -305,17 +326,26 @@ class Communicator:
         return d
 
     def calibrate(self, *, device: bool = False, sizes=(1 << 20, 16 << 20, 64 << 20),
-                  ops=OPS, repeat: int = 3, path: str | None = None, stream=None) -> Profile:
-        """Measure both paths of each BF16 collective here and make ``policy="auto"`` follow them.
+                  ops=OPS, repeat: int = 3, path: str | None = None, stream=None,
+                  machine: str | None = None) -> Profile:
+        """Measure the components of the cost model here and make ``policy="auto"`` follow it.
 
-        For every op in ``ops`` and per-rank size in ``sizes`` (bytes each rank
-        contributes), times the native and the compressed call (after a warm-up, the
-        slowest rank's time, best of ``repeat``) on Gaussian BF16 data, host or device
-        (``device=True`` needs CuPy and selects this communicator's device transport),
-        fits ``alpha + bytes / beta`` per path and adopts the result as the policy's
-        profile. All ranks fit the same numbers, so they decide alike. With ``path``,
-        a profile saved there for the same transport and rank count is loaded instead of
-        measuring, and a newly measured one is saved. Returns the profile.
+        Measures (after a warm-up each; ``repeat`` calls back to back, the slowest rank's
+        mean), on Gaussian BF16 data, host or device (``device=True`` needs CuPy and
+        selects this communicator's device transport):
+
+        - every op in ``ops`` natively and compressed at each per-rank size in ``sizes``
+          (bytes each rank contributes: all-gather's send buffer, reduce-scatter's
+          output, the whole buffer of all-to-all and all-reduce);
+        - the codec alone: encode, decode and reduction throughput, ratio;
+        - the compressed path's fixed costs, per call and per pipeline round, from
+          compressed calls on tiny messages in rounds of one escape block.
+
+        The result (``policy.Profile``) predicts both paths' times with the cost model;
+        ``"auto"`` compresses only inside the calibrated range and where prediction and
+        measurements agree that it pays. All ranks hold the same numbers, so they decide
+        alike. With ``path``, a profile saved there for the same device / transport /
+        ranks / machine is loaded instead of measuring, and a newly measured one is saved.
         """
         from ..costmodel import fit_alpha_beta
 
@@ -323,23 +353,15 @@ class Communicator:
             import cupy
 
             self._route(True, stream)
-        key = f"{'device' if device else 'host'}|{self.transport_name if device else 'mpi'}|" \
-              f"{self.size} ranks"
+        key = "|".join([("device" if device else "host"), self.transport_name if device else "mpi",
+                        f"{self.size} ranks", machine or _machine_name(device)])
         if path is not None:
-            text = None
-            if self.rank == 0:
-                try:
-                    with open(path) as f:
-                        text = f.read()
-                except OSError:
-                    text = None
-            text = self.comm.bcast(text, root=0)
-            if text:
-                prof = Profile.from_json(text)
-                if prof.key == key:
-                    self.policy = dataclasses.replace(self.policy, profile=prof)
-                    return prof
+            prof = self._load_profile(path, key)
+            if prof is not None:
+                self.policy = dataclasses.replace(self.policy, profile=prof)
+                return prof
         p, MPI = self.size, self._MPI
+        eng = self._route(True, stream)[0] if device else self._host
         rng = np.random.default_rng(12345 + self.rank)
 
         def data(n: int):
@@ -347,68 +369,155 @@ class Communicator:
                 u = (cupy.random.RandomState(12345 + self.rank).standard_normal(n, dtype=cupy.float32)
                      * 0.02).view(cupy.uint32)
                 return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
-            return rng.normal(0.0, 0.02, n).astype(np.float32).astype(BF16)
+            return rng.normal(0.0, 0.02, n).astype(np.float32).astype(BF16).view(np.uint16)
 
         def empty(n: int):
-            return cupy.zeros(n, dtype=cupy.uint16) if device else np.zeros(n, dtype=BF16)
+            return cupy.zeros(n, dtype=cupy.uint16) if device else np.zeros(n, dtype=np.uint16)
 
         def sync():
             if device:
                 cupy_stream(stream).synchronize()
 
-        kw = {"dtype": "bfloat16", "stream": stream} if device else {}
-        points: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        def timed(call) -> float:
+            """Mean seconds per call, ``repeat`` calls back to back, slowest rank."""
+            call()
+            sync()
+            self.comm.Barrier()
+            t0 = MPI.Wtime()
+            for _ in range(repeat):
+                call()
+            sync()
+            return self.comm.allreduce((MPI.Wtime() - t0) / repeat, op=MPI.MAX)
+
+        kw = {"dtype": "bfloat16", "stream": stream}
+
+        def make_call(op: str, n: int):
+            """The call of ``op`` whose messages hold ``n`` elements per rank (metrics convention)."""
+            if op == "all_gather":
+                x, out = data(n), empty(p * n)
+                return lambda: self.all_gather(x, out, **kw)
+            if op == "reduce_scatter":
+                x, out = data(p * n), empty(n)
+                return lambda: self.reduce_scatter(x, out, **kw)
+            n = max(p, n // p * p)
+            x = data(n)
+            if op == "all_to_all":
+                out = empty(n)
+                return lambda: self.all_to_all(x, out, **kw)
+            return lambda: self.all_reduce(x, **kw)
+
+        measured: dict[str, dict[str, list[list[float]]]] = {}
+        native, round_s, fixed_s = {}, {}, {}
+        saved_chunk = self.chunk
         try:
             for op in ops:
+                meas = measured.setdefault(op, {"native": [], "compressed": []})
                 for size in sizes:
-                    n = max(p, size // 2 // p * p)
-                    if op == "all_gather":
-                        x, out = data(n), empty(p * n)
-                        call = lambda x=x, out=out: self.all_gather(x, out, **kw)  # noqa: E731
-                    elif op == "reduce_scatter":
-                        x, out = data(p * n), empty(n)
-                        call = lambda x=x, out=out: self.reduce_scatter(x, out, **kw)  # noqa: E731
-                    elif op == "all_to_all":
-                        x, out = data(n), empty(n)
-                        call = lambda x=x, out=out: self.all_to_all(x, out, **kw)  # noqa: E731
-                    else:
-                        x = data(n)
-                        call = lambda x=x: self.all_reduce(x, **kw)  # noqa: E731
+                    call = make_call(op, max(1, size // 2))
                     for path_name, force in (("native", False), ("compressed", True)):
                         self._force = force
-                        call()
-                        best = float("inf")
-                        for _ in range(repeat):
-                            sync()
-                            self.comm.Barrier()
-                            t0 = MPI.Wtime()
-                            call()
-                            sync()
-                            best = min(best, self.comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX))
-                        nbytes = self.last_decision.nbytes
-                        points.setdefault(op, {}).setdefault(path_name, []).append((nbytes, best))
+                        t = timed(call)
+                        meas[path_name].append([self.last_decision.nbytes, t])
+                    del call
+                try:
+                    native[op] = fit_alpha_beta([b for b, _ in meas["native"]],
+                                                [t for _, t in meas["native"]])
+                except ValueError:
+                    continue  # not enough signal for this op: the threshold rule stays for it
+                # fixed costs of the compressed path: one round vs 16 rounds of one block
+                self._force = True
+                self.chunk = fmt.BLOCK if saved_chunk else 0
+                per = p if op in ("all_to_all", "all_reduce") else 1
+                t1 = timed(make_call(op, per * fmt.BLOCK))
+                t16 = timed(make_call(op, per * 16 * fmt.BLOCK))
+                exchanges = 2 if op == "all_reduce" else 1
+                h = max(0.0, (t16 - t1) / (15 * exchanges)) if saved_chunk else 0.0
+                round_s[op] = h
+                fixed_s[op] = max(0.0, t1 - exchanges * h)
+                self.chunk = saved_chunk
+            codec = self._calibrate_codec(eng, data, empty, sync, timed, sizes)
         finally:
             self._force = None
-        fits = {}
-        for op, paths in points.items():
-            try:
-                fits[op] = {name: fit_alpha_beta([b for b, _ in pts], [t for _, t in pts])
-                            for name, pts in paths.items()}
-            except ValueError:
-                continue  # not enough signal for this op: the threshold rule stays for it
-        prof = Profile(key, fits)
+            self.chunk = saved_chunk
+        prof = Profile(key, p, self.chunk, bool(device), native, codec, round_s, fixed_s, measured)
         self.policy = dataclasses.replace(self.policy, profile=prof)
         if path is not None and self.rank == 0:
             with open(path, "w") as f:
                 f.write(prof.to_json())
         return prof
 
-    def explain(self, op: str, nbytes: int, *, device: bool = True) -> str:
-        """What the policy would do for ``op`` on ``nbytes`` BF16 bytes per rank, and why.
+    def _calibrate_codec(self, eng, data, empty, sync, timed, sizes) -> dict:
+        """Encode / decode / reduction throughput (GB/s of BF16 input) and ratio of the codec alone.
 
-        With a measured profile (``calibrate``) the line holds both predicted times.
+        Timed on messages of one pipeline round (or of the largest calibrated size if
+        smaller) and an eighth of that; the throughput is the fitted slope, fixed launch
+        costs being part of the per-round cost measured separately.
         """
-        return self.policy.explain(op, nbytes, device=device, world=self.size)
+        from ..costmodel import fit_alpha_beta
+        from .collectives import slot_size
+
+        p = self.size
+        top = max(fmt.BLOCK, max(sizes) // 2)
+        n_big = min(self.chunk, top) if self.chunk else top
+        pts = {"encode": [], "decode": [], "reduce": []}
+        ratio = 1.0
+        for n in (max(fmt.BLOCK, n_big // 8), n_big):
+            x = data(n)
+            frame = eng.workspace("calibrate_frame", slot_size(n))
+            out = eng.bits_workspace("calibrate_out", n)
+            cb = eng.codebook(x)
+            flen = eng.encode(x, frame, cb)
+            if flen is None:  # device codec: the length is in the header
+                flen = eng.read_headers([(frame, 0, slot_size(n))])[0].frame_len
+            ratio = flen / (2 * n)
+            pts["encode"].append((2 * n, timed(lambda x=x, f=frame, cb=cb: eng.encode(x, f, cb))))
+            pts["decode"].append((2 * n, timed(lambda f=frame, o=out: eng.decode(f, o, 0))))
+            err = eng.decode_errors()
+            if err:
+                raise RuntimeError(f"zipccl calibration: the codec failed its own round trip: {err}")
+            stage = empty(p * n)
+            pts["reduce"].append((2 * p * n, timed(lambda s=stage, o=out, n=n: eng.reduce_cols(
+                s, p, n, 0, n, o))))
+            sync()
+        ratio = self.comm.allreduce(ratio, op=self._MPI.MAX)
+        rates = {}
+        for name, xs in pts.items():
+            try:
+                rates[f"{name}_gbps"] = fit_alpha_beta([b for b, _ in xs], [t for _, t in xs])[1]
+            except ValueError:  # no growth with size (tiny host messages): bytes / time of the larger
+                b, t = xs[-1]
+                rates[f"{name}_gbps"] = b / max(t, 1e-9) / 1e9
+        return {**rates, "ratio": ratio}
+
+    def _load_profile(self, path: str, key: str) -> Profile | None:
+        """The profile saved at ``path`` (read on rank 0, shared) if it was measured for ``key``."""
+        text = None
+        if self.rank == 0:
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except OSError:
+                text = None
+        text = self.comm.bcast(text, root=0)
+        if not text:
+            return None
+        try:
+            prof = Profile.from_json(text)
+        except (ValueError, KeyError):
+            return None  # another version or a damaged file: measure again
+        return prof if prof.key == key and prof.world == self.size else None
+
+    def explain(self, op: str, nbytes: int, *, device: bool = True, quiet: bool = False) -> str:
+        """Print and return what the policy does for ``op`` on ``nbytes`` BF16 bytes per rank, and why.
+
+        With a measured profile (``calibrate``) the line holds both predicted times, the
+        compressed path's stages and the choice; ``quiet=True`` only returns it.
+        ``nbytes`` follows the decisions' convention (see ``zipccl.comm.policy``).
+        """
+        line = self.policy.explain(op, nbytes, device=device, world=self.size)
+        if not quiet:
+            print(line, flush=True)
+        return line
 
     @staticmethod
     def _pair(send: _Arr, recv: _Arr) -> None:
@@ -449,7 +558,8 @@ class Communicator:
         sdata = self._detached(eng, s.data, r.data)
         if s.bf16:
             self.last_stats = all_gather_bf16(eng, tr, self._agree, sdata, r.data,
-                                              [s.size] * self.size, compress=d.compress, stream=st)
+                                              [s.size] * self.size, compress=d.compress, stream=st,
+                                              chunk=self.chunk)
         else:
             tr.allgather(sdata.view("uint8"), r.data.view("uint8"), st)
             self.last_stats = ExchangeStats(s.nbytes * (self.size - 1), s.nbytes * (self.size - 1))
@@ -484,7 +594,7 @@ class Communicator:
         if s.bf16 and (d.compress or tr.name != "nccl"):
             self.last_stats = reduce_scatter_bf16(eng, tr, self._agree, sdata, r.data,
                                                   [r.size] * self.size, compress=d.compress,
-                                                  stream=st)
+                                                  stream=st, chunk=self.chunk)
         else:
             tr.reduce_scatter(sdata, r.data, op, st, dtype="bfloat16" if s.bf16 else None)
             raw = s.nbytes - r.nbytes
@@ -547,8 +657,10 @@ class Communicator:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
         if s.bf16:
+            largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
             self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, matrix[self.rank],
-                                              my_recv_counts, compress=d.compress, stream=st)
+                                              my_recv_counts, compress=d.compress, stream=st,
+                                              chunk=self.chunk, max_count=largest)
         else:
             from .collectives import offsets
 
@@ -580,7 +692,7 @@ class Communicator:
         eng, tr = self._route(b.device, st)
         if b.bf16 and (d.compress or tr.name != "nccl"):
             self.last_stats = all_reduce_bf16(eng, tr, self._agree, b.data, compress=d.compress,
-                                              stream=st)
+                                              stream=st, chunk=self.chunk)
         else:
             tr.allreduce(b.data, op, st, dtype="bfloat16" if b.bf16 else None)
             raw = 2 * b.nbytes * (self.size - 1) // self.size

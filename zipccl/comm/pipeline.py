@@ -22,6 +22,7 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
 
+_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]  # int64 LE in the header
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
 
@@ -71,6 +72,19 @@ class DeviceEngine:
         self._encode_ws = None
         self._decode_ws: dict[int, object] = {}
         self._used_ws: list[tuple[int, object]] = []
+        # chunked_exchange: transfer and decode streams, events per round, pinned frame lengths
+        self._xfer = None
+        self._dec = None
+        self._ev_enc: list = []
+        self._ev_recv: list = []
+        self._ev_tail = None
+        self._lens_mem = None
+        self._lens8 = None
+        self._lens = None
+        self._dec_ws = None
+        self._dec_round = -1
+        self._dec_used = False
+        self._in_pipeline = False
 
     @property
     def codec_name(self) -> str:
@@ -216,6 +230,108 @@ class DeviceEngine:
             return
         with self._stream:
             self._reduce(stack.reshape(-1), np.int64(p), np.int64(m), out)
+
+    def reduce_cols(self, stage, p: int, m: int, lo: int, hi: int, out) -> None:
+        """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m).
+
+        Inside a pipelined exchange it runs on the decode stream, right after the
+        round's decodes; otherwise on the caller's stream.
+        """
+        if hi <= lo:
+            return
+        with (self._dec if self._in_pipeline else self._stream):
+            # row r of the columns starts at stage[lo + r * m]: the kernel strides rows by m
+            self._reduce(stage[lo:], np.int64(p), np.int64(m), out[lo:hi])
+
+    # -- hooks of collectives.chunked_exchange ------------------------------------------------
+    # Round k: encode on the caller's stream, then event enc[k]; the host waits for enc[k]
+    # only to read the frame lengths (8 bytes each, copied into pinned memory by the same
+    # stream); the transfer stream waits for enc[k], moves the round, records recv[k]; the
+    # decode stream waits for recv[k], decodes (and reduces). Buffers of different rounds
+    # never overlap, so no round waits for another one's decode.
+    def pipeline_begin(self, rounds: int, p: int) -> None:
+        cp = self.cp
+        if self._xfer is None:
+            self._xfer = cp.cuda.Stream(non_blocking=True)
+            self._dec = cp.cuda.Stream(non_blocking=True)
+            self._ev_tail = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+        while len(self._ev_enc) < rounds:
+            self._ev_enc.append(cp.cuda.Event(disable_timing=True))
+            self._ev_recv.append(cp.cuda.Event(disable_timing=True))
+        need = max(8 * rounds * p, 4096)
+        if self._lens_mem is None or self._lens8.size < need:
+            self._lens_mem = cp.cuda.alloc_pinned_memory(need)
+            self._lens8 = np.frombuffer(self._lens_mem, dtype=np.uint8, count=need)
+        self._lens = self._lens8.view("<i8")
+        self._dec_round = -1
+        self._dec_used = False
+        self._in_pipeline = True
+
+    def encode_frame(self, bits, out, codebook: Codebook, idx: int) -> None:
+        """Enqueue the frame's encoding and the copy of its length to pinned slot ``idx``."""
+        n = self.encode(bits, out, codebook)
+        if n is not None:  # host-codec fallback: the length is known at once
+            self._lens[idx] = n
+            return
+        at = _FRAME_LEN_AT
+        out[at:at + 8].get(stream=self._stream, out=self._lens8[8 * idx:8 * idx + 8], blocking=False)
+
+    def encoded(self, k: int) -> None:
+        self._ev_enc[k].record(self._stream)
+
+    def frame_lengths(self, k: int) -> np.ndarray:
+        self._ev_enc[k].synchronize()  # the only host wait of a round: its own encode
+        return self._lens
+
+    def transfer_stream(self, k: int):
+        self._xfer.wait_event(self._ev_enc[k])
+        return self._xfer
+
+    def received(self, k: int) -> None:
+        self._ev_recv[k].record(self._xfer)
+
+    def decode_frame(self, frame, out, k: int) -> str | None:
+        """Enqueue one decode of round ``k`` on the decode stream; errors come at the end."""
+        if self._dec_round != k:
+            self._dec.wait_event(self._ev_recv[k])
+            self._dec_round = k
+        if self.gpu is None:  # host-codec fallback (no GPU codec): synchronous and slow
+            self._ev_recv[k].synchronize()
+            try:
+                self.decode(frame, out)
+            except ValueError as e:
+                return str(e)
+            return None
+        dst, bounced = self._aligned(out, "bounce_out")
+        if self._dec_ws is None or not self._dec_ws.fits(out.size):
+            self._dec_ws = self.gpu.Workspace(max(int(out.size), 1 << 20))
+        self.gpu.decode_into(frame, dst, self._dec, workspace=self._dec_ws)
+        self._dec_used = True
+        if bounced:
+            with self._dec:
+                out[...] = dst
+        return None
+
+    def pipeline_end(self) -> str | None:
+        """Order the caller's stream after the transfers and decodes; read the decode errors.
+
+        One host synchronisation (the decode stream, for its error bits).
+        """
+        self._in_pipeline = False
+        x_done, d_done = self._ev_tail
+        x_done.record(self._xfer)
+        d_done.record(self._dec)
+        self._stream.wait_event(x_done)
+        self._stream.wait_event(d_done)
+        if not self._dec_used:
+            return None
+        from ..kernels import _common  # the decoder's sticky error word (ORed over its calls)
+
+        bits = int(self._dec_ws._slots(self._dec)[_common.WS_ERR_STICKY])  # synchronises
+        if bits:
+            self._dec_ws = None  # a fresh (zeroed) workspace for the next call
+            return f"corrupted zipccl frame: {self.gpu.Workspace.describe(bits)}"
+        return None
 
     def sync(self) -> None:
         self._stream.synchronize()
