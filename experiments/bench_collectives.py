@@ -18,17 +18,23 @@ BF16 N(0, 0.02^2) data, then times
 
 - ``nccl``: the NCCL collective called directly (cupy.cuda.nccl; all-to-all as
   grouped send/recv), the baseline;
-- ``always`` and ``auto``: ``zipccl.Communicator(policy=...)`` on the same data
-  (``auto`` first calibrates: it measures both paths of every operation at 1-256 MiB
-  on this link and follows the fitted times),
+- ``always`` and ``auto``: ``zipccl.Communicator(policy=...)`` on the same data;
+  ``auto`` first calibrates (``Communicator.calibrate``: native and compressed
+  calls at ``--calibrate-sizes-mib``, the codec alone, fixed costs) and follows its
+  cost model, whose predicted times go into every record beside the measured one.
 
-each after warm-up, with CUDA events on one stream between barriers, taking the
-slowest rank per iteration and the median over iterations. Then it checks the
-outputs of the timed buffers: all-gather and all-to-all must equal NCCL's bit
-for bit; reductions must equal zipccl's stated reduction (FP32 in rank order,
-one rounding) computed from an uncompressed NCCL exchange of the same shards,
-and the elements that differ from NCCL's own BF16 reduction are counted too.
-One JSON record per (op, size, link, variant) goes to ``--out``.
+Timing (CUDA events on one stream, slowest rank): ``time_s`` is nccl-tests' way,
+``--iters`` calls back to back between two events after ``--warmup`` calls, divided
+by the count (for all-reduce, which works in place, a copy restores the input
+before each call, and the time of the copies alone is subtracted); ``latency_s``
+is the median of ``--lat-iters`` calls each timed alone between barriers. Then the
+outputs of the timed buffers are checked: all-gather and all-to-all must equal
+NCCL's bit for bit; reductions must equal zipccl's stated reduction (FP32 in rank
+order, one rounding) computed from an uncompressed NCCL exchange of the same
+shards. One JSON record per (op, size, link, variant) is appended to ``--out`` as
+soon as it is measured (a run cut short keeps what it measured).
+``--chunk-sweep OP:MiB,...`` also times ``always`` at each ``--chunks-mib`` pipeline
+chunk size (records with ``"bench": "collectives_chunks"``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 
 LINKS = {
     "nvlink": {},
@@ -54,11 +61,21 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--link", choices=sorted(LINKS), default="nvlink")
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--sizes-mib", default="1,4,16,64,256,1024",
+    ap.add_argument("--sizes-mib", default="16,64,256,1024",
                     help="per-rank sizes in MiB (comma separated)")
+    ap.add_argument("--calibrate-sizes-mib", default=None,
+                    help="sizes the auto policy calibrates at (default: --sizes-mib)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=5, help="calls timed back to back")
+    ap.add_argument("--lat-iters", type=int, default=3, help="calls timed one by one")
     ap.add_argument("--variants", default="nccl,always,auto")
+    ap.add_argument("--chunk-mib", type=float, default=None,
+                    help="pipeline chunk of the zipccl communicators (default: the library's)")
+    ap.add_argument("--chunk-sweep", default="", help="OP:MiB,... timed at every --chunks-mib")
+    ap.add_argument("--chunks-mib", default="16,32,64,128,256,0",
+                    help="chunk sizes of the sweep (0: the two-phase exchange in one round)")
+    ap.add_argument("--time-budget-s", type=float, default=1e9,
+                    help="start no new measurement after this many seconds")
     ap.add_argument("--machine", default=None, help='e.g. "2 x NVIDIA H200" (default: detected)')
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default=None, metavar="OP:MiB",
@@ -70,12 +87,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.update(LINKS[args.link])  # before NCCL starts: it reads these once
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    t_start = time.time()
     import cupy
     import numpy as np
     from mpi4py import MPI
 
     import zipccl
     from zipccl import metrics
+    from zipccl.comm import Policy
     from zipccl.comm.collectives import offsets
     from zipccl.comm.pipeline import DeviceEngine
     from zipccl.comm.transport import NCCLTransport
@@ -90,16 +109,31 @@ def main(argv=None) -> int:
 
     native = NCCLTransport(world.Dup())
     variants = [v for v in args.variants.split(",") if v]
-    comms = {v: zipccl.Communicator(world, backend="nccl", policy=v) for v in variants if v != "nccl"}
+    chunk_bytes = None if args.chunk_mib is None else int(args.chunk_mib * MiB)
+    comms = {v: zipccl.Communicator(world, backend="nccl", policy=v, chunk_bytes=chunk_bytes)
+             for v in variants if v != "nccl"}
+    if not comms:
+        comms["always"] = zipccl.Communicator(world, backend="nccl", policy="always",
+                                              chunk_bytes=chunk_bytes)
+    any_comm = next(iter(comms.values()))
     engine = DeviceEngine()
     engine.set_stream(stream)
     run_id = world.bcast(datetime.datetime.now().isoformat(timespec="seconds"), root=0)
-    profile = None
-    if "auto" in comms and not args.profile:  # "auto" follows a profile measured here, now
-        profile = comms["auto"].calibrate(device=True, sizes=(1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB),
-                                          repeat=2, stream=stream)
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "cupy": cupy.__version__, "nccl": cupy.cuda.nccl.get_version(),
+                "zipccl": zipccl.__version__, "mpi": MPI.Get_library_version().splitlines()[0]}
+
+    def emit(rec: dict) -> None:
+        """Append one record to --out now (rank 0), so a run cut short keeps it."""
+        rec.update({"run": run_id, "link": args.link, "nranks": p, "machine": machine,
+                    "gpu": gpu_name, "platform": platform.platform(), "versions": versions,
+                    "date": datetime.date.today().isoformat()})
         if me == 0:
-            print(f"calibrated: {profile.to_json()}", flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def in_budget() -> bool:
+        return world.bcast(time.time() - t_start < args.time_budget_s, root=0)
 
     def bf16_gaussian(n: int, seed: int):
         rs = cupy.random.RandomState(seed)
@@ -107,11 +141,36 @@ def main(argv=None) -> int:
             x = (rs.standard_normal(n, dtype=cupy.float32) * 0.02).view(cupy.uint32)
             return ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(cupy.uint16)
 
-    def timed(fn, reset=None) -> list[float]:
-        """Per-iteration time of the slowest rank (CUDA events on ``stream``, barriers around)."""
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def slowest(t: float) -> float:
+        return world.allreduce(t, op=MPI.MAX)
+
+    def b2b(fn, reset=None) -> float:
+        """nccl-tests' timing: mean of --iters calls back to back (after --warmup)."""
+        for _ in range(args.warmup):
+            if reset is not None:
+                reset()
+            fn()
+
+        def loop(body) -> float:
+            stream.synchronize()
+            world.Barrier()
+            start.record(stream)
+            for _ in range(args.iters):
+                body()
+            end.record(stream)
+            end.synchronize()
+            return slowest(cupy.cuda.get_elapsed_time(start, end) / 1e3) / args.iters
+
+        if reset is None:
+            return loop(fn)
+        both = loop(lambda: (reset(), fn()))
+        return max(0.0, both - loop(reset))
+
+    def one_by_one(fn, reset=None) -> list[float]:
         out = []
-        for i in range(args.warmup + args.iters):
+        for _ in range(args.lat_iters):
             if reset is not None:
                 reset()
             stream.synchronize()
@@ -120,9 +179,7 @@ def main(argv=None) -> int:
             fn()
             end.record(stream)
             end.synchronize()
-            t = world.allreduce(cupy.cuda.get_elapsed_time(start, end) / 1e3, op=MPI.MAX)
-            if i >= args.warmup:
-                out.append(t)
+            out.append(slowest(cupy.cuda.get_elapsed_time(start, end) / 1e3))
         return out
 
     def case(op: str, x, n: int):
@@ -142,52 +199,48 @@ def main(argv=None) -> int:
                     lambda out: native.alltoallv(x.view(cupy.uint8), counts, offsets(counts),
                                                  out.view(cupy.uint8), counts, offsets(counts), stream),
                     lambda c, out: c.all_to_all(x[:blk * p], out, dtype="bfloat16", stream=stream))
-        # all_reduce works in place: every timed iteration starts again from x (reset, untimed)
+        # all_reduce works in place: every timed call starts again from x (reset)
         return (lambda: cupy.empty(n, dtype=cupy.uint16),
                 lambda out: native.allreduce(out, "sum", stream, dtype="bfloat16"),
                 lambda c, out: c.all_reduce(out, dtype="bfloat16", stream=stream))
 
     if args.profile:
-        import cProfile
-        import pstats
-        import time
+        return profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p)
 
-        op, mib = args.profile.split(":")
-        n = int(float(mib) * MiB) // 2
-        x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
-        make_out, _, run_z = case(op, x, n)
-        out, c = make_out(), comms["always"]
-        for _ in range(3):
-            run_z(c, out)
-        stream.synchronize()
-        world.Barrier()
-        prof = cProfile.Profile()
-        t0 = time.perf_counter()
+    # -- the auto policy measures its components on this link, now ------------------------------
+    profile = None
+    if "auto" in comms:
+        cal = [int(float(s) * MiB) for s in (args.calibrate_sizes_mib or args.sizes_mib).split(",") if s]
+        t0 = time.time()
+        profile = comms["auto"].calibrate(device=True, sizes=cal, repeat=2, stream=stream,
+                                          ops=[o for o in args.ops.split(",") if o])
+        emit({"bench": "collectives_calibration", "seconds": time.time() - t0,
+              "profile": json.loads(profile.to_json())})
         if me == 0:
-            prof.enable()
-        for _ in range(20):
-            run_z(c, out)
-        stream.synchronize()
-        prof.disable()
-        t = (time.perf_counter() - t0) / 20
-        if me == 0:
-            print(f"profile {op} {mib} MiB: {1e3 * t:.3f} ms per call (host wall time)")
-            st = pstats.Stats(prof)
-            st.sort_stats("cumulative").print_stats(45)
-            st.sort_stats("tottime").print_stats(25)
-        return 0
+            print(f"calibrated in {time.time() - t0:.1f} s: codec {profile.codec}, "
+                  f"round_s {profile.round_s}, fixed_s {profile.fixed_s}", flush=True)
 
-    versions = {"python": platform.python_version(), "numpy": np.__version__,
-                "cupy": cupy.__version__, "nccl": cupy.cuda.nccl.get_version(),
-                "zipccl": zipccl.__version__, "mpi": MPI.Get_library_version().splitlines()[0]}
-    records = []
+    def predictions(op: str, size: int) -> dict:
+        if profile is None:
+            return {}
+        nb = size * (p if op == "reduce_scatter" else 1)  # the size the policy decides on
+        pr = profile.predict(op, nb)
+        if pr is None:
+            return {}
+        return {"predicted_native_s": pr.native_s, "predicted_compressed_s": pr.compressed_s,
+                "predicted_rounds": pr.rounds, "predicted_stages_s": pr.stages}
+
+    bad = 0
     for op in [o for o in args.ops.split(",") if o]:
         for size in [int(float(s) * MiB) for s in args.sizes_mib.split(",") if s]:
+            if not in_budget():
+                if me == 0:
+                    print(f"time budget spent: {op} {size // MiB} MiB and later not measured", flush=True)
+                break
             n = size // 2  # BF16 elements of the per-rank buffer (metrics convention)
             x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
-            outs, keep = {}, {}
             make_out, run_native, run_z = case(op, x, n)
-            results = {}
+            outs, results, keep = {}, {}, {}
             for v in variants:
                 out = make_out()
                 reset = None
@@ -197,7 +250,10 @@ def main(argv=None) -> int:
                             out[...] = x
                 fn = (lambda out=out, f=run_native: f(out)) if v == "nccl" else \
                     (lambda out=out, c=comms[v], f=run_z: f(c, out))
-                results[v] = timed(fn, reset)
+                results[v] = (b2b(fn, reset), one_by_one(fn, reset))
+                if reset is not None:  # the checked output is that of one call on x
+                    reset()
+                    fn()
                 outs[v] = out
                 if v != "nccl":
                     st = comms[v].last_stats
@@ -210,52 +266,132 @@ def main(argv=None) -> int:
             else:
                 expected = outs.get("nccl")
             stream.synchronize()
-            base = statistics.median(results["nccl"]) if "nccl" in results else None
-            for v, ts in results.items():
+            base = results["nccl"][0] if "nccl" in results else None
+            pred = predictions(op, size)
+            for v, (t, lat) in results.items():
                 wrong = int(cupy.count_nonzero(outs[v] != expected)) if expected is not None else -1
                 wrong_vs_nccl = int(cupy.count_nonzero(outs[v] != outs["nccl"])) \
                     if "nccl" in outs else -1
                 wrong = world.allreduce(wrong)
                 wrong_vs_nccl = world.allreduce(wrong_vs_nccl)
-                med = statistics.median(ts)
                 nb = metrics.nccl_tests_size(op, size, p)
                 rec = {
-                    "bench": "collectives", "run": run_id, "op": op, "link": args.link, "variant": v,
-                    "per_rank_bytes": size, "nccl_tests_bytes": nb, "nranks": p,
-                    "time_s": med, "time_min_s": min(ts), "times_s": ts,
-                    "algbw_gbps": metrics.algbw(nb, med), "busbw_gbps": metrics.busbw(op, nb, med, p),
-                    "speedup_vs_nccl": metrics.speedup(base, med) if base else None,
+                    "bench": "collectives", "op": op, "variant": v,
+                    "per_rank_bytes": size, "nccl_tests_bytes": nb,
+                    "time_s": t, "latency_s": statistics.median(lat), "latencies_s": lat,
+                    "algbw_gbps": metrics.algbw(nb, t), "busbw_gbps": metrics.busbw(op, nb, t, p),
+                    "speedup_vs_nccl": metrics.speedup(base, t) if base else None,
+                    "latency_speedup_vs_nccl": metrics.speedup(statistics.median(results["nccl"][1]),
+                                                               statistics.median(lat))
+                    if base else None,
                     "wrong_elements": wrong, "differs_from_nccl": wrong_vs_nccl,
                     "exact": wrong == 0,
-                    "machine": machine, "gpu": gpu_name, "platform": platform.platform(),
-                    "versions": versions, "date": datetime.date.today().isoformat(),
-                    "config": {"warmup": args.warmup, "iters": args.iters, "data": "N(0, 0.02^2) BF16",
-                               "env": LINKS[args.link], "timing": "CUDA events, max over ranks, median"},
+                    "config": {"warmup": args.warmup, "iters": args.iters, "lat_iters": args.lat_iters,
+                               "data": "N(0, 0.02^2) BF16", "env": LINKS[args.link],
+                               "timing": "CUDA events, slowest rank; time_s: mean of iters back to "
+                                         "back (all_reduce: minus the input-restoring copies); "
+                                         "latency_s: median of calls timed one by one",
+                               "chunk_bytes": 2 * any_comm.chunk},
+                    **pred,
                 }
-                if v == "auto" and profile is not None:
-                    rec["config"]["policy_profile"] = {"key": profile.key, "fits": profile.fits}
                 if v in keep:
                     d, wire, raw = keep[v]
                     rec.update({"compressed": d.compress, "decision": d.reason,
                                 "wire_ratio": metrics.compression_ratio(wire, raw)})
-                records.append(rec)
+                compressed = rec.get("compressed", False)
+                if pred:
+                    rec["predicted_s"] = pred["predicted_compressed_s" if compressed else
+                                              "predicted_native_s"]
+                    rec["prediction_error"] = rec["predicted_s"] / t - 1.0
+                emit(rec)
+                bad += int(v != "nccl" and not rec["exact"])
                 if me == 0:
                     sp = f"{rec['speedup_vs_nccl']:.2f}x" if rec["speedup_vs_nccl"] else "-"
-                    print(f"{args.link:6s} {op:14s} {size / MiB:7.0f} MiB {v:6s} {1e3 * med:9.3f} ms "
-                          f"busbw {rec['busbw_gbps']:7.1f} GB/s  {sp:>6s}  wrong {wrong}"
-                          + (f"  ratio {rec['wire_ratio']:.4f}" if "wire_ratio" in rec else ""),
-                          flush=True)
+                    pe = f" pred {1e3 * rec['predicted_s']:8.3f} ms" if "predicted_s" in rec else ""
+                    print(f"{args.link:6s} {op:14s} {size / MiB:6.0f} MiB {v:6s} {1e3 * t:9.3f} ms "
+                          f"(lat {1e3 * rec['latency_s']:8.3f}) busbw {rec['busbw_gbps']:6.1f} "
+                          f"{sp:>6s} wrong {wrong}{pe}"
+                          + (f" ratio {rec['wire_ratio']:.4f} {'C' if compressed else 'N'}"
+                             if "wire_ratio" in rec else ""), flush=True)
             del outs, x
             cupy.get_default_memory_pool().free_all_blocks()
-    if me == 0:
-        with open(args.out, "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-    bad = sum(1 for r in records if not r["exact"] and r["variant"] != "nccl")
-    for c in comms.values():
-        c.close()
+
+    # -- pipeline chunk sweep ------------------------------------------------------------------
+    sweep = [s.split(":") for s in args.chunk_sweep.split(",") if s]
+    c = comms.get("always") or any_comm
+    default_chunk = c.chunk
+    for op, mib in sweep:
+        size = int(float(mib) * MiB)
+        n = size // 2
+        if op == "all_reduce" or not in_budget():
+            continue
+        x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=2000 + me)
+        make_out, run_native, run_z = case(op, x, n)
+        ref = make_out()
+        t_nccl = b2b(lambda ref=ref, f=run_native: f(ref))
+        for cm in [float(s) for s in args.chunks_mib.split(",") if s]:
+            if not in_budget():
+                break
+            c.chunk = 0 if cm == 0 else max(4096, int(cm * MiB) // 2 // 4096 * 4096)
+            saved = c.policy
+            c.policy = Policy("always")
+            out = make_out()
+            t = b2b(lambda out=out, f=run_z: f(c, out))
+            c.policy = saved
+            if op == "reduce_scatter":
+                expected = stated_reduction(cupy, native, engine, stream, op, x, p, me, n)
+            else:
+                expected = ref
+            stream.synchronize()
+            wrong = world.allreduce(int(cupy.count_nonzero(out != expected)))
+            emit({"bench": "collectives_chunks", "op": op, "variant": "always",
+                  "per_rank_bytes": size, "chunk_bytes": 2 * c.chunk, "time_s": t,
+                  "nccl_time_s": t_nccl, "speedup_vs_nccl": t_nccl / t, "wrong_elements": wrong,
+                  "exact": wrong == 0, "config": {"warmup": args.warmup, "iters": args.iters,
+                                                  "env": LINKS[args.link]}})
+            bad += int(wrong != 0)
+            if me == 0:
+                print(f"{args.link:6s} chunks {op:14s} {size / MiB:6.0f} MiB chunk {cm:6.0f} MiB "
+                      f"{1e3 * t:9.3f} ms  {t_nccl / t:.3f}x  wrong {wrong}", flush=True)
+        c.chunk = default_chunk
+        del x, ref
+        cupy.get_default_memory_pool().free_all_blocks()
+
+    for cc in comms.values():
+        cc.close()
     native.close()
     return 1 if bad else 0
+
+
+def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) -> int:
+    """cProfile of 20 compressed calls on rank 0 (host time: where the fixed cost goes)."""
+    import cProfile
+    import pstats
+
+    op, mib = args.profile.split(":")
+    n = int(float(mib) * MiB) // 2
+    x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
+    make_out, _, run_z = case(op, x, n)
+    out, c = make_out(), comms.get("always") or next(iter(comms.values()))
+    for _ in range(3):
+        run_z(c, out)
+    stream.synchronize()
+    world.Barrier()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    if me == 0:
+        prof.enable()
+    for _ in range(20):
+        run_z(c, out)
+    stream.synchronize()
+    prof.disable()
+    t = (time.perf_counter() - t0) / 20
+    if me == 0:
+        print(f"profile {op} {mib} MiB: {1e3 * t:.3f} ms per call (host wall time)")
+        st = pstats.Stats(prof)
+        st.sort_stats("cumulative").print_stats(45)
+        st.sort_stats("tottime").print_stats(25)
+    return 0
 
 
 def stated_reduction(cupy, native, engine, stream, op, x, p, me, m):

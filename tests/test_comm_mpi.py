@@ -6,6 +6,7 @@ ranks on a two-core machine oversubscribe it, so the sizes there stay small.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -65,3 +66,55 @@ def test_demo_is_bit_exact(ranks):
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert "bit-exact: yes" in r.stdout
     assert "all-MiniLM-L6-v2" in r.stdout or "generated" in r.stdout
+
+
+def run_with_fake_cupy(n: int, args: list[str], sim: bool = False) -> subprocess.CompletedProcess:
+    """``tests/mpi/with_fake_cupy.py`` on n ranks: GPU code paths with CuPy / NCCL stood in for."""
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT / "tests" / "mpi"),
+                                         env["PYTHONPATH"]])
+    if sim:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    cmd = [mpiexec(), "-n", str(n), sys.executable, str(ROOT / "tests" / "mpi" / "with_fake_cupy.py"),
+           *args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT / "tests", env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"did not finish in {TIMEOUT_S} s (a hang?):\n{(e.stdout or b'')[-4000:]!r}")
+
+
+@pytest.mark.mpi
+def test_device_path_with_stand_in_cupy():
+    """The GPU collectives' tests on 2 ranks with CuPy and NCCL stood in for (CPU codec)."""
+    r = run_with_fake_cupy(2, ["--host-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                               "ignore::RuntimeWarning", "mpi/mpi_collectives_gpu.py", "-k", "not torch"])
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.mpi
+def test_bench_collectives_runs_through(tmp_path):
+    """experiments/bench_collectives.py end to end on stand-ins: records written, all exact."""
+    out = tmp_path / "bench.jsonl"
+    r = run_with_fake_cupy(2, ["--host-codec", str(ROOT / "experiments" / "bench_collectives.py"),
+                               "--link", "shm", "--sizes-mib", "0.0625,0.25", "--chunk-mib", "0.03125",
+                               "--iters", "2", "--lat-iters", "1", "--warmup", "1", "--out", str(out),
+                               "--chunk-sweep", "all_to_all:0.25", "--chunks-mib", "0.0625,0"])
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    main = [x for x in recs if x["bench"] == "collectives"]
+    assert len(main) == 4 * 2 * 3 and all(x["exact"] for x in recs if "exact" in x)
+    assert all("predicted_s" in x and x["predicted_s"] > 0 for x in main)
+    assert sum(x["bench"] == "collectives_chunks" for x in recs) == 2
+    assert sum(x["bench"] == "collectives_calibration" for x in recs) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_device_engine_in_the_simulator():
+    """DeviceEngine with the GPU codec's kernels in Numba's simulator, pipelined and two-phase."""
+    r = run_with_fake_cupy(2, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                               "ignore::RuntimeWarning", "mpi/mpi_device_sim.py"], sim=True)
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout

@@ -1,0 +1,315 @@
+"""A NumPy stand-in for the CuPy calls zipccl's device engine makes, for tests without a GPU.
+
+With ``NUMBA_ENABLE_CUDASIM=1`` the GPU codec's kernels run in Numba's simulator
+on host memory; this module lets the rest of the device path run there too:
+``DeviceEngine`` (workspaces, pinned length slots, streams, events, the reduction
+kernel), the pipelined exchange's stream and event hooks and the host-staged MPI
+transport. ``install()`` puts it in ``sys.modules["cupy"]``.
+
+It is *not* CuPy: one "device" (host memory), every operation runs at once, streams
+and events only check that they are used as CuPy's are (an event waited on or
+synchronised must have been recorded). What it catches is the logic of the device
+path (offsets, slots, which buffer goes where, the order of hooks), not CUDA timing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import sys
+import time
+import types
+
+import numpy as np
+
+uint8, uint16, uint32, int16, int64, float32 = (np.uint8, np.uint16, np.uint32, np.int16, np.int64,
+                                                np.float32)
+_ptrs = itertools.count(0x1000, 0x10)
+
+
+class _Pointer:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class ndarray(np.ndarray):
+    """Host memory that says it is a device array."""
+
+    @property
+    def data(self):  # CuPy: a MemoryPointer with .ptr
+        return _Pointer(self.__array_interface__["data"][0])
+
+    @property
+    def __cuda_array_interface__(self):
+        ai = self.__array_interface__
+        return {"shape": ai["shape"], "typestr": ai["typestr"], "data": ai["data"],
+                "strides": ai["strides"], "version": 3}
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        _check_stream(stream)
+        if out is None:
+            return np.array(self.view(np.ndarray), order=order)
+        if out.shape != self.shape or out.dtype != self.dtype:
+            raise ValueError(f"get(out=): shape/dtype {out.shape} {out.dtype} != {self.shape} {self.dtype}")
+        out[...] = self.view(np.ndarray)
+        return out
+
+    def set(self, arr, stream=None):
+        _check_stream(stream)
+        arr = np.asarray(arr)
+        if arr.shape != self.shape:
+            raise ValueError(f"set(): shape {arr.shape} != {self.shape}")
+        self.view(np.ndarray)[...] = arr
+
+
+def _wrap(a: np.ndarray) -> ndarray:
+    return a.view(ndarray)
+
+
+def zeros(shape, dtype=float):
+    return _wrap(np.zeros(shape, dtype=dtype))
+
+
+def empty(shape, dtype=float):
+    return _wrap(np.full(shape, 0x5A, dtype=dtype))  # not zeros: code must not rely on them
+
+
+def full(shape, value, dtype=float):
+    return _wrap(np.full(shape, value, dtype=dtype))
+
+
+def asarray(x):
+    if isinstance(x, ndarray):
+        return x
+    return _wrap(np.array(x, order="C"))  # host data is copied "to the device", as CuPy does
+
+
+def asnumpy(x, stream=None):
+    _check_stream(stream)
+    return np.array(np.asarray(x))
+
+
+def count_nonzero(x):
+    return int(np.count_nonzero(np.asarray(x)))
+
+
+def get_default_memory_pool():
+    return types.SimpleNamespace(free_all_blocks=lambda: None)
+
+
+# -- streams and events ------------------------------------------------------------------------
+
+class Stream:
+    """A stream handle with CuPy's methods; the work it names has already run."""
+
+    def __init__(self, non_blocking: bool = False, ptr: int | None = None):
+        self.ptr = next(_ptrs) if ptr is None else int(ptr)
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event needs an Event, got {type(event).__name__}")
+        if not event.recorded:
+            raise RuntimeError("waiting on an event that was never recorded")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def ExternalStream(ptr):  # noqa: N802 -- CuPy's name
+    return Stream(ptr=ptr)
+
+
+_CURRENT = Stream(ptr=0)
+
+
+def get_current_stream():
+    return _CURRENT
+
+
+def _check_stream(stream) -> None:
+    if stream is not None and not isinstance(stream, Stream):
+        raise TypeError(f"stream must be a Stream, got {type(stream).__name__}")
+
+
+class Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
+        self.recorded = False
+        self.t = 0.0
+
+    def record(self, stream=None) -> None:
+        _check_stream(stream)
+        self.recorded = True
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("synchronising an event that was never recorded")
+
+
+def alloc_pinned_memory(nbytes: int):
+    return bytearray(int(nbytes))
+
+
+class _Runtime:
+    CUDARuntimeError = RuntimeError
+
+    @staticmethod
+    def getDevice():  # noqa: N802
+        return 0
+
+    @staticmethod
+    def getDeviceCount():  # noqa: N802
+        return 1
+
+    @staticmethod
+    def getDeviceProperties(i):  # noqa: N802
+        return {"name": b"simulated device"}
+
+
+class Device:
+    def __init__(self, i: int = 0):
+        self.id = i
+
+    def use(self) -> None:
+        pass
+
+
+# -- the one elementwise kernel zipccl defines ------------------------------------------------
+
+class ElementwiseKernel:
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str):
+        if name != "zipccl_reduce_sum_bf16":
+            raise NotImplementedError(f"fake_cupy knows only zipccl's reduction, not {name}")
+
+    def __call__(self, stack, p, m, out):
+        from zipccl.comm.collectives import reduce_sum_bf16
+
+        p, m, k = int(p), int(m), out.size
+        flat = np.asarray(stack).reshape(-1)
+        rows = np.stack([flat[r * m:r * m + k] for r in range(p)])
+        res = np.zeros(k, dtype=np.uint16)
+        reduce_sum_bf16(rows, res)
+        np.asarray(out)[...] = res
+
+
+def get_elapsed_time(start: Event, end: Event) -> float:
+    """Milliseconds between two recorded events (host time here)."""
+    return 1e3 * (end.t - start.t)
+
+
+class _RandomState:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def standard_normal(self, n: int, dtype=np.float64):
+        return _wrap(self.rng.standard_normal(n).astype(dtype))
+
+
+random = types.SimpleNamespace(RandomState=_RandomState)
+__version__ = "fake"
+
+
+# -- NCCL over MPI (byte movement only; reductions use zipccl's stated BF16 sum) ---------------
+
+def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))[:nbytes]
+
+
+class _Nccl(types.ModuleType):
+    NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
+    NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16 = 6, 7, 8, 9
+    NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN = 0, 1, 2, 3
+    _ITEM = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
+    _group: list | None = None
+
+    def __init__(self):
+        super().__init__("cupy.cuda.nccl")
+        self.NcclCommunicator = _make_nccl_comm(self)
+
+    @staticmethod
+    def get_version():
+        return 22809
+
+    @staticmethod
+    def get_unique_id():
+        return (0,)
+
+    def groupStart(self):  # noqa: N802
+        self._group = []
+
+    def groupEnd(self):  # noqa: N802
+        ops, self._group = self._group, None
+        reqs = []
+        for kind, comm, buf, peer in ops:
+            reqs.append(comm.Isend(buf, dest=peer, tag=7) if kind == "send"
+                        else comm.Irecv(buf, source=peer, tag=7))
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(reqs)
+
+
+def _make_nccl_comm(nccl: _Nccl):
+    class NcclCommunicator:
+        def __init__(self, size: int, uid, rank: int):
+            from mpi4py import MPI
+
+            self.comm = MPI.COMM_WORLD.Dup()  # a test stand-in: the ranks are the world's
+            assert self.comm.Get_size() == size and self.comm.Get_rank() == rank
+
+        def allGather(self, send, recv, count, dtype, stream):  # noqa: N802
+            n = count * nccl._ITEM[dtype]
+            self.comm.Allgather(_bytes_at(send, n).copy(), _bytes_at(recv, n * self.comm.Get_size()))
+
+        def _reduced(self, send, count, dtype):
+            if dtype != nccl.NCCL_BFLOAT16:
+                raise NotImplementedError("fake NCCL reduces BF16 only")
+            from zipccl.comm.collectives import reduce_sum_bf16
+
+            p = self.comm.Get_size()
+            mine = _bytes_at(send, 2 * count).copy()
+            allb = np.empty(p * 2 * count, np.uint8)
+            self.comm.Allgather(mine, allb)
+            out = np.empty(count, np.uint16)
+            reduce_sum_bf16(allb.view(np.uint16).reshape(p, count), out)
+            return out
+
+        def allReduce(self, send, recv, count, dtype, op, stream):  # noqa: N802
+            _bytes_at(recv, 2 * count)[...] = self._reduced(send, count, dtype).view(np.uint8)
+
+        def reduceScatter(self, send, recv, count, dtype, op, stream):  # noqa: N802
+            p, me = self.comm.Get_size(), self.comm.Get_rank()
+            full = self._reduced(send, p * count, dtype)
+            _bytes_at(recv, 2 * count)[...] = full[me * count:(me + 1) * count].view(np.uint8)
+
+        def send(self, ptr, count, dtype, peer, stream):
+            nccl._group.append(("send", self.comm, _bytes_at(ptr, count * nccl._ITEM[dtype]).copy(),
+                                peer))
+
+        def recv(self, ptr, count, dtype, peer, stream):
+            nccl._group.append(("recv", self.comm, _bytes_at(ptr, count * nccl._ITEM[dtype]), peer))
+
+        def destroy(self):
+            self.comm.Free()
+
+    return NcclCommunicator
+
+
+def install() -> types.ModuleType:
+    """Make ``import cupy`` return this module (with ``cupy.cuda``)."""
+    mod = sys.modules[__name__]
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.Stream, cuda.ExternalStream, cuda.Event = Stream, ExternalStream, Event
+    cuda.get_current_stream, cuda.alloc_pinned_memory = get_current_stream, alloc_pinned_memory
+    cuda.runtime, cuda.Device, cuda.get_elapsed_time = _Runtime, Device, get_elapsed_time
+    cuda.nccl = _Nccl()
+    mod.cuda = cuda
+    sys.modules["cupy"] = mod
+    sys.modules["cupy.cuda"] = cuda
+    sys.modules["cupy.cuda.nccl"] = cuda.nccl
+    return mod
