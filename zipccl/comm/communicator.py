@@ -46,7 +46,7 @@ from .policy import OPS, Decision, Policy, Profile
 from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream
 
 BACKENDS = ("auto", "nccl", "mpi")
-DEFAULT_CHUNK_BYTES = 32 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
+DEFAULT_CHUNK_BYTES = 64 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
 _BF16_NAMES = ("bfloat16", "bf16")
 
 
