@@ -1,0 +1,377 @@
+"""Kernel version 4 (decode): persistent blocks, codes to exponents by byte permute.
+
+Same contract as the library decoder (``zipccl.kernels.decode``), whose ``decode_finish``
+it reuses unchanged: it accepts exactly the frames the reference accepts, reports the
+same error bits, and never writes outside its output. What changed against v3:
+
+* **Persistent blocks** taking tiles (one escape block of 4096 values) from the ticket
+  counter; the tables are built once per block, the next tile's escape count is
+  published for the look-back as soon as its ticket is drawn, and its loads go out
+  before the current tile patches its escapes.
+* **Byte loads of the code planes**: lane j of a round needs plane byte j of the round's
+  32 (values 8j..8j+7), so each plane is one 32-byte warp load; no shuffles.
+* **Codes to exponents without a table lookup per value.** A 256-entry shared table
+  spreads a plane byte's bit i to bit 4i; three lookups and two multiply-adds give the
+  lane's 8 codes as nibbles (nibble i = code of value i, 0..7). A byte permute whose
+  source is the codebook itself (byte 0 = 0 for the escape, bytes 1..7 = the 7
+  exponents) and whose selector is that nibble word returns 4 exponent bytes at once:
+  the codebook lookup of 4 values in one instruction, for any codebook.
+* **Values assembled 4 at a time**: high bytes = sign | exponent >> 1, low bytes =
+  exponent bit 0 | mantissa, each one shift and one LOP3 for 4 values, then two byte
+  permutes interleave them into 4 BF16 values; one 16-byte store per 8 values.
+* Escaped values are stored with exponent 0 and rewritten once the look-back has
+  resolved (a 2-byte store by the same thread: program order makes it the last write).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+from v4_util import dev, popc32, prmt, shfl_idx_u32, shfl_up_u32, sm_count
+
+from zipccl import format as fmt
+from zipccl.kernels import compat
+from zipccl.kernels import decode as lib
+from zipccl.kernels._common import (
+    ERR_COUNTS,
+    ERR_ESCAPE_RANGE,
+    ERR_HEADER,
+    ERR_TOTAL,
+    STATUS_AGG,
+    STATUS_INC,
+    TPB,
+    WS_CSUM,
+    WS_EPOCH,
+    WS_ERR,
+    WS_TICKET,
+    byte_checksum,
+    lookback,
+    publish,
+    warp_sum,
+)
+from zipccl.kernels.compat import load16, store16, u32, wrap64
+
+U64 = np.uint64
+HDR8 = fmt.HEADER_SIZE // 8
+BLOCKS_PER_SM = 8
+
+
+@dev
+def _spread_entry(p):
+    """Bit i of the byte p moved to bit 4i."""
+    s = u32(0)
+    for i in range(8):
+        s = u32(s | u32(u32(u32(p >> i) & 1) << (4 * i)))
+    return s
+
+
+@dev
+def _load_round(f8, f64, u, n, planes_off, stride, pwords):
+    """(sign-mantissa bytes 0-3, 4-7, plane bytes p0, p1, p2, valid mask) of the 8 values
+    starting at 8u. Bytes outside the data (tail tile only) read as 0."""
+    e = 8 * u
+    if e + 8 <= n:
+        sm = f64[U64(HDR8 + u)]
+        q = planes_off + u
+        return (u32(sm), u32(sm >> 32), u32(f8[U64(q)]), u32(f8[U64(q + stride)]),
+                u32(f8[U64(q + 2 * stride)]), u32(0xFF))
+    sm0 = u32(0)
+    sm1 = u32(0)
+    vm = u32(0)
+    if e < n:
+        sm = f64[U64(HDR8 + u)]
+        sm0 = u32(sm)
+        sm1 = u32(sm >> 32)
+        vm = u32((np.int64(1) << (n - e)) - 1)
+    p0 = u32(0)
+    p1 = u32(0)
+    p2 = u32(0)
+    if u < 4 * pwords:
+        q = planes_off + u
+        p0 = u32(f8[U64(q)])
+        p1 = u32(f8[U64(q + stride)])
+        p2 = u32(f8[U64(q + 2 * stride)])
+    return sm0, sm1, p0, p1, p2, vm
+
+
+@dev
+def _load_tile(f8, f64, tile, warp, lane, n, planes_off, stride, pwords):
+    g = tile * 512 + warp * 128 + lane
+    a = _load_round(f8, f64, g, n, planes_off, stride, pwords)
+    b = _load_round(f8, f64, g + 32, n, planes_off, stride, pwords)
+    c = _load_round(f8, f64, g + 64, n, planes_off, stride, pwords)
+    d = _load_round(f8, f64, g + 96, n, planes_off, stride, pwords)
+    return a, b, c, d
+
+
+@dev
+def _four(sm, ex):
+    """4 BF16 values (2 words) from 4 sign-mantissa bytes and 4 exponent bytes."""
+    hib = u32(u32(sm & 0x80808080) | u32(u32(ex >> 1) & 0x7F7F7F7F))
+    lob = u32(u32(u32(ex << 7) & 0x80808080) | u32(sm & 0x7F7F7F7F))
+    return prmt(lob, hib, 0x5140), prmt(lob, hib, 0x7362)
+
+
+@dev
+def _decode_round(rd, spread, cba, cbb):
+    """(4 output words, escape mask) of one round's loaded bytes ``rd``."""
+    sm0, sm1, p0, p1, p2, vm = rd
+    nib = u32(spread[p0] + u32(spread[p1] << 1) + u32(spread[p2] << 2))
+    o0, o1 = _four(sm0, prmt(cba, cbb, nib))
+    o2, o3 = _four(sm1, prmt(cba, cbb, u32(nib >> 16)))
+    esc = u32(u32(~u32(p0 | p1 | p2)) & vm)
+    return o0, o1, o2, o3, esc
+
+
+@dev
+def _round_cs(rd, u, planes_off, stride, pwords):
+    """Payload checksum part of one round's sign-mantissa word and plane bytes."""
+    sm0, sm1, p0, p1, p2, vm = rd
+    cs = np.int64(0)
+    if vm != 0:
+        i = 2 * u
+        cs = wrap64(np.int64(sm0) * (2 * i + 1) + np.int64(sm1) * (2 * i + 3))
+    if u < 4 * pwords:
+        q = planes_off + u - fmt.HEADER_SIZE
+        cs = wrap64(cs + byte_checksum(np.int64(p0), q) + byte_checksum(np.int64(p1), q + stride)
+                    + byte_checksum(np.int64(p2), q + 2 * stride))
+    return cs
+
+
+@dev
+def _store_round(out32, out16, u, vm, o0, o1, o2, o3):
+    if vm == 0xFF:
+        store16(out32, u, o0, o1, o2, o3)
+    else:
+        lib._store(out32, out16, 8 * u, np.int64(vm), o0, o1, o2, o3)
+
+
+@dev
+def _field(x, r):
+    return u32(u32(x >> (8 * r)) & 0xFF)
+
+
+@dev
+def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
+    """Thread 0 only: publish ``tile``'s stored escape count (clamped) for the look-back."""
+    if tile < n_blocks:
+        craw = np.int64(f32[(counts_off >> 2) + tile])
+        lim = n - tile * fmt.BLOCK
+        if lim > fmt.BLOCK:
+            lim = fmt.BLOCK
+        cnt = craw
+        if cnt > lim:
+            cnt = lim
+            cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
+        smem[7] = cnt
+        smem[8] = craw
+        if tile == 0:
+            publish(ws, tile, epoch, STATUS_INC, cnt)
+        else:
+            publish(ws, tile, epoch, STATUS_AGG, cnt)
+
+
+@cuda.jit(launch_bounds=(TPB, BLOCKS_PER_SM)) if not compat.SIMULATOR else cuda.jit
+def decode_tiles_v4(f8, f32, f64, out32, out16, ws, lay):
+    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
+    n = lay[0]
+    planes_off = lay[2]
+    stride = lay[3]
+    counts_off = lay[4]
+    eo = lay[5]
+    pwords = lay[7]
+    n_blocks = lay[8]
+    spread = cuda.shared.array(256, dtype=np.uint32)
+    smem = cuda.shared.array(16, dtype=np.int64)
+    tid = np.int64(cuda.threadIdx.x)
+    lane = tid & 31
+    warp = tid >> 5
+    spread[tid] = _spread_entry(tid)
+    spread[tid + TPB] = _spread_entry(tid + TPB)
+    if tid == 0:
+        tile = cuda.atomic.add(ws, WS_TICKET, 1)
+        epoch = ws[WS_EPOCH]
+        ok, raw, nesc, has_cs = lib.header_ok(f64, f8.shape[0], lay)
+        smem[0] = tile
+        smem[1] = epoch
+        smem[2] = 1 if ok else 0
+        smem[3] = raw
+        smem[4] = nesc
+        smem[5] = has_cs
+        smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
+        if not ok:
+            if tile == 0:
+                cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
+        elif raw == 0:
+            _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem)
+    cuda.syncthreads()
+    if smem[2] == 0:
+        return
+    tile = smem[0]
+    epoch = smem[1]
+    nesc = smem[4]
+    do_cs = smem[5] != 0
+    cs = np.int64(0)
+    if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
+        while tile < n_blocks:
+            g = tile * 512 + tid
+            for _ in range(4):
+                e = 8 * g
+                if e + 8 <= n:
+                    v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
+                    store16(out32, g, v0, v1, v2, v3)
+                    if do_cs:
+                        i = 4 * g
+                        cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
+                                    + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
+                elif e < n:
+                    for k in range(8):
+                        if e + k < n:
+                            q = 2 * (e + k)
+                            lo = np.int64(f8[fmt.HEADER_SIZE + q])
+                            hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
+                            out16[e + k] = lo | (hi << 8)
+                            if do_cs:
+                                cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
+                g += TPB
+            cuda.syncthreads()  # everyone has read this ticket
+            if tid == 0:
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cuda.syncthreads()
+            tile = smem[0]
+        if do_cs:
+            cs = warp_sum(cs)
+            if lane == 0:
+                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+        return
+
+    cb64 = smem[6]
+    cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
+    cbb = u32(cb64 >> 24)  # entries 3-6
+    err = np.int64(0)
+    ra, rb, rc, rd = _load_tile(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off,
+                                stride, pwords)
+    while tile < n_blocks:
+        cnt = smem[7]
+        craw = smem[8]
+        g = tile * 512 + warp * 128 + lane
+        a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
+        b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
+        c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
+        d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
+        _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
+        _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
+        _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
+        _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
+        if do_cs:
+            cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
+                        + _round_cs(rb, g + 32, planes_off, stride, pwords)
+                        + _round_cs(rc, g + 64, planes_off, stride, pwords)
+                        + _round_cs(rd, g + 96, planes_off, stride, pwords))
+        escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
+        cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
+                   | u32(popc32(esc3) << 24))
+        ex = shfl_up_u32(cntp, 1)
+        if lane == 0:
+            ex = u32(0)
+        y = shfl_up_u32(ex, 1)
+        if lane >= 1:
+            ex = u32(ex + y)
+        y = shfl_up_u32(ex, 2)
+        if lane >= 2:
+            ex = u32(ex + y)
+        y = shfl_up_u32(ex, 4)
+        if lane >= 4:
+            ex = u32(ex + y)
+        y = shfl_up_u32(ex, 8)
+        if lane >= 8:
+            ex = u32(ex + y)
+        y = shfl_up_u32(ex, 16)
+        if lane >= 16:
+            ex = u32(ex + y)
+        tex = shfl_idx_u32(ex, 31)
+        tcn = shfl_idx_u32(cntp, 31)
+        w0t = u32(_field(tex, 0) + _field(tcn, 0))
+        w1t = u32(_field(tex, 1) + _field(tcn, 1))
+        w2t = u32(_field(tex, 2) + _field(tcn, 2))
+        w3t = u32(_field(tex, 3) + _field(tcn, 3))
+        if lane == 0:
+            smem[9 + warp] = np.int64(w0t + w1t + w2t + w3t)
+        cuda.syncthreads()  # A: warp totals
+        woff = np.int64(0)
+        btot = np.int64(0)
+        for w in range(4):
+            v = smem[9 + w]
+            if w < warp:
+                woff += v
+            btot += v
+        if warp == 0:
+            prefix = np.int64(0)
+            if tile > 0:
+                prefix = lookback(ws, tile, epoch, lane)
+                if lane == 0:
+                    publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
+            if lane == 0:
+                smem[13] = prefix
+                if btot != craw:
+                    err |= ERR_COUNTS
+                if tile == n_blocks - 1 and prefix + cnt != nesc:
+                    err |= ERR_TOTAL
+                if do_cs:
+                    cs = wrap64(cs + craw * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                nxt = cuda.atomic.add(ws, WS_TICKET, 1)
+                smem[0] = nxt
+                _take_tile(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem)
+        cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
+        prefix = smem[13]
+        nxt = smem[0]
+        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
+            ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
+        if escm != 0:
+            rb0 = prefix + woff + np.int64(_field(ex, 0))
+            rb1 = prefix + woff + np.int64(w0t + _field(ex, 1))
+            rb2 = prefix + woff + np.int64(w0t + w1t + _field(ex, 2))
+            rb3 = prefix + woff + np.int64(w0t + w1t + w2t + _field(ex, 3))
+            m = escm
+            while m != 0:
+                low = u32(m & u32(u32(~m) + 1))
+                m = u32(m ^ low)
+                bit = popc32(u32(low - 1))  # 8r + s
+                r = u32(bit >> 3)
+                pos = rb0
+                if r == 1:
+                    pos = rb1
+                elif r == 2:
+                    pos = rb2
+                elif r == 3:
+                    pos = rb3
+                pos += np.int64(popc32(u32(u32(escm & u32(low - 1)) & u32(u32(0xFF) << u32(8 * r)))))
+                b = np.int64(0)
+                if pos >= 0 and pos < nesc:
+                    b = np.int64(f8[U64(eo + pos)])
+                    if do_cs:
+                        cs = wrap64(cs + byte_checksum(b, eo + pos - fmt.HEADER_SIZE))
+                else:
+                    err |= ERR_ESCAPE_RANGE
+                e = 8 * g + 256 * np.int64(r) + np.int64(bit & 7)
+                smb = np.int64(f8[U64(fmt.HEADER_SIZE + e)])
+                out16[e] = ((smb & 0x80) << 8) | (b << 7) | (smb & 0x7F)
+        tile = nxt
+    if err != 0:
+        cuda.atomic.or_(ws, WS_ERR, err)
+    if do_cs:
+        cs = warp_sum(cs)
+        if lane == 0:
+            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+
+def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream,
+           blocks_per_sm: int = BLOCKS_PER_SM) -> None:
+    """``zipccl.kernels.decode.launch`` with the v4 tile kernel (same arguments)."""
+    from zipccl.kernels.encode import layout_tuple
+
+    lt = layout_tuple(lay)
+    if lay.n_blocks:
+        grid = min(lay.n_blocks, 2 if compat.SIMULATOR else sm_count() * blocks_per_sm)
+        decode_tiles_v4[grid, TPB, stream](f8, f32, f64, out32, out16, ws, lt)
+    lib.decode_finish[1, TPB, stream](f8, f32, f64, ws, lt, crc_zero, crc_tab)
