@@ -96,7 +96,27 @@ def _load_round(f8, f64, u, n, planes_off, stride, pwords):
 
 @dev
 def _load_tile(f8, f64, tile, warp, lane, n, planes_off, stride, pwords):
+    """The lane's bytes of a tile: 4 rounds of ``_load_round`` results. Full tiles load from
+    one base index per section with constant offsets per round."""
     g = tile * 512 + warp * 128 + lane
+    if (tile + 1) * fmt.BLOCK <= n:
+        m = u32(0xFF)
+        b = U64(HDR8 + g)
+        sa = f64[b]
+        sb = f64[b + U64(32)]
+        sc = f64[b + U64(64)]
+        sd = f64[b + U64(96)]
+        b0 = U64(planes_off + g)
+        b1 = U64(planes_off + stride + g)
+        b2 = U64(planes_off + 2 * stride + g)
+        a = (u32(sa), u32(sa >> 32), u32(f8[b0]), u32(f8[b1]), u32(f8[b2]), m)
+        b = (u32(sb), u32(sb >> 32), u32(f8[b0 + U64(32)]), u32(f8[b1 + U64(32)]),
+             u32(f8[b2 + U64(32)]), m)
+        c = (u32(sc), u32(sc >> 32), u32(f8[b0 + U64(64)]), u32(f8[b1 + U64(64)]),
+             u32(f8[b2 + U64(64)]), m)
+        d = (u32(sd), u32(sd >> 32), u32(f8[b0 + U64(96)]), u32(f8[b1 + U64(96)]),
+             u32(f8[b2 + U64(96)]), m)
+        return a, b, c, d
     a = _load_round(f8, f64, g, n, planes_off, stride, pwords)
     b = _load_round(f8, f64, g + 32, n, planes_off, stride, pwords)
     c = _load_round(f8, f64, g + 64, n, planes_off, stride, pwords)
@@ -259,10 +279,16 @@ def decode_tiles_v4(f8, f32, f64, out32, out16, ws, lay):
         b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
         c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
         d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
-        _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
-        _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
-        _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
-        _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
+        if ra[5] == 0xFF and rd[5] == 0xFF:
+            store16(out32, g, a0, a1, a2, a3)
+            store16(out32, g + 32, b0, b1, b2, b3)
+            store16(out32, g + 64, c0, c1, c2, c3)
+            store16(out32, g + 96, d0, d1, d2, d3)
+        else:
+            _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
+            _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
+            _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
+            _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
         if do_cs:
             cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
                         + _round_cs(rb, g + 32, planes_off, stride, pwords)
@@ -328,34 +354,38 @@ def decode_tiles_v4(f8, f32, f64, out32, out16, ws, lay):
         if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
             ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
         if escm != 0:
-            rb0 = prefix + woff + np.int64(_field(ex, 0))
-            rb1 = prefix + woff + np.int64(w0t + _field(ex, 1))
-            rb2 = prefix + woff + np.int64(w0t + w1t + _field(ex, 2))
-            rb3 = prefix + woff + np.int64(w0t + w1t + w2t + _field(ex, 3))
+            # rank of escape bit 8r + s = ranks[r] + (escapes below it in this lane)
+            base = prefix + woff
+            k0 = base + np.int64(_field(ex, 0))
+            k1 = base + np.int64(u32(u32(w0t + _field(ex, 1)) - popc32(u32(escm & 0xFF))))
+            k2 = base + np.int64(u32(u32(w0t + w1t + _field(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + _field(ex, 3))
+                                     - popc32(u32(escm & 0xFFFFFF))))
+            e0 = 8 * g
             m = escm
             while m != 0:
                 low = u32(m & u32(u32(~m) + 1))
                 m = u32(m ^ low)
-                bit = popc32(u32(low - 1))  # 8r + s
+                bit = popc32(u32(low - 1))  # 8r + s: value s of round r
                 r = u32(bit >> 3)
-                pos = rb0
+                e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
+                smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
+                pos = k0
                 if r == 1:
-                    pos = rb1
+                    pos = k1
                 elif r == 2:
-                    pos = rb2
+                    pos = k2
                 elif r == 3:
-                    pos = rb3
-                pos += np.int64(popc32(u32(u32(escm & u32(low - 1)) & u32(u32(0xFF) << u32(8 * r)))))
-                b = np.int64(0)
+                    pos = k3
+                pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                x = u32(0)
                 if pos >= 0 and pos < nesc:
-                    b = np.int64(f8[U64(eo + pos)])
+                    x = u32(f8[U64(eo + pos)])
                     if do_cs:
-                        cs = wrap64(cs + byte_checksum(b, eo + pos - fmt.HEADER_SIZE))
+                        cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
                 else:
                     err |= ERR_ESCAPE_RANGE
-                e = 8 * g + 256 * np.int64(r) + np.int64(bit & 7)
-                smb = np.int64(f8[U64(fmt.HEADER_SIZE + e)])
-                out16[e] = ((smb & 0x80) << 8) | (b << 7) | (smb & 0x7F)
+                out16[U64(e)] = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
         tile = nxt
     if err != 0:
         cuda.atomic.or_(ws, WS_ERR, err)

@@ -117,33 +117,58 @@ def _load_tile(x32, x16, n, tile, warp, lane):
 
 
 @dev
-def _store_round(out8, out64, acc, sm0, sm1, vm, g, r, planes_off, stride, pwords, do_cs):
-    """Store one round's 8 sign-mantissa bytes and 3 plane bytes; return the checksum part.
+def _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1, r0, r1,
+                q0, q1):
+    """Store a full tile's sign-mantissa words and plane bytes (lane's 16-byte unit g of round 0;
+    round r is 32 units further). One base index per section, constant offsets per round."""
+    b = U64(HDR8 + g)
+    out64[b] = np.int64(s0) | (np.int64(s1) << 32)
+    out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
+    out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
+    out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
+    b = U64(planes_off + g)
+    out8[b] = acc0
+    out8[b + U64(32)] = acc1
+    out8[b + U64(64)] = acc2
+    out8[b + U64(96)] = acc3
+    b = U64(planes_off + stride + g)
+    out8[b] = u32(acc0 >> 8)
+    out8[b + U64(32)] = u32(acc1 >> 8)
+    out8[b + U64(64)] = u32(acc2 >> 8)
+    out8[b + U64(96)] = u32(acc3 >> 8)
+    b = U64(planes_off + 2 * stride + g)
+    out8[b] = u32(acc0 >> 16)
+    out8[b + U64(32)] = u32(acc1 >> 16)
+    out8[b + U64(64)] = u32(acc2 >> 16)
+    out8[b + U64(96)] = u32(acc3 >> 16)
 
-    g is the lane's 16-byte unit of round 0, so the round's values start at 8(g + 32r).
-    Full rounds (vm == 0xFF) store everything; in the tail tile the sign-mantissa word is
-    stored while a value of it is < n and a plane byte while it lies inside the plane's
-    words (its bits past n are 0).
-    """
-    cs = np.int64(0)
-    u = g + 32 * r
+
+@dev
+def _store_round(out8, out64, acc, sm0, sm1, vm, u, planes_off, stride, pwords):
+    """Tail tile: store one round (values from 8u) where it lies inside the frame's sections:
+    the sign-mantissa word while a value of it is < n, a plane byte while it lies inside the
+    plane's words (its bits past n are 0)."""
     if vm != 0:
         out64[U64(HDR8 + u)] = np.int64(sm0) | (np.int64(sm1) << 32)
-        if do_cs:
-            i = 2 * u
-            cs = wrap64(np.int64(sm0) * (2 * i + 1) + np.int64(sm1) * (2 * i + 3))
-    if vm == 0xFF or u < 4 * pwords:
-        p0 = u32(acc & 0xFF)
-        p1 = u32(u32(acc >> 8) & 0xFF)
-        p2 = u32(u32(acc >> 16) & 0xFF)
+    if u < 4 * pwords:
         q = planes_off + u
-        out8[U64(q)] = p0
-        out8[U64(q + stride)] = p1
-        out8[U64(q + 2 * stride)] = p2
-        if do_cs:
-            q = q - fmt.HEADER_SIZE
-            cs = wrap64(cs + byte_checksum(np.int64(p0), q) + byte_checksum(np.int64(p1), q + stride)
-                        + byte_checksum(np.int64(p2), q + 2 * stride))
+        out8[U64(q)] = acc
+        out8[U64(q + stride)] = u32(acc >> 8)
+        out8[U64(q + 2 * stride)] = u32(acc >> 16)
+
+
+@dev
+def _round_cs(acc, sm0, sm1, vm, u, planes_off, stride, pwords):
+    """Payload checksum part of what ``_store_full`` / ``_store_round`` store for one round."""
+    cs = np.int64(0)
+    if vm != 0:
+        i = 2 * u
+        cs = wrap64(np.int64(sm0) * (2 * i + 1) + np.int64(sm1) * (2 * i + 3))
+    if vm == 0xFF or u < 4 * pwords:
+        q = planes_off + u - fmt.HEADER_SIZE
+        cs = wrap64(cs + byte_checksum(np.int64(acc & 0xFF), q)
+                    + byte_checksum(np.int64(u32(acc >> 8) & 0xFF), q + stride)
+                    + byte_checksum(np.int64(u32(acc >> 16) & 0xFF), q + 2 * stride))
     return cs
 
 
@@ -190,11 +215,19 @@ def encode_tiles_v4(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
             acc1 = u32(acc1 & u32(vb * 0x01010101))
             acc2 = u32(acc2 & u32(vc * 0x01010101))
             acc3 = u32(acc3 & u32(vd * 0x01010101))
-        cs += _store_round(out8, out64, acc0, s0, s1, va, g, 0, planes_off, stride, pwords, do_cs)
-        cs += _store_round(out8, out64, acc1, t0, t1, vb, g, 1, planes_off, stride, pwords, do_cs)
-        cs += _store_round(out8, out64, acc2, r0, r1, vc, g, 2, planes_off, stride, pwords, do_cs)
-        cs += _store_round(out8, out64, acc3, q0, q1, vd, g, 3, planes_off, stride, pwords, do_cs)
-        cs = wrap64(cs)
+        if va == 0xFF and vd == 0xFF:
+            _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1,
+                        r0, r1, q0, q1)
+        else:
+            _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
+            _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+            _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+            _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
+        if do_cs:
+            cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
+                        + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                        + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                        + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
 
         # escape mask: bit 8r + s = value s of round r
         escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
@@ -260,30 +293,34 @@ def encode_tiles_v4(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
             (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
              va, vb, vc, vd) = _load_tile(x32, x16, n, nxt, warp, lane)
         if escm != 0:
-            rb0 = eo + prefix + woff + np.int64(_field(ex, 0))
-            rb1 = eo + prefix + woff + np.int64(w0t + _field(ex, 1))
-            rb2 = eo + prefix + woff + np.int64(w0t + w1t + _field(ex, 2))
-            rb3 = eo + prefix + woff + np.int64(w0t + w1t + w2t + _field(ex, 3))
+            # rank of escape bit 8r + s = ranks[r] + (escapes below it in this lane)
+            base = eo + prefix + woff
+            k0 = base + np.int64(_field(ex, 0))
+            k1 = base + np.int64(u32(u32(w0t + _field(ex, 1)) - popc32(u32(escm & 0xFF))))
+            k2 = base + np.int64(u32(u32(w0t + w1t + _field(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + _field(ex, 3))
+                                     - popc32(u32(escm & 0xFFFFFF))))
+            e0 = 8 * g
             m = escm
             while m != 0:
                 low = u32(m & u32(u32(~m) + 1))
                 m = u32(m ^ low)
-                b = popc32(u32(low - 1))  # bit 8r + s
+                b = popc32(u32(low - 1))  # bit 8r + s: value s of round r
                 r = u32(b >> 3)
-                pos = rb0
+                v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + u32(b & 7))))])  # still cached
+                pos = k0
                 if r == 1:
-                    pos = rb1
+                    pos = k1
                 elif r == 2:
-                    pos = rb2
+                    pos = k2
                 elif r == 3:
-                    pos = rb3
-                pos += np.int64(popc32(u32(u32(escm & u32(low - 1)) & u32(u32(0xFF) << u32(8 * r)))))
+                    pos = k3
+                pos += np.int64(popc32(u32(escm & u32(low - 1))))
                 if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
-                    e = 8 * g + 256 * np.int64(r) + np.int64(b & 7)
-                    v = np.int64(u32(u32(x16[e]) >> 7) & 0xFF)
-                    out8[U64(pos)] = v
+                    x = u32(u32(v >> 7) & 0xFF)
+                    out8[U64(pos)] = x
                     if do_cs:
-                        cs = wrap64(cs + byte_checksum(v, pos - fmt.HEADER_SIZE))
+                        cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
         tile = nxt
     if do_cs:
         cs = warp_sum(cs)
