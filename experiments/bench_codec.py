@@ -15,7 +15,12 @@ input bit for bit; then it times, with CUDA events on one non-blocking stream:
   arithmetic throughout);
 * ``v3``: the library kernels (``zipccl.kernels``), without and with checksum
   (``v3-cs``), and recompiled with launch bounds (128 threads, >= 8 blocks per
-  SM: ``v3-lb8``).
+  SM: ``v3-lb8``);
+* ``v4`` / ``v4-cs``: experiments/kernels/v4_*.py (persistent blocks, 32-bit
+  per-value work, byte-wide plane stores and loads, codes to exponents by byte
+  permute), launched directly (no ``gpu.py`` wrapper), checked on the timed
+  buffers first: frames equal to the reference frame, v4 decodes both its own and
+  the library's frames bit for bit.
 
 Two timings per variant: ``graph`` replays a CUDA graph of K calls (device time,
 launch gaps removed) and ``eager`` issues the calls from Python (what a caller
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="BF16 input sizes in MiB")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--modes", nargs="+", choices=["graph", "eager"], default=["graph", "eager"],
+                    help="timings to take (the copy is always timed both ways)")
     ap.add_argument("--variants", nargs="+",
                     default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8"])
     args = ap.parse_args(argv)
@@ -142,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     import v1_per_element as v1
     import v2_int64_decode as v2d
     import v2_int64_encode as v2e
+    import v4_decode as v4d
+    import v4_encode as v4e
     from numba import cuda
 
     from zipccl.codec import cpu, gpu, reference
     from zipccl.kernels import decode, encode, runtime
-    from zipccl.kernels._common import CRC_ZERO, TPB
+    from zipccl.kernels._common import CRC_ZERO, TPB, WS_ERR_STICKY
 
     info = machine_info(cp)
     run_id = time.strftime("%Y%m%dT%H%M%S")
@@ -256,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
             for c in calls[:2]:  # compile and load before any capture
                 c()
             stream.synchronize()
-            g = timer.graph(calls, iters)
-            record(op, variant, "graph", g, ratio=ratio)
-            e, host = timer.eager(calls, iters)
-            record(op, variant, "eager", e, host=host, ratio=ratio)
+            if "graph" in args.modes or op == "copy":
+                g = timer.graph(calls, iters)
+                record(op, variant, "graph", g, ratio=ratio)
+            if "eager" in args.modes or op == "copy":
+                e, host = timer.eager(calls, iters)
+                record(op, variant, "eager", e, host=host, ratio=ratio)
 
         ratio = compression_ratio(flen, nbytes)
         if "copy" in args.variants:
@@ -334,6 +345,56 @@ def main(argv: list[str] | None = None) -> int:
         if "v3-lb8" in args.variants:
             both("encode", "v3-lb8", [(lambda a=a: enc_with(enc_lb8, a)) for a in ev], ratio)
             both("decode", "v3-lb8", [(lambda a=a: dec_with(dec_lb8, a)) for a in dv], ratio)
+        if "v4" in args.variants or "v4-cs" in args.variants:
+            crc_tab = runtime.crc_table()
+
+            def enc4(i, frs, cs):
+                a = (runtime.view(bits[i], (n & ~7) // 2, np.uint32), runtime.view(bits[i], n, np.uint16),
+                     runtime.view(frs[i], lay.raw_size, np.uint8),
+                     runtime.view(frs[i], lay.raw_size // 4, np.uint32),
+                     runtime.view(frs[i], lay.raw_size // 8, np.int64), ws.array)
+                return lambda: v4e.launch(*a, lay, hdr, crc_base, crc_tab, cb64, cs, nstream)
+
+            def dec4(i, frs):
+                a = (runtime.view(frs[i], lay.raw_size, np.uint8),
+                     runtime.view(frs[i], lay.raw_size // 4, np.uint32),
+                     runtime.view(frs[i], lay.raw_size // 8, np.int64),
+                     runtime.view(outs[i], (n & ~7) // 2, np.uint32), runtime.view(outs[i], n, np.uint16),
+                     ws.array)
+                return lambda: v4d.launch(*a, lay, CRC_ZERO, crc_tab, nstream)
+
+            # check first, on the timed buffers: v4 decodes the library's frames, then v4 frames
+            # must equal the reference frame (written over the library's) and decode back
+            for name, frs, cs, ref in (("v4", frames, False, want), ("v4-cs", frames_cs, True, want_cs)):
+                if name not in args.variants:
+                    continue
+                bad = 0
+                for i in range(sets):
+                    outs[i].fill(0)
+                    dec4(i, frs)()
+                    bad += int(cp.count_nonzero(outs[i] != bits[i]))
+                    frs[i].fill(0xAB)
+                    enc4(i, frs, cs)()
+                    outs[i].fill(0)
+                    dec4(i, frs)()
+                    bad += int(cp.count_nonzero(outs[i] != bits[i]))
+                err = int(ws._slots(stream)[WS_ERR_STICKY])  # any decode since the start
+                got = cp.asnumpy(frs[0][:ref.size])
+                if bad or err or not np.array_equal(got, ref):
+                    first = int(np.flatnonzero(got != ref)[0]) if got.size == ref.size and \
+                        not np.array_equal(got, ref) else -1
+                    raise SystemExit(f"{mib} MiB: {name} disagrees: {bad} values decoded wrong, "
+                                     f"error bits {err}, first differing frame byte {first}")
+                print(f"{mib:g} MiB: {name} frames equal the {codec.__name__} frame, "
+                      f"decodes match ({sets} sets)", flush=True)
+            if "v4" in args.variants:
+                both("encode", "v4", [enc4(i, frames, False) for i in range(sets)], ratio)
+                both("decode", "v4", [dec4(i, frames) for i in range(sets)], ratio)
+            if "v4-cs" in args.variants:
+                both("encode", "v4-cs", [enc4(i, frames_cs, True) for i in range(sets)],
+                     compression_ratio(flen_cs, nbytes))
+                both("decode", "v4-cs", [dec4(i, frames_cs) for i in range(sets)],
+                     compression_ratio(flen_cs, nbytes))
         # the timed buffers still hold correct frames and values
         stream.synchronize()
         for i in range(sets):

@@ -5,10 +5,9 @@ use Hopper's byte permute (PRMT) to move whole bytes, which Numba does not expos
 directly. Each helper has one meaning on a GPU and under Numba's CUDA simulator
 (where it is plain Python), like ``zipccl.kernels.compat``.
 
-* ``prmt(a, b, s)``: byte permute. Result byte k is byte ``(s >> 4k) & 7`` of the
-  8-byte value ``b << 32 | a`` (selector nibbles with bit 3 clear only: the
-  sign-replicate mode is never used, so libdevice's ``__nv_byte_perm`` and the
-  simulator agree).
+* ``prmt(a, b, s)``: byte permute (PTX ``prmt.b32``). Result byte k is byte
+  ``(s >> 4k) & 7`` of the 8-byte value ``b << 32 | a``; only selector nibbles with
+  bit 3 clear are used (PTX's sign-replicate mode is not modelled by the simulator).
 * ``shfl_up_u32`` / ``shfl_idx_u32``: warp shuffles of a uint32 (one SHFL each).
 * ``popc32``: population count of a uint32 as a uint32.
 * ``dev``: the device-function decorator; on a GPU it forces inlining so that the
@@ -49,9 +48,27 @@ if compat.SIMULATOR:
 else:
     dev = cuda.jit(device=True, forceinline=True)
 
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _prmt(typingctx, a, b, s):
+        # inline PTX rather than libdevice's __nv_byte_perm, which masks a run-time
+        # selector with 0x7777 first (one more instruction per permute)
+        sig = types.uint32(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32, i32, i32]), "prmt.b32 $0, $1, $2, $3;",
+                               "=r,r,r,r")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
     @cuda.jit(device=True, forceinline=True)
     def prmt(a, b, s):
-        return np.uint32(cuda.libdevice.byte_perm(np.int32(a), np.int32(b), np.int32(s)))
+        return _prmt(np.uint32(a), np.uint32(b), np.uint32(s))
 
     @cuda.jit(device=True, forceinline=True)
     def shfl_up_u32(v, d):
@@ -70,8 +87,7 @@ _SM_COUNT: list[int] = []
 
 
 def sm_count() -> int:
-    """Multiprocessors of the current device (2 under the simulator: enough to exercise
-    the persistent loop's hand-offs between blocks)."""
+    """Multiprocessors of the current device (1 under the simulator)."""
     if compat.SIMULATOR:
         return 1
     if not _SM_COUNT:
