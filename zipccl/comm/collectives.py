@@ -148,8 +148,18 @@ class HostEngine:
     def bits_workspace(self, role: str, n: int) -> np.ndarray:
         return self.workspace(role, 2 * n).view(np.uint16)
 
-    def codebook(self, bits: np.ndarray) -> Codebook:
+    def codebook(self, bits: np.ndarray, fresh: bool = False) -> Codebook:
         return Codebook.from_sample(bits)
+
+    def elapsed(self, call, repeat: int) -> float:
+        """Seconds per call of ``call`` (after one untimed call), ``repeat`` calls in a row."""
+        import time
+
+        call()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            call()
+        return (time.perf_counter() - t0) / repeat
 
     def encode(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook) -> int:
         """Encode ``bits`` into the start of ``out``; returns the frame length."""

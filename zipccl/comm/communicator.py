@@ -108,12 +108,13 @@ def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
             arr = arr.view(np.uint16)
         name = "bfloat16" if bf16 else str(arr.dtype)
         return _Arr(arr, bool(t.is_cuda), bf16, name, torch=True)
-    if hasattr(x, "__cuda_array_interface__"):
+    cupy_mod = sys.modules.get("cupy")
+    if (cupy_mod is not None and type(x) is cupy_mod.ndarray) or hasattr(x, "__cuda_array_interface__"):
         try:
             import cupy
         except ImportError as e:
             raise TypeError(f"{role} is a CUDA array; zipccl needs CuPy to move device arrays") from e
-        arr = cupy.asarray(x)
+        arr = x if type(x) is cupy.ndarray else cupy.asarray(x)
         if not arr.flags.c_contiguous:
             raise ValueError(f"{role} is a non-contiguous device array")
         if arr.data.ptr % max(arr.itemsize, 1):
@@ -336,8 +337,10 @@ class Communicator:
 
         - every op in ``ops`` natively and compressed at each per-rank size in ``sizes``
           (bytes each rank contributes: all-gather's send buffer, reduce-scatter's
-          output, the whole buffer of all-to-all and all-reduce);
-        - the codec alone: encode, decode and reduction throughput, ratio;
+          output, the whole buffer of all-to-all and all-reduce; all-reduce, which works in
+          place, restores its input before each call, on both paths);
+        - the codec alone (fresh codebook, the largest size and a quarter of it, device
+          time): encode, decode and reduction throughput, ratio;
         - the compressed path's fixed costs, per call and per pipeline round, from
           compressed calls on tiny messages in rounds of one escape block.
 
@@ -404,7 +407,14 @@ class Communicator:
             if op == "all_to_all":
                 out = empty(n)
                 return lambda: self.all_to_all(x, out, **kw)
-            return lambda: self.all_reduce(x, **kw)
+            # in place: each call starts again from the same input (sums of sums would drift
+            # out of the codebook); both paths pay the same copy
+            buf = empty(n)
+
+            def call():
+                eng.copy(buf, x)
+                self.all_reduce(buf, **kw)
+            return call
 
         measured: dict[str, dict[str, list[list[float]]]] = {}
         native, round_s, fixed_s = {}, {}, {}
@@ -456,30 +466,37 @@ class Communicator:
         from ..costmodel import fit_alpha_beta
         from .collectives import slot_size
 
-        p = self.size
+        p, MPI = self.size, self._MPI
         top = max(fmt.BLOCK, max(sizes) // 2)
-        n_big = min(self.chunk, top) if self.chunk else top
         pts = {"encode": [], "decode": [], "reduce": []}
         ratio = 1.0
-        for n in (max(fmt.BLOCK, n_big // 8), n_big):
+
+        def device_time(call) -> float:
+            """Seconds per call on the engine's clock (CUDA events on a device), slowest rank."""
+            return self.comm.allreduce(eng.elapsed(call, 3), op=MPI.MAX)
+
+        # the largest calibrated message and a quarter of it: kernels long enough that the
+        # time is the device's, not the launches' (those are in the per-round cost)
+        for n in (max(fmt.BLOCK, top // 4), top):
             x = data(n)
             frame = eng.workspace("calibrate_frame", slot_size(n))
             out = eng.bits_workspace("calibrate_out", n)
-            cb = eng.codebook(x)
+            cb = eng.codebook(x, fresh=True)
             flen = eng.encode(x, frame, cb)
             if flen is None:  # device codec: the length is in the header
                 flen = eng.read_headers([(frame, 0, slot_size(n))])[0].frame_len
             ratio = flen / (2 * n)
-            pts["encode"].append((2 * n, timed(lambda x=x, f=frame, cb=cb: eng.encode(x, f, cb))))
-            pts["decode"].append((2 * n, timed(lambda f=frame, o=out: eng.decode(f, o, 0))))
+            pts["encode"].append((2 * n, device_time(lambda x=x, f=frame, cb=cb: eng.encode(x, f, cb))))
+            pts["decode"].append((2 * n, device_time(lambda f=frame, o=out: eng.decode(f, o, 0))))
             err = eng.decode_errors()
             if err:
                 raise RuntimeError(f"zipccl calibration: the codec failed its own round trip: {err}")
             stage = empty(p * n)
-            pts["reduce"].append((2 * p * n, timed(lambda s=stage, o=out, n=n: eng.reduce_cols(
+            pts["reduce"].append((2 * p * n, device_time(lambda s=stage, o=out, n=n: eng.reduce_cols(
                 s, p, n, 0, n, o))))
+            del x, stage
             sync()
-        ratio = self.comm.allreduce(ratio, op=self._MPI.MAX)
+        ratio = self.comm.allreduce(ratio, op=MPI.MAX)
         rates = {}
         for name, xs in pts.items():
             try:

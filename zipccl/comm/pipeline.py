@@ -105,15 +105,28 @@ class DeviceEngine:
     def bits_workspace(self, role: str, n: int):
         return self.workspace(role, 2 * n).view(self.cp.uint16)
 
-    def codebook(self, bits) -> Codebook:
+    def elapsed(self, call, repeat: int) -> float:
+        """Seconds per call of the device work ``call`` enqueues on this engine's stream
+        (CUDA events around ``repeat`` calls in a row, after one untimed call)."""
+        call()
+        start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
+        start.record(self._stream)
+        for _ in range(repeat):
+            call()
+        end.record(self._stream)
+        end.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, end) / 1e3 / repeat
+
+    def codebook(self, bits, fresh: bool = False) -> Codebook:
         """``Codebook.from_sample`` of a strided sample copied to the host (a few KiB).
 
         Reading the sample is a synchronisation, so the codebook of a buffer (same
         address and size) is reused for ``CODEBOOK_REFRESH`` calls, as training
         reuses its communication buffers; a stale codebook costs ratio, never bits.
+        ``fresh=True`` samples anew (a buffer may reuse a freed one's address).
         """
         key = (int(bits.data.ptr), int(bits.size))
-        hit = self._codebooks.get(key)
+        hit = None if fresh else self._codebooks.get(key)
         if hit is not None and hit[1] < CODEBOOK_REFRESH:
             hit[1] += 1
             return hit[0]

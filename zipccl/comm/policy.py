@@ -213,8 +213,10 @@ class Policy:
     compress_host: bool = False  # "auto" without a profile: also compress host (NumPy) arrays
     profile: Profile | None = None  # measured components; "auto" follows them where they cover the op
     margin: float = 0.05  # "auto" with a profile: compress only when predicted this much faster
+    _memo: dict = field(init=False, repr=False, compare=False)  # decisions already made
 
     def __post_init__(self):
+        object.__setattr__(self, "_memo", {})  # a pure function of its arguments: remember it
         if self.mode not in MODES:
             raise ValueError(f"policy must be one of {MODES}, got {self.mode!r}")
         if int(self.min_bytes) < 0:
@@ -224,6 +226,17 @@ class Policy:
 
     def decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
         """Compressed or native for one call of ``op`` moving ``nbytes`` per rank."""
+        key = (op, int(nbytes), bool(bf16), bool(device), int(world))
+        d = self._memo.get(key)
+        if d is None:
+            d = self._decide(op, nbytes, bf16=bf16, device=device, world=world)
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            self._memo[key] = d
+        log.debug("%s", d)
+        return d
+
+    def _decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
         if op not in OPS:
             raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
         pred = None
@@ -247,7 +260,6 @@ class Policy:
             d = Decision(op, nbytes, False, f"below the {self.min_bytes:,}-byte threshold")
         else:
             d = Decision(op, nbytes, True, f"at or above the {self.min_bytes:,}-byte threshold")
-        log.debug("%s", d)
         return d
 
     def _from_profile(self, op: str, nbytes: int, pred: Prediction) -> Decision:
