@@ -1,8 +1,9 @@
 """Figure: zipccl's collectives against native NCCL, time and speed-up vs per-rank size.
 
 Reads the records of ``experiments/bench_collectives.py`` (results/collectives.jsonl);
-one column per operation, two rows per link (time, then speed-up over NCCL); where a
-point was measured in several runs, the newest run's record is drawn.
+one column per operation, two rows per link (time, then speed-up over NCCL); each link
+shows its newest run only (runs differ in method). Dotted lines: the times the
+calibrated cost model predicted in that run (native, and compressed for "always").
 Times nothing, imports no CUDA or MPI module.
 
     python fig_collectives.py out/collectives.png ../experiments/results/collectives.jsonl
@@ -35,12 +36,11 @@ def load(paths: list[str]) -> list[dict]:
 
 
 def main(out: str, paths: list[str]) -> None:
-    latest = {}  # the newest run's record for each (link, op, variant, size); old runs have no "run"
-    for r in load(paths):
-        k = (r["link"], r["op"], r["variant"], r["per_rank_bytes"])
-        if k not in latest or r.get("run", "") >= latest[k].get("run", ""):
-            latest[k] = r
-    recs = list(latest.values())
+    allrecs = load(paths)
+    newest = {}  # link -> its newest run id (old records have no "run")
+    for r in allrecs:
+        newest[r["link"]] = max(newest.get(r["link"], ""), r.get("run", ""))
+    recs = [r for r in allrecs if r.get("run", "") == newest[r["link"]]]
     links = [lk for lk in LINK_NAMES if any(r["link"] == lk for r in recs)]
     series = defaultdict(list)
     for r in recs:
@@ -56,6 +56,11 @@ def main(out: str, paths: list[str]) -> None:
                     continue
                 x = [r["per_rank_bytes"] / 2**20 for r in pts]
                 at.plot(x, [1e3 * r["time_s"] for r in pts], color=color, marker=marker, label=label)
+                key = {"nccl": "predicted_native_s", "always": "predicted_compressed_s"}.get(v)
+                pred = [(xi, 1e3 * r[key]) for xi, r in zip(x, pts, strict=True) if key and key in r]
+                if pred:
+                    at.plot(*zip(*pred, strict=True), color=color, ls=":", lw=1,
+                            label="cost model: native" if v == "nccl" else "cost model: compressed")
                 if v != "nccl":
                     asp.plot(x, [r["speedup_vs_nccl"] for r in pts], color=color, marker=marker,
                              label=label)
@@ -72,8 +77,9 @@ def main(out: str, paths: list[str]) -> None:
     machine = recs[0]["machine"] if recs else "?"
     exact = all(r["exact"] for r in recs)
     fig.suptitle(f"zipccl collectives vs NCCL, {machine}, {recs[0]['nranks'] if recs else '?'} ranks, "
-                 f"BF16 N(0, 0.02²); all compressed results bit-exact: {exact}", fontsize=10)
-    fig.tight_layout()
+                 f"BF16 N(0, 0.02²), runs {', '.join(sorted(set(newest.values())))}; "
+                 f"all results bit-exact: {exact}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(out, dpi=120)
 
 
