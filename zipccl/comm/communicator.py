@@ -178,6 +178,11 @@ class Communicator:
     >>> bool(np.array_equal(out.view(np.uint16), x.view(np.uint16)))
     True
     >>> comm.close()
+
+    ``chunk_bytes``: BF16 bytes per message per pipeline round of the compressed path
+    (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = issue 5's two-phase
+    exchange in one round); ``policy``: "auto" (a size threshold until ``calibrate``
+    measures a profile), "always" or "never".
     """
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
