@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda
+from v3_encode import _spread_code  # the v3 table entry (v3 left the library)
 
 from zipccl import format as fmt
 from zipccl.kernels import compat  # noqa: F401
@@ -28,7 +29,6 @@ from zipccl.kernels._common import (
     publish,
 )
 from zipccl.kernels.compat import ballot, popc
-from zipccl.kernels.encode import _spread_code
 
 
 @cuda.jit

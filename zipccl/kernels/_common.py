@@ -1,15 +1,22 @@
 """Pieces shared by the encode and decode kernels: workspace slots, warp
-reductions, the decoupled look-back scan over escape blocks, and the header CRC.
+reductions, the decoupled look-back scan over escape blocks, the header CRC, the
+32-bit helpers of the per-value code (byte permute, shuffles, population count)
+and the persistent grid size.
 
 Why a look-back scan: the escapes of block b start at the sum of the escape
-counts of blocks 0..b-1. Each CUDA block codes one escape block (``format.BLOCK``
-= 4096 elements) and publishes its count; it then reads its predecessors'
-published values (a count, or an inclusive prefix that ends the walk) and so
-learns its exclusive prefix without a second pass over the data. Positions are
-sums of counts, so the output is the same on every run; the only atomic that
-orders anything is the ticket that numbers the blocks in launch order (so a
-block only ever waits for blocks that are already running), and it decides
-which CUDA block codes which tile, never where a byte goes.
+counts of blocks 0..b-1. Each tile (one escape block, ``format.BLOCK``
+= 4096 elements) publishes its count once it is known; the CUDA block coding it
+then reads its predecessors' published values (a count, or an inclusive prefix
+that ends the walk) and so learns its exclusive prefix without a second pass
+over the data. Positions are sums of counts, so the output is the same on every
+run; the only atomic that orders anything is the ticket counter that hands out
+tiles to the (persistent) CUDA blocks in increasing order (so a block only ever
+waits for tiles that running blocks hold), and it decides which CUDA block codes
+which tile, never where a byte goes.
+
+Persistent grid: the tile kernels launch ``grid_size`` blocks (a few per
+multiprocessor, all resident) that loop over tickets, so per-block set-up (code
+tables) is paid once per block, not once per tile.
 
 The workspace is an int64 device array: WS_SLOTS counters, then one status word
 per escape block. Status word = epoch << 34 | flag << 32 | value; a word whose
@@ -28,7 +35,7 @@ from numba import cuda  # noqa: I001
 
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
-from .compat import atomic_read, ballot, shfl_xor, wrap64
+from .compat import atomic_read, ballot, shfl, shfl_up, shfl_xor, wrap64
 
 TPB = 128  # threads per CUDA block: 4 warps
 WARPS = TPB // 32
@@ -174,3 +181,126 @@ def advance_epoch(ws, tid):
     cuda.syncthreads()
     if tid == 0:
         ws[WS_EPOCH] = e
+
+
+# ---------------------------------------------------------------- 32-bit per-value helpers
+# prmt(a, b, s): byte permute (PTX prmt.b32). Result byte k is byte (s >> 4k) & 7 of the
+# 8-byte value b << 32 | a; only selector nibbles with bit 3 clear are used (PTX's
+# sign-replicate mode is not modelled by the simulator). shfl_up_u32 / shfl_idx_u32:
+# warp shuffles of a uint32 (one SHFL). popc32: population count of a uint32, as uint32.
+# ``dev``: device-function decorator; on a GPU it forces inlining so that the round
+# functions are specialised for full tiles and for the tail tile.
+
+BLOCKS_PER_SM = 8  # persistent blocks per multiprocessor (launch bounds: <= 64 registers)
+
+if compat.SIMULATOR:
+    dev = cuda.jit(device=True)
+
+    def prmt(a, b, s):
+        """Byte permute of (b:a) by selector s (nibbles 0..7)."""
+        src = (int(b) & LOW32) << 32 | (int(a) & LOW32)
+        s = int(s)
+        r = 0
+        for k in range(4):
+            r |= ((src >> (8 * ((s >> (4 * k)) & 7))) & 0xFF) << (8 * k)
+        return np.uint32(r)
+
+    def shfl_up_u32(v, d):
+        return np.uint32(int(shfl_up(int(v) & LOW32, d)))
+
+    def shfl_idx_u32(v, src):
+        return np.uint32(int(shfl(int(v) & LOW32, src)))
+
+    def popc32(x):
+        return np.uint32(bin(int(x) & LOW32).count("1"))
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    dev = cuda.jit(device=True, forceinline=True)
+
+    @intrinsic
+    def _prmt(typingctx, a, b, s):
+        # inline PTX rather than libdevice's __nv_byte_perm, which masks a run-time
+        # selector with 0x7777 first (one more instruction per permute)
+        sig = types.uint32(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32, i32, i32]), "prmt.b32 $0, $1, $2, $3;",
+                               "=r,r,r,r")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def prmt(a, b, s):
+        return _prmt(np.uint32(a), np.uint32(b), np.uint32(s))
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl_up_u32(v, d):
+        return np.uint32(cuda.shfl_up_sync(compat.FULL_MASK, np.int32(v), d))
+
+    @cuda.jit(device=True, forceinline=True)
+    def shfl_idx_u32(v, src):
+        return np.uint32(cuda.shfl_sync(compat.FULL_MASK, np.int32(v), src))
+
+    @cuda.jit(device=True, forceinline=True)
+    def popc32(x):
+        return np.uint32(cuda.popc(np.uint32(x)))
+
+
+@dev
+def field8(x, r):
+    """Byte r of the uint32 x."""
+    return np.uint32((x >> (8 * r)) & 0xFF)
+
+
+@dev
+def exclusive_scan8(cnt, lane):
+    """Exclusive warp scan of 4 counts packed in 8-bit fields (each count <= 8).
+
+    Returns (exclusive prefix over lower lanes, packed; this warp's 4 totals). An
+    exclusive prefix is at most 31 * 8 = 248, so no field carries into the next; the
+    totals (up to 256) are added field by field from lane 31's prefix and count.
+    """
+    ex = shfl_up_u32(cnt, 1)
+    if lane == 0:
+        ex = np.uint32(0)
+    y = shfl_up_u32(ex, 1)
+    if lane >= 1:
+        ex = np.uint32(ex + y)
+    y = shfl_up_u32(ex, 2)
+    if lane >= 2:
+        ex = np.uint32(ex + y)
+    y = shfl_up_u32(ex, 4)
+    if lane >= 4:
+        ex = np.uint32(ex + y)
+    y = shfl_up_u32(ex, 8)
+    if lane >= 8:
+        ex = np.uint32(ex + y)
+    y = shfl_up_u32(ex, 16)
+    if lane >= 16:
+        ex = np.uint32(ex + y)
+    tex = shfl_idx_u32(ex, 31)
+    tcn = shfl_idx_u32(cnt, 31)
+    return (ex, np.uint32(field8(tex, 0) + field8(tcn, 0)), np.uint32(field8(tex, 1) + field8(tcn, 1)),
+            np.uint32(field8(tex, 2) + field8(tcn, 2)), np.uint32(field8(tex, 3) + field8(tcn, 3)))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def grid_size(tiles: int) -> int:
+    """Blocks of a persistent tile kernel for ``tiles`` tiles: BLOCKS_PER_SM per
+    multiprocessor of the current device (at most one per tile; 2 under the simulator,
+    which is enough to exercise the hand-over of tiles between blocks)."""
+    if compat.SIMULATOR:
+        return max(1, min(tiles, 2))
+    dev_id = cuda.get_current_device().id
+    sms = _SM_COUNT.get(dev_id)
+    if sms is None:
+        sms = _SM_COUNT[dev_id] = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return max(1, min(tiles, sms * BLOCKS_PER_SM))

@@ -3,28 +3,39 @@
 
 Two launches, no host synchronisation:
 
-1. ``decode_tiles`` (one CUDA block of 128 threads per escape block). Every
-   block checks the header fields it relies on (magic, version, dtype, flags,
-   element count = the output's, lengths against the buffer and the layout);
-   if they do not fit it writes nothing. Thread 0 reads the block's escape
-   count and publishes it at once for the look-back scan (``_common``), so
-   the scan resolves while the block decodes. Lane L of a warp loads word L
-   of each code plane (3 x 128 contiguous bytes per warp); in round r lane j
-   fetches the plane bytes of its 8 elements from lane 8r + j/4 (3 shuffles),
-   loads the elements' 8 sign-mantissa bytes, and forms the 8 output values
-   in 4 registers (codes by a multiply that gathers one bit of each plane;
-   exponents from an 8-entry shared table); escaped values are completed
-   after the scan from the escape section, at the same ranks the encoder
-   used, and written with one 16-byte store per lane and round. Each block
-   compares the escape codes it saw with its count; each escape read is
-   checked against the header's escape total.
+1. ``decode_tiles``: a persistent grid (``_common.grid_size``) whose blocks take
+   tiles (one escape block of 4096 values) from the ticket counter. Thread 0 of
+   every block checks the header fields it relies on (magic, version, dtype,
+   flags, element count = the output's, lengths against the buffer and the
+   layout); if they do not fit the block writes nothing. When a tile is drawn,
+   its stored escape count is published at once for the look-back scan
+   (``_common``), so the scan resolves while the tile decodes. In round r lane j
+   decodes values 256r + 8j .. +7 of its warp's 1024: it loads their 8
+   sign-mantissa bytes (one 8-byte load) and its byte of each code plane (3
+   one-byte loads; a warp reads 32 contiguous bytes per plane, no shuffles). A
+   256-entry shared table spreads a plane byte's bit i to bit 4i, so three
+   lookups and two multiply-adds give the 8 codes as nibbles; a byte permute
+   (PRMT) whose source is the codebook itself (byte 0 = 0 for the escape, bytes
+   1..7 = the 7 exponents) and whose selector is that nibble word returns 4
+   exponent bytes at once. High bytes (sign | exponent >> 1) and low bytes
+   (exponent bit 0 | mantissa) of 4 values take one shift and one LOP3 each, two
+   more permutes interleave them into 4 BF16 values, and the round leaves in one
+   16-byte store. All per-value work is 32-bit. Escaped values are stored with
+   exponent 0 and rewritten (a 2-byte store by the same thread, which program
+   order makes the last) once the look-back has given the tile's first escape
+   position: ranks come from one packed exclusive warp scan, as in the encoder.
+   Each tile compares the escape codes it saw with its stored count, and each
+   escape read is checked against the header's escape total. The next tile's
+   loads are issued before the current tile patches its escapes.
 2. ``decode_finish`` (one block) checks the header CRC, the escape total and
    the payload checksum (summed from the tiles plus the padding bytes it reads
    itself), publishes the call's error bits, resets the counters and advances
    the epoch. Error bits (``_common.ERR_*``): WS_ERR_LAST holds the last call's,
    WS_ERR_STICKY accumulates until the host clears it.
 
-A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores).
+A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores). Version
+history and H200 measurements: experiments/kernels/NOTES.md (this is v4; v3 is
+kept as experiments/kernels/v3_decode.py).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from numba import cuda
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from ._common import (
+    BLOCKS_PER_SM,
     ERR_CHECKSUM,
     ERR_COUNTS,
     ERR_ESCAPE_RANGE,
@@ -53,14 +65,22 @@ from ._common import (
     WS_TICKET,
     advance_epoch,
     byte_checksum,
+    dev,
+    exclusive_scan8,
+    field8,
+    grid_size,
     lookback,
+    popc32,
+    prmt,
     publish,
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, load16, popc, shfl, shfl_u32, shfl_up, store16, u32, wrap64
+from .compat import atomic_read, load16, store16, u32, wrap64
 
 _MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
+U64 = np.uint64
+HDR8 = fmt.HEADER_SIZE // 8
 
 
 @cuda.jit(device=True)
@@ -87,83 +107,6 @@ def header_ok(f64, nbytes, lay):
 
 
 @cuda.jit(device=True)
-def _pair(t, s, smb, dl2):
-    """Two output values (slots s, s+1) as one uint32 word, escapes' exponents left 0.
-
-    t = p0 | p1 << 8 | p2 << 16 holds the lane's three plane bytes; the 6 code bits
-    of the two slots index ``dl2``, which holds both exponents already in place.
-    Every intermediate goes through ``u32`` so that the instructions stay 32-bit.
-    """
-    x = u32(u32(t >> s) & 0x030303)
-    u = u32(u32(smb & 0xFF) | u32(u32(smb & 0xFF00) << 8))
-    sp = u32(u32(u32(u & 0x00800080) << 8) | u32(u & 0x007F007F))
-    i = u32(u32(x & 3) | u32(u32(x >> 6) & 12) | u32(u32(x >> 12) & 48))
-    return u32(sp | dl2[i])
-
-
-@cuda.jit(device=True)
-def _round(f64, p0w, p1w, p2w, e, n, r, lane, dl2, do_cs):
-    """Decode one round: (4 output words, escape mask, valid mask, checksum part)."""
-    src = 8 * r + (lane >> 2)
-    sh8 = 8 * (lane & 3)
-    p0 = u32(u32(shfl_u32(p0w, src) >> sh8) & 0xFF)
-    p1 = u32(u32(shfl_u32(p1w, src) >> sh8) & 0xFF)
-    p2 = u32(u32(shfl_u32(p2w, src) >> sh8) & 0xFF)
-    vm = np.int64(0)
-    if e + 8 <= n:
-        vm = np.int64(0xFF)
-    elif e < n:
-        vm = (np.int64(1) << (n - e)) - 1
-    esc = np.int64(u32(~u32(p0 | p1 | p2)) & 0xFF) & vm
-    t = u32(p0 | u32(p1 << 8) | u32(p2 << 16))
-    lo = u32(0)
-    hi = u32(0)
-    cs = np.int64(0)
-    if vm != 0:
-        sm = f64[(fmt.HEADER_SIZE + e) >> 3]
-        lo = u32(sm)
-        hi = u32(sm >> 32)
-        if do_cs:
-            i = e >> 2
-            cs = wrap64(np.int64(lo) * (2 * i + 1) + np.int64(hi) * (2 * i + 3))
-    o0 = _pair(t, 0, lo, dl2)
-    o1 = _pair(t, 2, u32(lo >> 16), dl2)
-    o2 = _pair(t, 4, hi, dl2)
-    o3 = _pair(t, 6, u32(hi >> 16), dl2)
-    return o0, o1, o2, o3, esc, vm, cs
-
-
-@cuda.jit(device=True)
-def _patch(f8, esc, base, eo, nesc, o0, o1, o2, o3):
-    """Fill in the escaped exponents of one round; (words, checksum part, error bits)."""
-    m = esc
-    cs = np.int64(0)
-    err = np.int64(0)
-    while m != 0:
-        low = m & (-m)
-        m ^= low
-        s = popc(low - 1)
-        pos = base + popc(esc & (low - 1))
-        b = np.int64(0)
-        if pos >= 0 and pos < nesc:
-            b = np.int64(f8[eo + pos])
-            cs = wrap64(cs + byte_checksum(b, eo + pos - fmt.HEADER_SIZE))
-        else:
-            err = ERR_ESCAPE_RANGE
-        v = b << (7 + 16 * (s & 1))
-        k = s >> 1
-        if k == 0:
-            o0 = np.uint32(np.int64(o0) | v)
-        elif k == 1:
-            o1 = np.uint32(np.int64(o1) | v)
-        elif k == 2:
-            o2 = np.uint32(np.int64(o2) | v)
-        else:
-            o3 = np.uint32(np.int64(o3) | v)
-    return o0, o1, o2, o3, cs, err
-
-
-@cuda.jit(device=True)
 def _store(out32, out16, e, vm, o0, o1, o2, o3):
     if vm == 0xFF:
         store16(out32, e >> 3, o0, o1, o2, o3)
@@ -180,25 +123,155 @@ def _store(out32, out16, e, vm, o0, o1, o2, o3):
                 out16[e + k] = (np.int64(w) >> (16 * (k & 1))) & 0xFFFF
 
 
-# 64 registers, 8 blocks per SM: +8% on an H200 (experiments/kernels/NOTES.md, variant v3-lb8);
-# the simulator's jit takes no launch bounds
-_BOUNDS = {} if compat.SIMULATOR else {"launch_bounds": (TPB, 8)}
+
+@dev
+def _spread_entry(p):
+    """Bit i of the byte p moved to bit 4i."""
+    s = u32(0)
+    for i in range(8):
+        s = u32(s | u32(u32(u32(p >> i) & 1) << (4 * i)))
+    return s
 
 
-@cuda.jit(**_BOUNDS)
+@dev
+def _load_round(f8, f64, u, n, planes_off, stride, pwords):
+    """Tail tile: (sign-mantissa bytes 0-3, 4-7, plane bytes p0, p1, p2, valid mask) of the
+    8 values from 8u. Bytes outside the sections read as 0."""
+    e = 8 * u
+    if e + 8 <= n:
+        sm = f64[U64(HDR8 + u)]
+        q = planes_off + u
+        return (u32(sm), u32(sm >> 32), u32(f8[U64(q)]), u32(f8[U64(q + stride)]),
+                u32(f8[U64(q + 2 * stride)]), u32(0xFF))
+    sm0 = u32(0)
+    sm1 = u32(0)
+    vm = u32(0)
+    if e < n:
+        sm = f64[U64(HDR8 + u)]
+        sm0 = u32(sm)
+        sm1 = u32(sm >> 32)
+        vm = u32((np.int64(1) << (n - e)) - 1)
+    p0 = u32(0)
+    p1 = u32(0)
+    p2 = u32(0)
+    if u < 4 * pwords:
+        q = planes_off + u
+        p0 = u32(f8[U64(q)])
+        p1 = u32(f8[U64(q + stride)])
+        p2 = u32(f8[U64(q + 2 * stride)])
+    return sm0, sm1, p0, p1, p2, vm
+
+
+@dev
+def _load_tile(f8, f64, tile, warp, lane, n, planes_off, stride, pwords):
+    """The lane's bytes of a tile: 4 rounds of ``_load_round`` results. Full tiles load from
+    one base index per section with constant offsets per round."""
+    g = tile * 512 + warp * 128 + lane
+    if (tile + 1) * fmt.BLOCK <= n:
+        m = u32(0xFF)
+        b = U64(HDR8 + g)
+        sa = f64[b]
+        sb = f64[b + U64(32)]
+        sc = f64[b + U64(64)]
+        sd = f64[b + U64(96)]
+        b0 = U64(planes_off + g)
+        b1 = U64(planes_off + stride + g)
+        b2 = U64(planes_off + 2 * stride + g)
+        a = (u32(sa), u32(sa >> 32), u32(f8[b0]), u32(f8[b1]), u32(f8[b2]), m)
+        b = (u32(sb), u32(sb >> 32), u32(f8[b0 + U64(32)]), u32(f8[b1 + U64(32)]),
+             u32(f8[b2 + U64(32)]), m)
+        c = (u32(sc), u32(sc >> 32), u32(f8[b0 + U64(64)]), u32(f8[b1 + U64(64)]),
+             u32(f8[b2 + U64(64)]), m)
+        d = (u32(sd), u32(sd >> 32), u32(f8[b0 + U64(96)]), u32(f8[b1 + U64(96)]),
+             u32(f8[b2 + U64(96)]), m)
+        return a, b, c, d
+    a = _load_round(f8, f64, g, n, planes_off, stride, pwords)
+    b = _load_round(f8, f64, g + 32, n, planes_off, stride, pwords)
+    c = _load_round(f8, f64, g + 64, n, planes_off, stride, pwords)
+    d = _load_round(f8, f64, g + 96, n, planes_off, stride, pwords)
+    return a, b, c, d
+
+
+@dev
+def _four(sm, ex):
+    """4 BF16 values (2 words) from 4 sign-mantissa bytes and 4 exponent bytes."""
+    hib = u32(u32(sm & 0x80808080) | u32(u32(ex >> 1) & 0x7F7F7F7F))
+    lob = u32(u32(u32(ex << 7) & 0x80808080) | u32(sm & 0x7F7F7F7F))
+    return prmt(lob, hib, 0x5140), prmt(lob, hib, 0x7362)
+
+
+@dev
+def _decode_round(rd, spread, cba, cbb):
+    """(4 output words, escape mask) of one round's loaded bytes ``rd``."""
+    sm0, sm1, p0, p1, p2, vm = rd
+    nib = u32(spread[p0] + u32(spread[p1] << 1) + u32(spread[p2] << 2))  # nibble i = code i
+    o0, o1 = _four(sm0, prmt(cba, cbb, nib))
+    o2, o3 = _four(sm1, prmt(cba, cbb, u32(nib >> 16)))
+    esc = u32(u32(~u32(p0 | p1 | p2)) & vm)
+    return o0, o1, o2, o3, esc
+
+
+@dev
+def _round_cs(rd, u, planes_off, stride, pwords):
+    """Payload checksum part of one round's sign-mantissa word and plane bytes."""
+    sm0, sm1, p0, p1, p2, vm = rd
+    cs = np.int64(0)
+    if vm != 0:
+        i = 2 * u
+        cs = wrap64(np.int64(sm0) * (2 * i + 1) + np.int64(sm1) * (2 * i + 3))
+    if u < 4 * pwords:
+        q = planes_off + u - fmt.HEADER_SIZE
+        cs = wrap64(cs + byte_checksum(np.int64(p0), q) + byte_checksum(np.int64(p1), q + stride)
+                    + byte_checksum(np.int64(p2), q + 2 * stride))
+    return cs
+
+
+@dev
+def _store_round(out32, out16, u, vm, o0, o1, o2, o3):
+    """Tail tile: store the round's values < n (from 8u)."""
+    if vm == 0xFF:
+        store16(out32, u, o0, o1, o2, o3)
+    else:
+        _store(out32, out16, 8 * u, np.int64(vm), o0, o1, o2, o3)
+
+
+@dev
+def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
+    """Thread 0 only: publish ``tile``'s stored escape count (clamped) for the look-back."""
+    if tile < n_blocks:
+        craw = np.int64(f32[(counts_off >> 2) + tile])
+        lim = n - tile * fmt.BLOCK
+        if lim > fmt.BLOCK:
+            lim = fmt.BLOCK
+        cnt = craw
+        if cnt > lim:
+            cnt = lim
+            cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
+        smem[7] = cnt
+        smem[8] = craw
+        if tile == 0:
+            publish(ws, tile, epoch, STATUS_INC, cnt)
+        else:
+            publish(ws, tile, epoch, STATUS_AGG, cnt)
+
+
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
-    """Decode one escape block per CUDA block, or copy a RAW frame (module docstring)."""
+    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
     n = lay[0]
     planes_off = lay[2]
     stride = lay[3]
     counts_off = lay[4]
     eo = lay[5]
     pwords = lay[7]
+    n_blocks = lay[8]
+    spread = cuda.shared.array(256, dtype=np.uint32)
     smem = cuda.shared.array(16, dtype=np.int64)
-    dl2 = cuda.shared.array(64, dtype=np.uint32)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
+    spread[tid] = _spread_entry(tid)
+    spread[tid + TPB] = _spread_entry(tid + TPB)
     if tid == 0:
         tile = cuda.atomic.add(ws, WS_TICKET, 1)
         epoch = ws[WS_EPOCH]
@@ -214,163 +287,153 @@ def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
             if tile == 0:
                 cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
         elif raw == 0:
-            craw = np.int64(f32[(counts_off >> 2) + tile])
-            lim = n - tile * 4096
-            if lim > 4096:
-                lim = 4096
-            cnt = craw
-            if cnt > lim:
-                cnt = lim
-                cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
-            smem[7] = cnt
-            smem[8] = craw
-            if tile == 0:
-                publish(ws, tile, epoch, STATUS_INC, cnt)
-            else:
-                publish(ws, tile, epoch, STATUS_AGG, cnt)
+            _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem)
     cuda.syncthreads()
     if smem[2] == 0:
         return
     tile = smem[0]
     epoch = smem[1]
-    raw = smem[3]
     nesc = smem[4]
     do_cs = smem[5] != 0
     cs = np.int64(0)
-    if raw != 0:
-        g = tile * 512 + tid
-        for _ in range(4):
-            e = 8 * g
-            if e + 8 <= n:
-                v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
-                store16(out32, g, v0, v1, v2, v3)
-                if do_cs:
-                    i = 4 * g
-                    cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
-                                + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
-            elif e < n:
-                for k in range(8):
-                    if e + k < n:
-                        q = 2 * (e + k)
-                        lo = np.int64(f8[fmt.HEADER_SIZE + q])
-                        hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
-                        out16[e + k] = lo | (hi << 8)
-                        if do_cs:
-                            cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
-            g += TPB
+    if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
+        while tile < n_blocks:
+            g = tile * 512 + tid
+            for _ in range(4):
+                e = 8 * g
+                if e + 8 <= n:
+                    v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
+                    store16(out32, g, v0, v1, v2, v3)
+                    if do_cs:
+                        i = 4 * g
+                        cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
+                                    + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
+                elif e < n:
+                    for k in range(8):
+                        if e + k < n:
+                            q = 2 * (e + k)
+                            lo = np.int64(f8[fmt.HEADER_SIZE + q])
+                            hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
+                            out16[e + k] = lo | (hi << 8)
+                            if do_cs:
+                                cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
+                g += TPB
+            cuda.syncthreads()  # everyone has read this ticket
+            if tid == 0:
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cuda.syncthreads()
+            tile = smem[0]
         if do_cs:
             cs = warp_sum(cs)
             if lane == 0:
-                cuda.atomic.add(ws, WS_CSUM + (tile & 7), cs)
+                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
         return
 
-    if tid < 64:
-        # index bits: 0,1 = plane-0 bits of slots s, s+1; 2,3 = plane 1; 4,5 = plane 2
-        ca = (tid & 1) | ((tid >> 1) & 2) | ((tid >> 2) & 4)
-        cb = ((tid >> 1) & 1) | ((tid >> 2) & 2) | ((tid >> 3) & 4)
-        ea = np.int64(0)
-        eb = np.int64(0)
-        if ca != 0:
-            ea = (smem[6] >> (8 * (ca - 1))) & 0xFF
-        if cb != 0:
-            eb = (smem[6] >> (8 * (cb - 1))) & 0xFF
-        dl2[tid] = (ea << 7) | (eb << 23)
-    cnt = smem[7]
-    wbase = tile * 4096 + warp * 1024
-    gw = (wbase >> 5) + lane
-    p0w = u32(0)
-    p1w = u32(0)
-    p2w = u32(0)
-    if gw < pwords:
-        p0w = f32[(planes_off >> 2) + gw]
-        p1w = f32[((planes_off + stride) >> 2) + gw]
-        p2w = f32[((planes_off + 2 * stride) >> 2) + gw]
+    cb64 = smem[6]
+    cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
+    cbb = u32(cb64 >> 24)  # entries 3-6
+    err = np.int64(0)
+    ra, rb, rc, rd = _load_tile(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off,
+                                stride, pwords)
+    while tile < n_blocks:
+        cnt = smem[7]
+        craw = smem[8]
+        g = tile * 512 + warp * 128 + lane
+        a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
+        b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
+        c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
+        d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
+        if ra[5] == 0xFF and rd[5] == 0xFF:
+            store16(out32, g, a0, a1, a2, a3)
+            store16(out32, g + 32, b0, b1, b2, b3)
+            store16(out32, g + 64, c0, c1, c2, c3)
+            store16(out32, g + 96, d0, d1, d2, d3)
+        else:
+            _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
+            _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
+            _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
+            _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
         if do_cs:
-            base = 2 * (((planes_off - fmt.HEADER_SIZE) >> 2) + gw) + 1
-            step = 2 * (stride >> 2)
-            cs = wrap64(np.int64(p0w) * base + np.int64(p1w) * (base + step)
-                        + np.int64(p2w) * (base + 2 * step))
-    cuda.syncthreads()  # dl2 ready
-    e0 = wbase + 8 * lane
-    a0, a1, a2, a3, esc0, vm0, c = _round(f64, p0w, p1w, p2w, e0, n, 0, lane, dl2, do_cs)
-    cs = wrap64(cs + c)
-    b0, b1, b2, b3, esc1, vm1, c = _round(f64, p0w, p1w, p2w, e0 + 256, n, 1, lane, dl2, do_cs)
-    cs = wrap64(cs + c)
-    c0, c1, c2, c3, esc2, vm2, c = _round(f64, p0w, p1w, p2w, e0 + 512, n, 2, lane, dl2, do_cs)
-    cs = wrap64(cs + c)
-    d0, d1, d2, d3, esc3, vm3, c = _round(f64, p0w, p1w, p2w, e0 + 768, n, 3, lane, dl2, do_cs)
-    cs = wrap64(cs + c)
-
-    cntp = popc(esc0) | (popc(esc1) << 16) | (popc(esc2) << 32) | (popc(esc3) << 48)
-    inc = cntp
-    y = shfl_up(inc, 1)
-    if lane >= 1:
-        inc += y
-    y = shfl_up(inc, 2)
-    if lane >= 2:
-        inc += y
-    y = shfl_up(inc, 4)
-    if lane >= 4:
-        inc += y
-    y = shfl_up(inc, 8)
-    if lane >= 8:
-        inc += y
-    y = shfl_up(inc, 16)
-    if lane >= 16:
-        inc += y
-    exc = inc - cntp
-    tot = shfl(inc, 31)
-    t0 = tot & 0xFFFF
-    t1 = (tot >> 16) & 0xFFFF
-    t2 = (tot >> 32) & 0xFFFF
-    t3 = (tot >> 48) & 0xFFFF
-    if lane == 0:
-        smem[9 + warp] = t0 + t1 + t2 + t3
-    cuda.syncthreads()
-    woff = np.int64(0)
-    btot = np.int64(0)
-    for w in range(4):
-        if w < warp:
-            woff += smem[9 + w]
-        btot += smem[9 + w]
-    if warp == 0:
-        prefix = np.int64(0)
-        if tile > 0:
-            prefix = lookback(ws, tile, epoch, lane)
-            if lane == 0:
-                publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
+            cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
+                        + _round_cs(rb, g + 32, planes_off, stride, pwords)
+                        + _round_cs(rc, g + 64, planes_off, stride, pwords)
+                        + _round_cs(rd, g + 96, planes_off, stride, pwords))
+        escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
+        cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
+                   | u32(popc32(esc3) << 24))
+        ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
         if lane == 0:
-            smem[13] = prefix
-            if btot != smem[8]:
-                cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
-            if tile == lay[8] - 1 and prefix + cnt != nesc:
-                cuda.atomic.or_(ws, WS_ERR, ERR_TOTAL)
-            if do_cs:
-                cs = wrap64(cs + smem[8] * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-    cuda.syncthreads()
-    base = smem[13] + woff
-    a0, a1, a2, a3, c, err = _patch(f8, esc0, base + (exc & 0xFFFF), eo, nesc, a0, a1, a2, a3)
-    cs = wrap64(cs + c)
-    b0, b1, b2, b3, c, err1 = _patch(f8, esc1, base + t0 + ((exc >> 16) & 0xFFFF), eo, nesc,
-                                      b0, b1, b2, b3)
-    cs = wrap64(cs + c)
-    c0, c1, c2, c3, c, err2 = _patch(f8, esc2, base + t0 + t1 + ((exc >> 32) & 0xFFFF), eo, nesc,
-                                      c0, c1, c2, c3)
-    cs = wrap64(cs + c)
-    d0, d1, d2, d3, c, err3 = _patch(f8, esc3, base + t0 + t1 + t2 + ((exc >> 48) & 0xFFFF), eo, nesc,
-                                      d0, d1, d2, d3)
-    cs = wrap64(cs + c)
-    err = err | err1 | err2 | err3
+            smem[9 + warp] = np.int64(w0t + w1t + w2t + w3t)
+        cuda.syncthreads()  # A: warp totals
+        woff = np.int64(0)
+        btot = np.int64(0)
+        for w in range(4):
+            v = smem[9 + w]
+            if w < warp:
+                woff += v
+            btot += v
+        if warp == 0:
+            prefix = np.int64(0)
+            if tile > 0:
+                prefix = lookback(ws, tile, epoch, lane)
+                if lane == 0:
+                    publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
+            if lane == 0:
+                smem[13] = prefix
+                if btot != craw:
+                    err |= ERR_COUNTS
+                if tile == n_blocks - 1 and prefix + cnt != nesc:
+                    err |= ERR_TOTAL
+                if do_cs:
+                    cs = wrap64(cs + craw * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                nxt = cuda.atomic.add(ws, WS_TICKET, 1)
+                smem[0] = nxt
+                _take_tile(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem)
+        cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
+        prefix = smem[13]
+        nxt = smem[0]
+        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
+            ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
+        if escm != 0:
+            # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
+            base = prefix + woff
+            k0 = base + np.int64(field8(ex, 0))
+            k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+            k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
+                                     - popc32(u32(escm & 0xFFFFFF))))
+            e0 = 8 * g
+            m = escm
+            while m != 0:
+                low = u32(m & u32(u32(~m) + 1))
+                m = u32(m ^ low)
+                bit = popc32(u32(low - 1))  # 8r + s: value s of round r
+                r = u32(bit >> 3)
+                e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
+                smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
+                pos = k0
+                if r == 1:
+                    pos = k1
+                elif r == 2:
+                    pos = k2
+                elif r == 3:
+                    pos = k3
+                pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                x = u32(0)
+                if pos >= 0 and pos < nesc:
+                    x = u32(f8[U64(eo + pos)])
+                    if do_cs:
+                        cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
+                else:
+                    err |= ERR_ESCAPE_RANGE
+                out16[U64(e)] = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
+        tile = nxt
     if err != 0:
         cuda.atomic.or_(ws, WS_ERR, err)
-    _store(out32, out16, e0, vm0, a0, a1, a2, a3)
-    _store(out32, out16, e0 + 256, vm1, b0, b1, b2, b3)
-    _store(out32, out16, e0 + 512, vm2, c0, c1, c2, c3)
-    _store(out32, out16, e0 + 768, vm3, d0, d1, d2, d3)
     if do_cs:
         cs = warp_sum(cs)
         if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (tile & 7), cs)
+            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
 
 
 @cuda.jit
@@ -449,5 +512,5 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
 
     lt = layout_tuple(lay)
     if lay.n_blocks:
-        decode_tiles[lay.n_blocks, TPB, stream](f8, f32, f64, out32, out16, ws, lt)
+        decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
     decode_finish[1, TPB, stream](f8, f32, f64, ws, lt, crc_zero, crc_tab)

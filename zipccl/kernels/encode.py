@@ -2,35 +2,44 @@
 
 Two launches, no host synchronisation:
 
-1. ``encode_tiles`` (grid = one CUDA block of 128 threads per escape block of
-   4096 elements). Each warp codes 1024 consecutive elements in 4 rounds; in a
-   round lane j holds elements 8j..8j+7 of a 256-element slice, read with one
-   16-byte load (the four loads of a warp's rounds are issued before any use).
-   Per element: one shared-memory lookup turns the exponent into its 3 code bits
-   spread over 3 bytes (bit k of the code at bit 8k), shifted by the element's
-   slot, so after 8 elements a lane holds one byte of each code plane (bit s =
-   element 8j+s). Plane word w (elements 32w..32w+31) is the bytes of lanes
-   4w..4w+3: a 4x4 byte transpose between those lanes (two ``shfl_xor``) leaves
-   lane 4w+k holding word w of plane k, stored as 3 x 32 contiguous bytes per
-   round. The sign-mantissa bytes are formed two at a time inside 32-bit words
-   and stored as 8 bytes per lane (256 contiguous bytes per warp store).
-   Escapes: per round each lane has an 8-bit escape mask; one packed warp scan
-   (4 rounds in 16-bit fields) and a block scan give each escape its rank inside
-   the block, the escaped exponent bytes go to shared memory in element order,
-   and the block's count is published for the decoupled look-back
-   (``_common.lookback``), which yields the block's first position in the
-   escape section; the block then copies its escapes there. Positions are sums
-   of counts: deterministic. Payload checksum contributions are summed per
-   warp and added to 8 workspace slots (integer sums commute: deterministic).
-2. ``encode_finish`` reads the escape total from the last block's inclusive
+1. ``encode_tiles``: a persistent grid (``_common.grid_size``: 8 blocks of 128
+   threads per multiprocessor) whose blocks take tiles (one escape block of 4096
+   elements) from the workspace ticket counter until none is left. Each block
+   builds the 256-entry code table once: the entry of exponent e holds code bit
+   k at bit 8k (code = 1 + codebook index) or the escape flag at bit 24. In a
+   tile each warp codes 1024 consecutive elements in 4 rounds; in round r lane j
+   holds elements 256r + 8j .. +7, read with one 16-byte load (the 4 loads of a
+   tile are issued together, and those of the next tile before the current one
+   writes its escapes). Per element: a shift and a mask take the table index
+   from the 32-bit word, one shared-memory lookup, one multiply-add into the
+   lane's accumulator at the element's slot, so that after 8 elements bytes 0..2
+   of the accumulator are the lane's byte of each code plane and byte 3 its
+   escape mask. The plane bytes of a round are stored as bytes: a warp's 32
+   stores per plane are 32 contiguous bytes. Sign-mantissa bytes: two byte
+   permutes (PRMT) gather the low and high bytes of 4 values, one LOP3 merges
+   sign and mantissa; 8 bytes per lane and round in one store. All per-element
+   work is 32-bit (``u32`` after every operation), and stores use one unsigned
+   base index per section with constant offsets per round. Escapes: one packed
+   exclusive warp scan of the 4 rounds' per-lane counts (8-bit fields,
+   ``_common.exclusive_scan8``) and a block sum give each escape its rank in
+   the tile; the tile's count is published for the decoupled look-back
+   (``_common.lookback``), which yields the tile's first position in the escape
+   section, and each lane writes its own escaped exponent bytes there
+   (re-read from the input, which is still cached). The tile holding the end of
+   the data takes a masked path (2-byte loads, values past n get code 0 and no
+   escape). Positions are sums of counts: deterministic. Payload checksum
+   contributions (when asked for) are summed per block and added to 8
+   workspace slots (integer sums commute: deterministic).
+2. ``encode_finish`` reads the escape total from the last tile's inclusive
    status word, decides RAW by ``Layout.is_raw``'s rule, writes the RAW frame
    when needed (grid-stride copy, its own checksum), zeroes the padding bytes
    otherwise, and its last block writes the 128-byte header (CRC-32 computed
    by a warp from a per-bit table, see ``_common``), resets the workspace
    counters and advances the epoch.
 
-All offsets come from ``zipccl.format.Layout`` through the ``lay`` tuple built
-by ``layout_tuple``.
+Version history and H200 measurements: experiments/kernels/NOTES.md (this is v4;
+v3 is kept as experiments/kernels/v3_encode.py). All offsets come from
+``zipccl.format.Layout`` through the ``lay`` tuple built by ``layout_tuple``.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from numba import cuda
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from ._common import (
+    BLOCKS_PER_SM,
     LOW32,
     STATUS_AGG,
     STATUS_INC,
@@ -55,12 +65,21 @@ from ._common import (
     WS_TICKET,
     advance_epoch,
     byte_checksum,
+    dev,
+    exclusive_scan8,
+    field8,
+    grid_size,
     lookback,
+    popc32,
+    prmt,
     publish,
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, load16, popc, shfl, shfl_up, shfl_xor_u32, store16, u32, wrap64
+from .compat import atomic_read, load16, store16, u32, wrap64
+
+U64 = np.uint64
+HDR8 = fmt.HEADER_SIZE // 8  # the sign-mantissa plane starts at this int64 word
 
 
 def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
@@ -70,21 +89,9 @@ def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
 
 
 @cuda.jit(device=True)
-def _spread_code(e, cb64):
-    """Code of exponent e (1 + codebook index, 0 = escape), bit k moved to bit 8k."""
-    c = np.int64(0)
-    for i in range(7):
-        if ((cb64 >> (8 * i)) & 0xFF) == e:
-            c = i + 1
-    return (c & 1) | (((c >> 1) & 1) << 8) | (((c >> 2) & 1) << 16)
-
-
-@cuda.jit(device=True)
 def _load8(x32, x16, n, e):
-    """Elements e..e+7 as four uint32 words of two elements, and the mask of those < n.
-
-    The words stay uint32 (one register each) because they live until the escapes
-    are staged; everything computed from them is int64.
+    """Elements e..e+7 as four uint32 words of two elements, and the mask of those < n
+    (2-byte loads past n & ~7: the tail tile only).
     """
     if e + 8 <= n:
         v = load16(x32, e >> 3)
@@ -112,92 +119,121 @@ def _load8(x32, x16, n, e):
     return w0, w1, w2, w3, vm
 
 
-@cuda.jit(device=True)
-def _sm_pair(w):
-    """Sign-mantissa bytes of the two BF16 values in the uint32 w, as 16 bits (uint32)."""
-    t = u32(u32(w & 0x007F007F) | u32(u32(w >> 8) & 0x00800080))
-    return u32(u32(t & 0xFF) | u32(u32(t >> 8) & 0xFF00))
+@dev
+def _lut_entry(e, cb64):
+    """Table value of exponent e: code bit k at bit 8k, or the escape flag at bit 24."""
+    c = u32(0)
+    for i in range(7):
+        if ((cb64 >> (8 * i)) & 0xFF) == e:
+            c = u32(i + 1)
+    if c == 0:
+        return u32(1 << 24)
+    return u32(u32(c & 1) | u32(u32(c & 2) << 7) | u32(u32(c & 4) << 14))
 
 
-@cuda.jit(device=True)
-def _code8(w0, w1, w2, w3, vm, lut):
-    """(plane bytes p0 | p1 << 8 | p2 << 16, escape mask, sign-mantissa bytes 0-3 and 4-7).
-
-    All uint32 (``u32`` after every operation keeps the instructions 32-bit), except
-    the escape mask (int64, it feeds the scan).
-    """
-    acc = lut[u32(u32(w0 >> 7) & 0xFF)]
-    acc = u32(acc | u32(lut[u32(u32(w0 >> 23) & 0xFF)] << 1))
-    acc = u32(acc | u32(lut[u32(u32(w1 >> 7) & 0xFF)] << 2))
-    acc = u32(acc | u32(lut[u32(u32(w1 >> 23) & 0xFF)] << 3))
-    acc = u32(acc | u32(lut[u32(u32(w2 >> 7) & 0xFF)] << 4))
-    acc = u32(acc | u32(lut[u32(u32(w2 >> 23) & 0xFF)] << 5))
-    acc = u32(acc | u32(lut[u32(u32(w3 >> 7) & 0xFF)] << 6))
-    acc = u32(acc | u32(lut[u32(u32(w3 >> 23) & 0xFF)] << 7))
-    acc = u32(acc & u32(vm * 0x010101))  # elements past n: code 0, and not an escape
-    esc = np.int64(u32(~u32(acc | u32(acc >> 8) | u32(acc >> 16))) & 0xFF) & vm
-    lo = u32(_sm_pair(w0) | u32(_sm_pair(w1) << 16))
-    hi = u32(_sm_pair(w2) | u32(_sm_pair(w3) << 16))
-    return acc, esc, lo, hi
+@dev
+def _pair(lut, w):
+    """Table entries of the two values in w, the high one already shifted by one slot."""
+    a = lut[u32(u32(w >> 7) & 0xFF)]
+    b = lut[u32(u32(w >> 23) & 0xFF)]
+    return u32(a + u32(b << 1))
 
 
-@cuda.jit(device=True)
-def _transpose(acc, lane):
-    """4x4 byte transpose among lanes 4w..4w+3: lane 4w+k gets plane k's word w (uint32)."""
-    q = lane & 3
-    y = shfl_xor_u32(acc, 2)
-    if q < 2:
-        x = u32(u32(acc & 0xFFFF) | u32(y << 16))
-    else:
-        x = u32(u32(y >> 16) | u32(acc & 0xFFFF0000))
-    y = shfl_xor_u32(x, 1)
-    if (q & 1) == 0:
-        return u32(u32(x & 0x00FF00FF) | u32(u32(y & 0x00FF00FF) << 8))
-    return u32(u32(u32(y >> 8) & 0x00FF00FF) | u32(x & 0xFF00FF00))
+@dev
+def _code8(w0, w1, w2, w3, lut):
+    """(acc, sign-mantissa bytes 0-3, bytes 4-7) of the 8 values in w0..w3 (all uint32)."""
+    acc = _pair(lut, w0)
+    acc = u32(acc + u32(_pair(lut, w1) << 2))
+    acc = u32(acc + u32(_pair(lut, w2) << 4))
+    acc = u32(acc + u32(_pair(lut, w3) << 6))
+    lo = prmt(w0, w1, 0x6420)  # low bytes of values 0..3: mantissa, exponent bit 0
+    hi = prmt(w0, w1, 0x7531)  # high bytes: sign, exponent bits 7..1
+    sm0 = u32(u32(hi & 0x80808080) | u32(lo & 0x7F7F7F7F))
+    lo = prmt(w2, w3, 0x6420)
+    hi = prmt(w2, w3, 0x7531)
+    sm1 = u32(u32(hi & 0x80808080) | u32(lo & 0x7F7F7F7F))
+    return acc, sm0, sm1
 
 
-@cuda.jit(device=True)
-def _store_round(out32, out64, e, vm, acc, lo, hi, r, wbase, lane, planes_off, stride, pwords, do_cs):
-    """Store one round's sign-mantissa bytes and plane words; return their checksum part."""
+@dev
+def _load_tile(x32, x16, n, tile, warp, lane):
+    """The lane's 16 words (4 rounds x 8 values) of a tile and the 4 rounds' valid masks."""
+    g = tile * 512 + warp * 128 + lane  # 16-byte unit of round 0
+    if (tile + 1) * fmt.BLOCK <= n:
+        a0, a1, a2, a3 = load16(x32, g)
+        b0, b1, b2, b3 = load16(x32, g + 32)
+        c0, c1, c2, c3 = load16(x32, g + 64)
+        d0, d1, d2, d3 = load16(x32, g + 96)
+        m = u32(0xFF)
+        return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3, m, m, m, m
+    e = 8 * g
+    a0, a1, a2, a3, va = _load8(x32, x16, n, e)
+    b0, b1, b2, b3, vb = _load8(x32, x16, n, e + 256)
+    c0, c1, c2, c3, vc = _load8(x32, x16, n, e + 512)
+    d0, d1, d2, d3, vd = _load8(x32, x16, n, e + 768)
+    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+            u32(va), u32(vb), u32(vc), u32(vd))
+
+
+@dev
+def _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1, r0, r1,
+                q0, q1):
+    """Store the sign-mantissa words and plane bytes of 4 full rounds (lane's 16-byte unit g
+    of round 0; round r is 32 units further): one base index per section."""
+    b = U64(HDR8 + g)
+    out64[b] = np.int64(s0) | (np.int64(s1) << 32)
+    out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
+    out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
+    out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
+    b = U64(planes_off + g)
+    out8[b] = acc0
+    out8[b + U64(32)] = acc1
+    out8[b + U64(64)] = acc2
+    out8[b + U64(96)] = acc3
+    b = U64(planes_off + stride + g)
+    out8[b] = u32(acc0 >> 8)
+    out8[b + U64(32)] = u32(acc1 >> 8)
+    out8[b + U64(64)] = u32(acc2 >> 8)
+    out8[b + U64(96)] = u32(acc3 >> 8)
+    b = U64(planes_off + 2 * stride + g)
+    out8[b] = u32(acc0 >> 16)
+    out8[b + U64(32)] = u32(acc1 >> 16)
+    out8[b + U64(64)] = u32(acc2 >> 16)
+    out8[b + U64(96)] = u32(acc3 >> 16)
+
+
+@dev
+def _store_round(out8, out64, acc, sm0, sm1, vm, u, planes_off, stride, pwords):
+    """Tail tile: store one round (values from 8u) where it lies inside the frame's sections:
+    the sign-mantissa word while a value of it is < n, a plane byte while it lies inside the
+    plane's words (its bits past n are 0)."""
+    if vm != 0:
+        out64[U64(HDR8 + u)] = np.int64(sm0) | (np.int64(sm1) << 32)
+    if u < 4 * pwords:
+        q = planes_off + u
+        out8[U64(q)] = acc
+        out8[U64(q + stride)] = u32(acc >> 8)
+        out8[U64(q + 2 * stride)] = u32(acc >> 16)
+
+
+@dev
+def _round_cs(acc, sm0, sm1, vm, u, planes_off, stride, pwords):
+    """Payload checksum part of what ``_store_full`` / ``_store_round`` store for one round."""
     cs = np.int64(0)
     if vm != 0:
-        out64[(fmt.HEADER_SIZE + e) >> 3] = np.int64(lo) | wrap64(np.int64(hi) << 32)
-        if do_cs:
-            i = e >> 2
-            cs = wrap64(np.int64(lo) * (2 * i + 1) + np.int64(hi) * (2 * i + 3))
-    t = _transpose(acc, lane)
-    q = lane & 3
-    gw = (wbase >> 5) + 8 * r + (lane >> 2)
-    if q < 3 and gw < pwords:
-        po = planes_off + q * stride
-        out32[(po >> 2) + gw] = t
-        if do_cs:
-            cs = wrap64(cs + np.int64(t) * (2 * (((po - fmt.HEADER_SIZE) >> 2) + gw) + 1))
+        i = 2 * u
+        cs = wrap64(np.int64(sm0) * (2 * i + 1) + np.int64(sm1) * (2 * i + 3))
+    if vm == 0xFF or u < 4 * pwords:
+        q = planes_off + u - fmt.HEADER_SIZE
+        cs = wrap64(cs + byte_checksum(np.int64(acc & 0xFF), q)
+                    + byte_checksum(np.int64(u32(acc >> 8) & 0xFF), q + stride)
+                    + byte_checksum(np.int64(u32(acc >> 16) & 0xFF), q + 2 * stride))
     return cs
 
 
-@cuda.jit(device=True)
-def _stage(stage, esc, base, w0, w1, w2, w3):
-    """Put this lane's escaped exponent bytes at their block ranks base + ... in shared memory."""
-    m = esc
-    while m != 0:
-        low = m & (-m)
-        m ^= low
-        s = popc(low - 1)
-        k = s >> 1
-        w = w0
-        if k == 1:
-            w = w1
-        elif k == 2:
-            w = w2
-        elif k == 3:
-            w = w3
-        stage[base + popc(esc & (low - 1))] = (np.int64(w) >> (7 + 16 * (s & 1))) & 0xFF
-
-
-@cuda.jit
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
-    """Code one escape block per CUDA block (see the module docstring)."""
+    """Code tiles taken from the ticket counter until none is left (module docstring)."""
     n = lay[0]
     planes_off = lay[2]
     stride = lay[3]
@@ -205,110 +241,121 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     eo = lay[5]
     raw_size = lay[6]
     pwords = lay[7]
+    n_blocks = lay[8]
     lut = cuda.shared.array(256, dtype=np.uint32)
-    stage = cuda.shared.array(4096, dtype=np.uint8)
     smem = cuda.shared.array(8, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
-    lut[tid] = _spread_code(tid, cb64)
-    lut[tid + TPB] = _spread_code(tid + TPB, cb64)
+    lut[tid] = _lut_entry(tid, cb64)
+    lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
     if tid == 0:
         smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
         smem[1] = ws[WS_EPOCH]
     cuda.syncthreads()
     tile = smem[0]
     epoch = smem[1]
-    wbase = tile * 4096 + warp * 1024
-    e0 = wbase + lane * 8
-    # all four 16-byte loads first: 64 bytes in flight per lane
-    a0, a1, a2, a3, vm0 = _load8(x32, x16, n, e0)
-    b0, b1, b2, b3, vm1 = _load8(x32, x16, n, e0 + 256)
-    c0, c1, c2, c3, vm2 = _load8(x32, x16, n, e0 + 512)
-    d0, d1, d2, d3, vm3 = _load8(x32, x16, n, e0 + 768)
-
-    acc0, esc0, lo0, hi0 = _code8(a0, a1, a2, a3, vm0, lut)
-    acc1, esc1, lo1, hi1 = _code8(b0, b1, b2, b3, vm1, lut)
-    acc2, esc2, lo2, hi2 = _code8(c0, c1, c2, c3, vm2, lut)
-    acc3, esc3, lo3, hi3 = _code8(d0, d1, d2, d3, vm3, lut)
-    cs = _store_round(out32, out64, e0, vm0, acc0, lo0, hi0, 0, wbase, lane, planes_off, stride,
-                      pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 256, vm1, acc1, lo1, hi1, 1, wbase, lane, planes_off, stride,
-                       pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 512, vm2, acc2, lo2, hi2, 2, wbase, lane, planes_off, stride,
-                       pwords, do_cs)
-    cs += _store_round(out32, out64, e0 + 768, vm3, acc3, lo3, hi3, 3, wbase, lane, planes_off, stride,
-                       pwords, do_cs)
-    cs = wrap64(cs)
-
-    # escape ranks: one warp scan of the 4 rounds' per-lane counts packed in 16-bit fields
-    cnt = popc(esc0) | (popc(esc1) << 16) | (popc(esc2) << 32) | (popc(esc3) << 48)
-    inc = cnt
-    y = shfl_up(inc, 1)
-    if lane >= 1:
-        inc += y
-    y = shfl_up(inc, 2)
-    if lane >= 2:
-        inc += y
-    y = shfl_up(inc, 4)
-    if lane >= 4:
-        inc += y
-    y = shfl_up(inc, 8)
-    if lane >= 8:
-        inc += y
-    y = shfl_up(inc, 16)
-    if lane >= 16:
-        inc += y
-    exc = inc - cnt
-    tot = shfl(inc, 31)
-    t0 = tot & 0xFFFF
-    t1 = (tot >> 16) & 0xFFFF
-    t2 = (tot >> 32) & 0xFFFF
-    t3 = (tot >> 48) & 0xFFFF
-    if lane == 0:
-        smem[2 + warp] = t0 + t1 + t2 + t3
-    cuda.syncthreads()
-    woff = np.int64(0)
-    btot = np.int64(0)
-    for w in range(4):
-        if w < warp:
-            woff += smem[2 + w]
-        btot += smem[2 + w]
-    if tid == 0:
-        out32[(counts_off >> 2) + tile] = btot
-        if do_cs:
-            cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-        if tile == 0:
-            publish(ws, tile, epoch, STATUS_INC, btot)
+    cs = np.int64(0)
+    (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+     va, vb, vc, vd) = _load_tile(x32, x16, n, tile if tile < n_blocks else 0, warp, lane)
+    while tile < n_blocks:
+        g = tile * 512 + warp * 128 + lane
+        acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
+        acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
+        acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
+        acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
+        if va != 0xFF or vd != 0xFF:  # the tail tile: values past n get code 0, no escape
+            acc0 = u32(acc0 & u32(va * 0x01010101))
+            acc1 = u32(acc1 & u32(vb * 0x01010101))
+            acc2 = u32(acc2 & u32(vc * 0x01010101))
+            acc3 = u32(acc3 & u32(vd * 0x01010101))
+        if va == 0xFF and vd == 0xFF:
+            _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1,
+                        r0, r1, q0, q1)
         else:
-            publish(ws, tile, epoch, STATUS_AGG, btot)
-    _stage(stage, esc0, woff + (exc & 0xFFFF), a0, a1, a2, a3)
-    _stage(stage, esc1, woff + t0 + ((exc >> 16) & 0xFFFF), b0, b1, b2, b3)
-    _stage(stage, esc2, woff + t0 + t1 + ((exc >> 32) & 0xFFFF), c0, c1, c2, c3)
-    _stage(stage, esc3, woff + t0 + t1 + t2 + ((exc >> 48) & 0xFFFF), d0, d1, d2, d3)
-    if warp == 0:
-        prefix = np.int64(0)
-        if tile > 0:
-            prefix = lookback(ws, tile, epoch, lane)
-            if lane == 0:
-                publish(ws, tile, epoch, STATUS_INC, prefix + btot)
+            _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
+            _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+            _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+            _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
+        if do_cs:
+            cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
+                        + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                        + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                        + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
+
+        # escape mask: bit 8r + s = value s of round r; ranks by one packed warp scan
+        escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
+                   | u32(u32(acc2 >> 8) & 0xFF0000) | u32(acc3 & 0xFF000000))
+        cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
+                  | u32(popc32(u32(escm & 0xFF0000)) << 16) | u32(popc32(u32(escm & 0xFF000000)) << 24))
+        ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
         if lane == 0:
-            smem[6] = prefix
-    cuda.syncthreads()
-    prefix = smem[6]
-    i = tid
-    while i < btot:
-        pos = eo + prefix + i
-        if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
-            b = np.int64(stage[i])
-            out8[pos] = b
-            if do_cs:
-                cs = wrap64(cs + byte_checksum(b, pos - fmt.HEADER_SIZE))
-        i += TPB
+            smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
+        cuda.syncthreads()  # A: warp totals
+        woff = np.int64(0)
+        btot = np.int64(0)
+        for w in range(4):
+            v = smem[2 + w]
+            if w < warp:
+                woff += v
+            btot += v
+        if warp == 0:
+            if lane == 0:
+                out32[(counts_off >> 2) + tile] = btot
+                if do_cs:
+                    cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                if tile == 0:
+                    publish(ws, tile, epoch, STATUS_INC, btot)
+                else:
+                    publish(ws, tile, epoch, STATUS_AGG, btot)
+            prefix = np.int64(0)
+            if tile > 0:
+                prefix = lookback(ws, tile, epoch, lane)
+                if lane == 0:
+                    publish(ws, tile, epoch, STATUS_INC, prefix + btot)
+            if lane == 0:
+                smem[6] = prefix
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+        cuda.syncthreads()  # B: this tile's prefix, the next tile's ticket
+        prefix = smem[6]
+        nxt = smem[0]
+        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
+            (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+             va, vb, vc, vd) = _load_tile(x32, x16, n, nxt, warp, lane)
+        if escm != 0:
+            # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
+            base = eo + prefix + woff
+            k0 = base + np.int64(field8(ex, 0))
+            k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+            k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
+                                     - popc32(u32(escm & 0xFFFFFF))))
+            e0 = 8 * g
+            m = escm
+            while m != 0:
+                low = u32(m & u32(u32(~m) + 1))
+                m = u32(m ^ low)
+                b = popc32(u32(low - 1))  # bit 8r + s: value s of round r
+                r = u32(b >> 3)
+                v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + u32(b & 7))))])  # still cached
+                pos = k0
+                if r == 1:
+                    pos = k1
+                elif r == 2:
+                    pos = k2
+                elif r == 3:
+                    pos = k3
+                pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
+                    x = u32(u32(v >> 7) & 0xFF)
+                    out8[U64(pos)] = x
+                    if do_cs:
+                        cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
+        tile = nxt
     if do_cs:
         cs = warp_sum(cs)
         if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (tile & 7), cs)
+            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
 
 
 @cuda.jit
@@ -454,7 +501,8 @@ def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ..
     force_raw = 1 if lay.static_size > lay.raw_size else 0
     tiles = 0
     if lay.n_blocks and not force_raw:
-        encode_tiles[lay.n_blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, cb64, do_cs)
+        encode_tiles[grid_size(lay.n_blocks), TPB, stream](x32, x16, out8, out32, out64, ws, lt, cb64,
+                                                           do_cs)
         tiles = lay.n_blocks
     blocks = max(1, min(FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
     encode_finish[blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, hdr, crc_base, crc_tab,
