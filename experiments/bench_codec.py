@@ -13,14 +13,14 @@ input bit for bit; then it times, with CUDA events on one non-blocking stream:
   off by default: it disagrees with the library on the GPU, see NOTES.md);
 * ``v2``: experiments/kernels/v2_int64_*.py, the first library version (int64
   arithmetic throughout);
-* ``v3``: the library kernels (``zipccl.kernels``), without and with checksum
-  (``v3-cs``), and recompiled with launch bounds (128 threads, >= 8 blocks per
-  SM: ``v3-lb8``);
-* ``v4`` / ``v4-cs``: experiments/kernels/v4_*.py (persistent blocks, 32-bit
+* ``v3``: experiments/kernels/v3_*.py, the library version before v4 (32-bit hot
+  paths, one CUDA block per escape block), launched directly, without and with
+  checksum (``v3-cs``) and recompiled with launch bounds (128 threads, >= 8 blocks
+  per SM: ``v3-lb8``); each checked on the timed buffers first;
+* ``v4``: the library kernels (``zipccl.kernels``: persistent blocks, 32-bit
   per-value work, byte-wide plane stores and loads, codes to exponents by byte
-  permute), launched directly (no ``gpu.py`` wrapper), checked on the timed
-  buffers first: frames equal to the reference frame, v4 decodes both its own and
-  the library's frames bit for bit.
+  permute) through ``encode_into`` / ``decode_into``, without and with checksum
+  (``v4-cs``). These are the frames checked against the reference above.
 
 Two timings per variant: ``graph`` replays a CUDA graph of K calls (device time,
 launch gaps removed) and ``eager`` issues the calls from Python (what a caller
@@ -142,15 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", choices=["graph", "eager"], default=["graph", "eager"],
                     help="timings to take (the copy is always timed both ways)")
     ap.add_argument("--variants", nargs="+",
-                    default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8"])
+                    default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8", "v4", "v4-cs"])
     args = ap.parse_args(argv)
 
     import cupy as cp
     import v1_per_element as v1
     import v2_int64_decode as v2d
     import v2_int64_encode as v2e
-    import v4_decode as v4d
-    import v4_encode as v4e
+    import v3_decode as v3d
+    import v3_encode as v3e
     from numba import cuda
 
     from zipccl.codec import cpu, gpu, reference
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     cb = Codebook.from_sigma(0.02)
 
     # v3 with launch bounds: the same Python kernels compiled again
-    enc_lb8 = cuda.jit(launch_bounds=(TPB, 8))(encode.encode_tiles.py_func)
-    dec_lb8 = cuda.jit(launch_bounds=(TPB, 8))(decode.decode_tiles.py_func)
+    enc_lb8 = cuda.jit(launch_bounds=(TPB, 8))(v3e.encode_tiles.py_func)
+    dec_lb8 = cuda.jit(launch_bounds=(TPB, 8))(v3d.decode_tiles.py_func)
 
     records: list[dict] = []
     table: list[tuple] = []
@@ -292,19 +292,19 @@ def main(argv: list[str] | None = None) -> int:
             both("encode", "naive", [
                 (lambda v=v: v1.naive_split[grid, 256, nstream](v[0], n, v[1], v[2])) for v in views])
             del sm, ex, views
-        if "v3" in args.variants:
-            both("encode", "v3", [
+        if "v4" in args.variants:  # the library, as callers use it
+            both("encode", "v4", [
                 (lambda i=i: gpu.encode_into(bits[i], frames[i], cb, stream, workspace=ws))
                 for i in range(sets)], ratio)
-            both("decode", "v3", [
+            both("decode", "v4", [
                 (lambda i=i: gpu.decode_into(frames[i], outs[i], stream, workspace=ws))
                 for i in range(sets)], ratio)
-        if "v3-cs" in args.variants:
-            both("encode", "v3-cs", [
+        if "v4-cs" in args.variants:
+            both("encode", "v4-cs", [
                 (lambda i=i: gpu.encode_into(bits[i], frames_cs[i], cb, stream, checksum=True,
                                              workspace=ws)) for i in range(sets)],
                  compression_ratio(flen_cs, nbytes))
-            both("decode", "v3-cs", [
+            both("decode", "v4-cs", [
                 (lambda i=i: gpu.decode_into(frames_cs[i], outs[i], stream, workspace=ws))
                 for i in range(sets)], compression_ratio(flen_cs, nbytes))
         lt = encode.layout_tuple(lay)
@@ -320,9 +320,16 @@ def main(argv: list[str] | None = None) -> int:
                runtime.view(outs[i], (n & ~7) // 2, np.uint32), runtime.view(outs[i], n, np.uint16),
                ws.array, lt) for i in range(sets)]
 
-        def enc_with(tiles_kernel, a):
-            tiles_kernel[lay.n_blocks, TPB, nstream](*a, cb64, 0)
-            encode.encode_finish[fin_blocks, TPB, nstream](*a, hdr, crc_base, runtime.crc_table(), 0, 0,
+        ev_cs = [(*a[:2], runtime.view(frames_cs[i], lay.raw_size, np.uint8),
+                  runtime.view(frames_cs[i], lay.raw_size // 4, np.uint32),
+                  runtime.view(frames_cs[i], lay.raw_size // 8, np.int64), *a[5:])
+                 for i, a in enumerate(ev)]
+        dv_cs = [(*e[2:5], *d[3:]) for e, d in zip(ev_cs, dv, strict=True)]  # frame views of frames_cs
+
+        def enc_with(tiles_kernel, a, cs=0):
+            # one CUDA block per escape block (v1-v3); the finishing kernel is the library's
+            tiles_kernel[lay.n_blocks, TPB, nstream](*a, cb64, cs)
+            encode.encode_finish[fin_blocks, TPB, nstream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
                                                            lay.n_blocks)
 
         def dec_with(tiles_kernel, a):
@@ -342,59 +349,32 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{mib} MiB: v2 kernels disagree with the reference")
             both("encode", "v2", [(lambda a=a: enc_with(v2e.encode_tiles, a)) for a in ev], ratio)
             both("decode", "v2", [(lambda a=a: dec_with(v2d.decode_tiles, a)) for a in dv], ratio)
+        for name, enc_k, dec_k, cs in (("v3", v3e.encode_tiles, v3d.decode_tiles, 0),
+                                       ("v3-cs", v3e.encode_tiles, v3d.decode_tiles, 1),
+                                       ("v3-lb8", enc_lb8, dec_lb8, 0)):
+            if name not in args.variants:
+                continue
+            e_args, d_args, ref = (ev_cs, dv_cs, want_cs) if cs else (ev, dv, want)
+            frs = frames_cs if cs else frames
+            bad = 0
+            for i in range(sets):  # check on the timed buffers: poisoned frame, zeroed output
+                frs[i].fill(0xAB)
+                outs[i].fill(0)
+                enc_with(enc_k, e_args[i], cs)
+                dec_with(dec_k, d_args[i])
+                bad += int(cp.count_nonzero(outs[i] != bits[i]))
+            err = int(ws._slots(stream)[WS_ERR_STICKY])
+            if bad or err or not np.array_equal(cp.asnumpy(frs[0][:ref.size]), ref):
+                raise SystemExit(f"{mib} MiB: {name} disagrees with the reference ({bad} values, "
+                                 f"error bits {err})")
+            if name != "v3-lb8":
+                both("encode", name, [(lambda a=a, k=enc_k, c=cs: enc_with(k, a, c)) for a in e_args],
+                     compression_ratio(ref.size, nbytes))
+                both("decode", name, [(lambda a=a, k=dec_k: dec_with(k, a)) for a in d_args],
+                     compression_ratio(ref.size, nbytes))
         if "v3-lb8" in args.variants:
             both("encode", "v3-lb8", [(lambda a=a: enc_with(enc_lb8, a)) for a in ev], ratio)
             both("decode", "v3-lb8", [(lambda a=a: dec_with(dec_lb8, a)) for a in dv], ratio)
-        if "v4" in args.variants or "v4-cs" in args.variants:
-            crc_tab = runtime.crc_table()
-
-            def enc4(i, frs, cs):
-                a = (runtime.view(bits[i], (n & ~7) // 2, np.uint32), runtime.view(bits[i], n, np.uint16),
-                     runtime.view(frs[i], lay.raw_size, np.uint8),
-                     runtime.view(frs[i], lay.raw_size // 4, np.uint32),
-                     runtime.view(frs[i], lay.raw_size // 8, np.int64), ws.array)
-                return lambda: v4e.launch(*a, lay, hdr, crc_base, crc_tab, cb64, cs, nstream)
-
-            def dec4(i, frs):
-                a = (runtime.view(frs[i], lay.raw_size, np.uint8),
-                     runtime.view(frs[i], lay.raw_size // 4, np.uint32),
-                     runtime.view(frs[i], lay.raw_size // 8, np.int64),
-                     runtime.view(outs[i], (n & ~7) // 2, np.uint32), runtime.view(outs[i], n, np.uint16),
-                     ws.array)
-                return lambda: v4d.launch(*a, lay, CRC_ZERO, crc_tab, nstream)
-
-            # check first, on the timed buffers: v4 decodes the library's frames, then v4 frames
-            # must equal the reference frame (written over the library's) and decode back
-            for name, frs, cs, ref in (("v4", frames, False, want), ("v4-cs", frames_cs, True, want_cs)):
-                if name not in args.variants:
-                    continue
-                bad = 0
-                for i in range(sets):
-                    outs[i].fill(0)
-                    dec4(i, frs)()
-                    bad += int(cp.count_nonzero(outs[i] != bits[i]))
-                    frs[i].fill(0xAB)
-                    enc4(i, frs, cs)()
-                    outs[i].fill(0)
-                    dec4(i, frs)()
-                    bad += int(cp.count_nonzero(outs[i] != bits[i]))
-                err = int(ws._slots(stream)[WS_ERR_STICKY])  # any decode since the start
-                got = cp.asnumpy(frs[0][:ref.size])
-                if bad or err or not np.array_equal(got, ref):
-                    first = int(np.flatnonzero(got != ref)[0]) if got.size == ref.size and \
-                        not np.array_equal(got, ref) else -1
-                    raise SystemExit(f"{mib} MiB: {name} disagrees: {bad} values decoded wrong, "
-                                     f"error bits {err}, first differing frame byte {first}")
-                print(f"{mib:g} MiB: {name} frames equal the {codec.__name__} frame, "
-                      f"decodes match ({sets} sets)", flush=True)
-            if "v4" in args.variants:
-                both("encode", "v4", [enc4(i, frames, False) for i in range(sets)], ratio)
-                both("decode", "v4", [dec4(i, frames) for i in range(sets)], ratio)
-            if "v4-cs" in args.variants:
-                both("encode", "v4-cs", [enc4(i, frames_cs, True) for i in range(sets)],
-                     compression_ratio(flen_cs, nbytes))
-                both("decode", "v4-cs", [dec4(i, frames_cs) for i in range(sets)],
-                     compression_ratio(flen_cs, nbytes))
         # the timed buffers still hold correct frames and values
         stream.synchronize()
         for i in range(sets):

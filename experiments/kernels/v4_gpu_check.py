@@ -1,4 +1,4 @@
-"""Kernel version 4 on a GPU: the library's GPU tests with the v4 kernels, then the benchmark.
+"""Kernel version 4 on a GPU: the benchmark, then the library's GPU tests, in one call.
 
 One process, so that every kernel is compiled once:
 
@@ -6,8 +6,10 @@ One process, so that every kernel is compiled once:
    variant on its timed buffers against the reference / CPU frame before timing);
 2. ``tests/test_gpu_codec.py`` (odd sizes, edge corpus, all 65,536 bit patterns,
    random data, corrupted frames, CUDA graph replay, CuPy / torch / Numba arrays)
-   with ``zipccl.kernels.encode.launch`` / ``decode.launch`` replaced by the v4
-   launchers, so every check of the library runs against v4.
+   with ``zipccl.kernels.encode.launch`` / ``decode.launch`` replaced by the
+   launchers of experiments/kernels/v4_*.py. This is how v4 was checked before it
+   was promoted (run 20261130T040001); since then the library kernels are v4, so
+   step 2 checks the same code either way.
 
     python experiments/kernels/v4_gpu_check.py --out $OUT/codec_gpu.jsonl --sizes 16 256 1024
 """
