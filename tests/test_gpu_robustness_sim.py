@@ -1,0 +1,183 @@
+"""The GPU decoder on hostile input, under Numba's CUDA simulator: errors, not crashes.
+
+A frame that arrives over a link can be anything: a partial transfer, a stale
+buffer, bytes from another call. The device decoder must then set error bits (or
+raise ValueError before launching), and never read or write outside the buffers it
+was given: on a GPU such an access is ``cudaErrorIllegalAddress``, which kills the
+whole CUDA context, not just the call.
+
+Under the simulator a kernel's device arrays are NumPy views of exactly the sizes
+``codec.gpu`` hands the kernels, so an index past the end raises IndexError. A
+negative index would silently wrap around in NumPy, so this module also makes the
+simulator's in-kernel arrays reject negative indices. The frames here are built so
+that every check the decoder relies on is exercised with the payload it guards
+being garbage, and every frame buffer is exactly as long as the frame claims (or
+shorter), so any read past it is caught. Like ``test_kernels_sim.py`` it re-runs
+itself in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import gaussian_bits
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+sim = pytest.mark.skipif(not SIM, reason="runs in the simulator subprocess (test_under_simulator)")
+
+
+@pytest.mark.skipif(SIM, reason="already under the simulator")
+def test_under_simulator():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-W", "ignore::RuntimeWarning", str(Path(__file__).resolve())],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and "skipped" in r.stdout  # the wrapper itself is skipped there
+
+
+if SIM:
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
+    from numba.cuda.simulator.cudadrv import devicearray as _sim_arrays
+
+    from zipccl import format as fmt
+    from zipccl.codebook import Codebook
+    from zipccl.codec import gpu, reference
+    from zipccl.kernels import _common
+
+    def _no_negative(idx):
+        if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool) and int(idx) < 0:
+            raise IndexError(f"negative index {int(idx)} in a kernel (wraps around in NumPy, "
+                             "reads or writes out of bounds on a GPU)")
+        if isinstance(idx, tuple):
+            for i in idx:
+                _no_negative(i)
+
+    _Within = _sim_arrays.FakeWithinKernelCUDAArray
+    _get, _set = _Within.__getitem__, _Within.__setitem__
+
+    def _strict_get(self, idx):
+        _no_negative(idx)
+        return _get(self, idx)
+
+    def _strict_set(self, idx, val):
+        _no_negative(idx)
+        return _set(self, idx, val)
+
+    _Within.__getitem__, _Within.__setitem__ = _strict_get, _strict_set
+
+GUARD = 0x5A5A
+N = 4096 + 300  # two escape blocks: the look-back and the hand-over between blocks run
+
+
+def _decode(frame: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """(values, error bits) of a GPU decode of exactly ``frame`` into a guarded output of n."""
+    guard = np.full(n + 64, GUARD, np.uint16)
+    out = guard[32:32 + n]
+    ws = gpu.Workspace(max(n, 1))
+    gpu.decode_into(np.ascontiguousarray(frame), out, workspace=ws)
+    assert np.all(guard[:32] == GUARD) and np.all(guard[32 + n:] == GUARD), \
+        "decoder wrote outside its output"
+    slots = np.asarray(ws.array._ary)
+    assert slots[_common.WS_TICKET] == 0, "the workspace was not left ready for the next call"
+    return out.copy(), ws.last_error()
+
+
+def _header(n: int, n_escapes: int, frame_len: int, flags: int, codebook=(120, 121, 122, 123, 124,
+                                                                          125, 126)) -> np.ndarray:
+    return fmt.pack_header(fmt.Header(n=n, n_escapes=n_escapes, frame_len=frame_len, flags=flags,
+                                      codebook=tuple(codebook), shape=(n,)))
+
+
+def _garbage(rng, nbytes: int) -> np.ndarray:
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _rejected(frame: np.ndarray, n: int) -> int:
+    _, err = _decode(frame, n)
+    assert err != 0, "a corrupted frame decoded without an error bit"
+    with pytest.raises(ValueError):  # the specification agrees that the frame is bad
+        reference.decode(frame)
+    return err
+
+
+@sim
+def test_valid_header_over_garbage_payloads():
+    """Header fields all consistent (so every block decodes), payload random: counts, code
+    planes and escapes disagree in every way; with and without the payload checksum."""
+    rng = np.random.default_rng(1)
+    lay = fmt.Layout.for_count(N)
+    for nesc, flags in ((57, 0), (lay.raw_size - lay.escapes_offset, 2)):
+        flen = lay.escapes_offset + nesc
+        frame = np.concatenate([_header(N, nesc, flen, flags), _garbage(rng, flen - fmt.HEADER_SIZE)])
+        err = _rejected(frame, N)
+        assert err & (_common.ERR_COUNTS | _common.ERR_TOTAL | _common.ERR_CHECKSUM)
+
+
+@sim
+def test_corrupted_real_frame_regions():
+    """A real frame with one section overwritten: counts at their maximum, every code an
+    escape (each escape read lands past the escape section), escape bytes random."""
+    bits = gaussian_bits(N, seed=3)
+    frame = reference.encode(bits, Codebook.from_sigma(0.02))
+    lay = fmt.Layout.for_count(N)
+    f = frame.copy()
+    f[lay.counts_offset:lay.escapes_offset] = 0xFF
+    assert _rejected(f, N) & _common.ERR_COUNTS
+    f = frame.copy()
+    f[lay.planes_offset:lay.counts_offset] = 0
+    assert _rejected(f, N) & (_common.ERR_ESCAPE_RANGE | _common.ERR_COUNTS)
+
+
+@sim
+def test_frames_that_lie_about_their_length():
+    """A header whose lengths do not fit the buffer or the layout writes nothing and reads
+    nothing past the buffer: truncated transfers, a huge escape count, a RAW flag on a
+    short buffer, an odd-sized buffer, the wrong element count."""
+    rng = np.random.default_rng(2)
+    n = 1000
+    bits = gaussian_bits(n, seed=4)
+    frame = reference.encode(bits, Codebook.from_sigma(0.02))
+    lay = fmt.Layout.for_count(n)
+    for cut in (lay.escapes_offset - 1, frame.size - 1):
+        assert _rejected(frame[:cut].copy(), n) & _common.ERR_HEADER
+    short = lay.escapes_offset + 8
+    for nesc, flen, flags in ((1 << 40, lay.escapes_offset + (1 << 40), 0), (0, lay.raw_size, 1)):
+        f = np.concatenate([_header(n, nesc, flen, flags), _garbage(rng, short - fmt.HEADER_SIZE)])
+        assert _rejected(f, n) & _common.ERR_HEADER
+    f = np.concatenate([frame, _garbage(rng, 3)])  # longer, odd-sized buffer: still decodes
+    got, err = _decode(f, n)
+    assert err == 0 and np.array_equal(got, bits)
+    _, err = _decode(frame, n - 1)  # the output disagrees with the header's count
+    assert err & _common.ERR_HEADER
+    assert _rejected(_garbage(rng, 2 * fmt.HEADER_SIZE), n) & _common.ERR_HEADER
+
+
+@sim
+def test_raw_frames_of_garbage():
+    """A RAW frame is a copy: without a checksum garbage is (correctly) taken as data, with
+    one it is caught; a tail that is not a whole 16-byte group is copied value by value."""
+    rng = np.random.default_rng(3)
+    n = 1013
+    lay = fmt.Layout.for_count(n)
+    payload = _garbage(rng, lay.raw_size - fmt.HEADER_SIZE)
+    got, err = _decode(np.concatenate([_header(n, 0, lay.raw_size, 1), payload]), n)
+    assert err == 0 and np.array_equal(got, payload.view("<u2"))
+    assert _rejected(np.concatenate([_header(n, 0, lay.raw_size, 3), payload]), n) \
+        & _common.ERR_CHECKSUM
+
+
+@sim
+def test_short_buffers_raise_before_launching():
+    out = np.zeros(N, np.uint16)
+    with pytest.raises(ValueError, match="shorter than"):
+        gpu.decode_into(np.zeros(fmt.HEADER_SIZE - 1, np.uint8), out)
+    with pytest.raises(ValueError, match="workspace"):
+        gpu.decode_into(np.zeros(4096, np.uint8), out, workspace=gpu.Workspace(16))
