@@ -102,21 +102,40 @@ def record_chunks(rec: Mapping) -> int:
     return int(rec.get("chunks") or cfg.get("chunks") or 1)
 
 
+def _fittable(recs: list[dict]) -> bool:
+    """A run can calibrate a link if its native records cover >= 2 sizes of some op."""
+    sizes: dict[str, set] = defaultdict(set)
+    for r in recs:
+        if r.get("variant") == "nccl":
+            sizes[r["op"]].add(int(r["per_rank_bytes"]))
+    return any(len(v) >= 2 for v in sizes.values())
+
+
 def select_latest(records: Iterable[Mapping], nranks: int = 2) -> list[dict]:
-    """The ``collectives`` records of ``nranks`` ranks from the newest run of each link.
+    """The ``collectives`` records of ``nranks`` ranks from the newest usable run of each link.
 
     Runs are per link (one link per process), so each transport is calibrated on
-    what the library measured most recently on it.
+    what the library measured most recently on it. A run that stopped before its
+    native records covered two sizes of any operation cannot be fitted and is
+    passed over for the newest one that can (its records are still checked).
 
-    >>> recs = [{"bench": "collectives", "link": "shm", "nranks": 2, "run": r} for r in ("b", "a")]
-    >>> [r["run"] for r in select_latest(recs)]
+    >>> recs = [{"bench": "collectives", "link": "shm", "nranks": 2, "run": r, "variant": "nccl",
+    ...          "op": "all_gather", "per_rank_bytes": m} for r in ("b", "a") for m in (1, 2)]
+    >>> sorted({r["run"] for r in select_latest(recs)})
+    ['b']
+    >>> recs.append({**recs[0], "run": "c"})  # a newer run with one size only
+    >>> sorted({r["run"] for r in select_latest(recs)})
     ['b']
     """
     recs = [dict(r) for r in records if r.get("bench") == "collectives" and r.get("nranks") == nranks]
-    newest: dict[str, str] = {}
+    by_run: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in recs:
-        newest[r["link"]] = max(newest.get(r["link"], ""), run_id(r))
-    return [r for r in recs if run_id(r) == newest[r["link"]]]
+        by_run[(r["link"], run_id(r))].append(r)
+    newest: dict[str, str] = {}
+    for (link, run), rs in by_run.items():
+        if _fittable(rs) and run >= newest.get(link, ""):
+            newest[link] = run
+    return [r for r in recs if r["link"] in newest and run_id(r) == newest[r["link"]]]
 
 
 # --------------------------------------------------------------------------------------------
