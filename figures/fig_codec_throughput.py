@@ -1,11 +1,12 @@
 """GPU codec throughput against buffer size: zipccl's kernels beside the copy ceiling and baselines.
 
-Usage: python fig_codec_throughput.py OUT.png codec_gpu.jsonl [codec_gpu_baselines.jsonl]
+Usage: python fig_codec_throughput.py OUT.png codec_gpu.jsonl codec_gpu_v4.jsonl [codec_gpu_baselines.jsonl]
 
-Encode and decode GB/s of BF16 input against size for the latest run in the results
-file: the library kernels (v3) as a replayed CUDA graph (device time) and called
-from Python (host overhead included), with the payload checksum, the previous
-version (v2), the naive split kernel and the device copy (input bytes / copy time).
+Encode and decode GB/s of BF16 input against size: the library kernels (v4, from the
+latest run of codec_gpu_v4.jsonl) as a replayed CUDA graph (device time), with the
+payload checksum; from the latest run of codec_gpu.jsonl the previous versions (v3,
+also called from Python with host overhead included, and v2), the naive split kernel
+and the device copy (input bytes / copy time).
 DietGPU and nvCOMP points come from the baselines file (numbers from GPU_MACHINE.md,
 same card kind, not re-run).
 Dashed: the targets (2,000 GB/s at >= 256 MiB, 1,000 GB/s at 16 MiB). Reads saved
@@ -22,11 +23,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# (variant for encode, variant for decode, mode, label, colour, line style); the library's
-# decoder is compiled with launch bounds (128, 8), measured as variant v3-lb8
-SERIES = (("v3", "v3-lb8", "graph", "zipccl kernels (graph replay)", "tab:blue", "-"),
-          ("v3", "v3", "eager", "zipccl encode_into/decode_into from Python", "tab:blue", ":"),
-          ("v3-cs", "v3-cs", "graph", "zipccl + payload checksum (graph)", "tab:cyan", "-"),
+# (variant for encode, variant for decode, mode, label, colour, line style); v4 is the
+# library; v3's decoder was measured with launch bounds (128, 8) as variant v3-lb8
+SERIES = (("v4", "v4", "graph", "zipccl kernels v4 (library, graph replay)", "tab:blue", "-"),
+          ("v4-cs", "v4-cs", "graph", "v4 + payload checksum (graph)", "tab:cyan", "-"),
+          ("v3", "v3-lb8", "graph", "v3 (previous, graph replay)", "tab:orange", "-"),
+          ("v3", "v3", "eager", "v3 encode_into/decode_into from Python", "tab:orange", ":"),
           ("v2", "v2", "graph", "v2: int64 arithmetic (graph)", "tab:purple", "-"),
           ("naive", None, "graph", "naive split kernel (graph)", "tab:gray", "-"),
           ("cupy", "cupy", "eager", "device copy (input bytes / time)", "black", "--"))
@@ -37,10 +39,14 @@ def _read(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def main(out: str, path: str, baselines: str | None = None) -> None:
-    rows = _read(path)
+def _latest(rows: list[dict]) -> list[dict]:
     latest = max(r["run_id"] for r in rows)
-    rows = [r for r in rows if r["run_id"] == latest]
+    return [r for r in rows if r["run_id"] == latest]
+
+
+def main(out: str, path: str, v4_path: str, baselines: str | None = None) -> None:
+    rows = _latest(_read(path))
+    rows += [r for r in _latest(_read(v4_path)) if r["variant"].startswith("v4")]
     base = _read(baselines) if baselines else []
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, op in ((axes[0], "encode"), (axes[1], "decode")):
