@@ -115,9 +115,24 @@ def stream(handle):
     return s
 
 
+def _settled(dev):
+    """``dev`` once its upload has landed in device memory.
+
+    ``cuda.to_device`` of pageable host memory is a copy on the legacy default stream
+    that may return before the DMA into device memory completes, and kernels on
+    non-blocking streams (CuPy's ``Stream(non_blocking=True)``, the collectives'
+    transfer and decode streams) are not ordered after the legacy stream. A kernel
+    launched right after could read the freshly allocated memory's old contents (for
+    a workspace: a garbage tile ticket, i.e. accesses far out of bounds). Waiting for
+    the legacy stream here orders the upload before anything launched later.
+    """
+    cuda.default_stream().synchronize()
+    return dev
+
+
 def device_zeros(count: int, dtype):
-    """A zero-filled Numba device array (synchronous; for set-up, not the hot path)."""
-    return cuda.to_device(np.zeros(count, dtype=dtype))
+    """A zero-filled Numba device array, visible to every stream (for set-up, not the hot path)."""
+    return _settled(cuda.to_device(np.zeros(count, dtype=dtype)))
 
 
 def device_empty(count: int, dtype):
@@ -153,7 +168,7 @@ def crc_table():
     dev = cuda.get_current_device().id
     t = _CRC_DEV.get(dev)
     if t is None:
-        t = _CRC_DEV[dev] = cuda.to_device(CRC_TABLE)
+        t = _CRC_DEV[dev] = _settled(cuda.to_device(CRC_TABLE))
     return t
 
 
