@@ -14,6 +14,12 @@ that every check the decoder relies on is exercised with the payload it guards
 being garbage, and every frame buffer is exactly as long as the frame claims (or
 shorter), so any read past it is caught. Like ``test_kernels_sim.py`` it re-runs
 itself in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``.
+
+The other way a device collective reads garbage is a race between its streams (a
+decode before the transfer that fills its buffer has finished, a buffer zeroed or
+reused while another stream still uses it). ``test_stream_order`` runs
+``tests/mpi/stream_order.py`` on two ranks: the device path with every stream
+hand-off checked for happens-before (see that file).
 """
 
 from __future__ import annotations
@@ -30,6 +36,19 @@ from conftest import gaussian_bits
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 sim = pytest.mark.skipif(not SIM, reason="runs in the simulator subprocess (test_under_simulator)")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(SIM, reason="runs outside the simulator")
+def test_stream_order():
+    """Every cross-stream buffer hand-off of the device collectives is ordered by an event or
+    a host wait (pipelined and two-phase, growing messages, no host sync between calls)."""
+    from test_comm_mpi import ROOT, clean_env, mpiexec
+
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi" / "stream_order.py")]
+    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "no race on 2 ranks" in r.stdout and "negative control caught" in r.stdout
 
 
 @pytest.mark.skipif(SIM, reason="already under the simulator")

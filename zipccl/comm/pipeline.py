@@ -82,6 +82,8 @@ class DeviceEngine:
         self._lens8 = None
         self._lens = None
         self._dec_ws = None
+        self._dec_retired: list = []  # decode workspaces outgrown during the call in flight
+        self._ev_start = None
         self._dec_round = -1
         self._dec_used = False
         self._in_pipeline = False
@@ -96,9 +98,21 @@ class DeviceEngine:
         self._stream = cupy_stream(stream)
 
     def workspace(self, role: str, nbytes: int):
+        """A reusable uint8 device buffer of ``nbytes`` (grown, never shrunk).
+
+        Allocated and zeroed on this engine's stream, not on CuPy's current one (usually
+        the legacy default stream, which non-blocking streams do not wait for): the
+        zeroing is then ordered before every use (the caller's stream directly, the
+        transfer and decode streams through the round events), and CuPy's pool, which
+        ties a block to the stream it was allocated on, hands a grown-out buffer to a
+        new allocation only in that stream's order, i.e. after the earlier calls'
+        transfers and decodes (``pipeline_end`` made the stream wait for them).
+        """
         buf = self._work.get(role)
         if buf is None or buf.size < nbytes:
-            buf = self.cp.zeros(max(nbytes, 1), dtype=self.cp.uint8)
+            self._work.pop(role, None)
+            with self._stream:
+                buf = self.cp.zeros(max(nbytes, 1), dtype=self.cp.uint8)
             self._work[role] = buf
         return buf[:nbytes]
 
@@ -132,7 +146,8 @@ class DeviceEngine:
             return hit[0]
         n = int(bits.size)
         stride = max(1, n // SAMPLE_SIZE)
-        sample = self.cp.asnumpy(bits[::stride][:SAMPLE_SIZE], stream=self._stream)
+        with self._stream:  # the strided gather runs after the caller's writes to bits
+            sample = self.cp.asnumpy(bits[::stride][:SAMPLE_SIZE], stream=self._stream)
         cb = Codebook.from_sample(sample)
         if len(self._codebooks) >= 64:
             self._codebooks.pop(next(iter(self._codebooks)))
@@ -252,6 +267,8 @@ class DeviceEngine:
         """
         if hi <= lo:
             return
+        if self._in_pipeline and self._dec_round < 0:
+            self._dec_after_caller()  # no round was received yet (one rank): stage is the caller's
         with (self._dec if self._in_pipeline else self._stream):
             # row r of the columns starts at stage[lo + r * m]: the kernel strides rows by m
             self._reduce(stage[lo:], np.int64(p), np.int64(m), out[lo:hi])
@@ -268,6 +285,7 @@ class DeviceEngine:
             self._xfer = cp.cuda.Stream(non_blocking=True)
             self._dec = cp.cuda.Stream(non_blocking=True)
             self._ev_tail = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+            self._ev_start = cp.cuda.Event(disable_timing=True)
         while len(self._ev_enc) < rounds:
             self._ev_enc.append(cp.cuda.Event(disable_timing=True))
             self._ev_recv.append(cp.cuda.Event(disable_timing=True))
@@ -278,7 +296,13 @@ class DeviceEngine:
         self._lens = self._lens8.view("<i8")
         self._dec_round = -1
         self._dec_used = False
+        self._dec_retired = []
         self._in_pipeline = True
+
+    def _dec_after_caller(self) -> None:
+        """Order the decode stream after everything enqueued on the caller's stream so far."""
+        self._ev_start.record(self._stream)
+        self._dec.wait_event(self._ev_start)
 
     def encode_frame(self, bits, out, codebook: Codebook, idx: int) -> None:
         """Enqueue the frame's encoding and the copy of its length to pinned slot ``idx``."""
@@ -315,8 +339,14 @@ class DeviceEngine:
             except ValueError as e:
                 return str(e)
             return None
+        before = self._work.get("bounce_out")
         dst, bounced = self._aligned(out, "bounce_out")
+        if bounced and self._work.get("bounce_out") is not before:
+            self._dec_after_caller()  # the bounce buffer was just allocated (zeroed) on the caller's stream
         if self._dec_ws is None or not self._dec_ws.fits(out.size):
+            if self._dec_ws is not None and self._dec_used:
+                # decodes of this call are still queued on it: keep it, and its error bits
+                self._dec_retired.append(self._dec_ws)
             self._dec_ws = self.gpu.Workspace(max(int(out.size), 1 << 20))
         self.gpu.decode_into(frame, dst, self._dec, workspace=self._dec_ws)
         self._dec_used = True
@@ -340,7 +370,10 @@ class DeviceEngine:
             return None
         from ..kernels import _common  # the decoder's sticky error word (ORed over its calls)
 
-        bits = int(self._dec_ws._slots(self._dec)[_common.WS_ERR_STICKY])  # synchronises
+        bits = 0
+        retired, self._dec_retired = self._dec_retired, []
+        for ws in (*retired, self._dec_ws):
+            bits |= int(ws._slots(self._dec)[_common.WS_ERR_STICKY])  # synchronises
         if bits:
             self._dec_ws = None  # a fresh (zeroed) workspace for the next call
             return f"corrupted zipccl frame: {self.gpu.Workspace.describe(bits)}"

@@ -1,0 +1,374 @@
+"""Stream-order check of the device collectives: every buffer hand-off between streams is ordered.
+
+    mpiexec -n 2 python tests/mpi/stream_order.py            # exits 0 when no race is found
+
+On a GPU the device engine splits each collective over three streams (the caller's
+for encoding, a transfer stream for NCCL, a decode stream), ordered only by events.
+A missing ``wait_event`` is a race that a slow link hides and a fast one (NVLink)
+exposes: a kernel reads a buffer before the transfer that fills it has finished, or
+a buffer is zeroed or reused while another stream still uses it. Such races do not
+show on the host, where ``fake_cupy`` runs every operation at once.
+
+This script runs the device path on ``fake_cupy`` (CuPy and NCCL stood in for on the
+host), with the GPU codec replaced by the CPU codec behind the same entry points, and
+tracks *happens-before* the way CUDA defines it: every stream has a vector clock;
+an operation enqueued on a stream ticks it and inherits what the host has already
+waited for; ``Event.record`` snapshots a stream's clock, ``Stream.wait_event`` joins
+it, ``synchronize`` joins it into the host's. Every device operation declares the
+byte ranges it reads and writes (allocation and zeroing, copies, ``get``/``set``, the
+reduction kernel, NCCL calls, encode and decode with their workspaces); two accesses
+to overlapping bytes from different streams, at least one a write, must be ordered,
+or the run reports a race with both operations named. All streams count as
+non-blocking (no implicit ordering through the legacy default stream), which is what
+the engine's own streams and a caller's ``Stream(non_blocking=True)`` are.
+
+The collectives run pipelined in several rounds and in one round, with growing
+messages and no host synchronisation between calls (as a training loop calls them),
+and must return exactly the expected bits. A negative control removes the decode
+stream's wait for the transfer and must be caught.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # zipccl.kernels._common is imported, never run
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_cupy  # noqa: E402
+
+cupy = fake_cupy.install()
+
+from mpi4py import MPI  # noqa: E402
+
+
+class Race(AssertionError):
+    pass
+
+
+# -- happens-before bookkeeping ----------------------------------------------------------------
+
+_clock: dict[int, dict[int, int]] = {}  # stream ptr -> vector clock
+_host: dict[int, int] = {}  # what the host has waited for
+_history: list[tuple[int, int, bool, int, int, str]] = []  # lo, hi, write, stream, tick, what
+_stack: list = []
+
+
+def _join(a: dict[int, int], b: dict[int, int]) -> None:
+    for k, v in b.items():
+        if a.get(k, 0) < v:
+            a[k] = v
+
+
+def _ptr(s) -> int:
+    if s is None:
+        s = current_stream()
+    return int(s if isinstance(s, int) else s.ptr)
+
+
+def _span(a) -> tuple[int, int]:
+    lo = a.__array_interface__["data"][0]
+    return lo, lo + a.nbytes
+
+
+def op(stream, what: str, reads=(), writes=()) -> None:
+    """Enqueue one device operation on ``stream`` touching the (lo, hi) byte ranges given."""
+    s = _ptr(stream)
+    vc = _clock.setdefault(s, {})
+    _join(vc, _host)  # enqueued after everything the host has seen complete
+    vc[s] = vc.get(s, 0) + 1
+    mine = [(lo, hi, False) for lo, hi in reads] + [(lo, hi, True) for lo, hi in writes]
+    for lo, hi, w in mine:
+        if hi <= lo:
+            continue
+        for plo, phi, pw, ps, ptick, pwhat in _history:
+            if ps != s and (w or pw) and plo < hi and lo < phi and vc.get(ps, 0) < ptick:
+                raise Race(f"rank {MPI.COMM_WORLD.Get_rank()}: '{what}' on stream {s:#x} "
+                           f"{'writes' if w else 'reads'} bytes that '{pwhat}' on stream {ps:#x} "
+                           f"{'writes' if pw else 'reads'}, with no event between them")
+    _history.extend((lo, hi, w, s, vc[s], what) for lo, hi, w in mine if hi > lo)
+
+
+def current_stream():
+    return _stack[-1] if _stack else fake_cupy._CURRENT
+
+
+def _enter(self):
+    _stack.append(self)
+    return self
+
+
+def _exit(self, *exc):
+    _stack.pop()
+    return False
+
+
+def _record(self, stream=None) -> None:
+    fake_cupy._check_stream(stream)
+    s = _ptr(stream)
+    vc = _clock.setdefault(s, {})
+    _join(vc, _host)
+    self.recorded, self.vc = True, dict(vc)
+
+
+def _wait_event(self, event) -> None:
+    if not getattr(event, "recorded", False):
+        raise RuntimeError("waiting on an event that was never recorded")
+    _join(_clock.setdefault(self.ptr, {}), event.vc)
+
+
+def _event_sync(self) -> None:
+    if not self.recorded:
+        raise RuntimeError("synchronising an event that was never recorded")
+    _join(_host, self.vc)
+
+
+def _stream_sync(self) -> None:
+    _join(_host, _clock.get(self.ptr, {}))
+
+
+Stream, Event, nd = fake_cupy.Stream, fake_cupy.Event, fake_cupy.ndarray
+Stream.__enter__, Stream.__exit__ = _enter, _exit
+Stream.wait_event, Stream.synchronize = _wait_event, _stream_sync
+Event.record, Event.synchronize = _record, _event_sync
+cupy.cuda.get_current_stream = fake_cupy.get_current_stream = current_stream
+
+_zeros, _empty, _full, _asarray = fake_cupy.zeros, fake_cupy.empty, fake_cupy.full, fake_cupy.asarray
+
+
+def _allocating(f, name):
+    def g(*a, **k):
+        x = f(*a, **k)
+        op(None, name, writes=[_span(x)])
+        return x
+    return g
+
+
+cupy.zeros = _allocating(_zeros, "zeros")
+cupy.empty = _allocating(_empty, "empty")
+cupy.full = _allocating(_full, "full")
+cupy.asarray = _allocating(_asarray, "asarray")
+_get, _set, _setitem = nd.get, nd.set, np.ndarray.__setitem__
+
+
+def _nd_get(self, stream=None, order="C", out=None, blocking=True):
+    op(stream, "get", reads=[_span(self)])
+    if blocking:
+        _join(_host, _clock[_ptr(stream)])
+    return _get(self, stream, order, out, blocking)
+
+
+def _nd_set(self, arr, stream=None):
+    op(stream, "set", writes=[_span(self)])
+    _set(self, arr, stream)
+
+
+def _nd_setitem(self, idx, value):
+    dst = np.ndarray.__getitem__(self, idx)
+    reads = [_span(value)] if isinstance(value, np.ndarray) else []
+    op(None, "copy", reads=reads, writes=[_span(dst)] if isinstance(dst, np.ndarray) else [])
+    _setitem(self, idx, value)
+
+
+nd.get, nd.set, nd.__setitem__ = _nd_get, _nd_set, _nd_setitem
+_asnumpy = fake_cupy.asnumpy
+
+
+def _asnumpy_tracked(x, stream=None):
+    op(stream, "asnumpy", reads=[_span(x)])
+    _join(_host, _clock[_ptr(stream)])
+    return _asnumpy(x, stream)
+
+
+cupy.asnumpy = _asnumpy_tracked
+_ew_call = fake_cupy.ElementwiseKernel.__call__
+
+
+def _ew(self, stack, p, m, out):
+    base = stack.__array_interface__["data"][0]
+    k, m = out.size, int(m)
+    rows = [(base + 2 * r * m, base + 2 * (r * m + k)) for r in range(int(p))]
+    op(None, "reduce kernel", reads=rows, writes=[_span(out)])
+    _ew_call(self, stack, p, m, out)
+
+
+fake_cupy.ElementwiseKernel.__call__ = _ew
+Comm = cupy.cuda.nccl.NcclCommunicator
+_ag, _snd, _rcv = Comm.allGather, Comm.send, Comm.recv
+
+
+def _allgather(self, send, recv, count, dtype, stream):
+    n = count * cupy.cuda.nccl._ITEM[dtype]
+    op(stream, "NCCL all-gather", reads=[(send, send + n)],
+       writes=[(recv, recv + n * self.comm.Get_size())])
+    _ag(self, send, recv, count, dtype, stream)
+
+
+def _send(self, ptr, count, dtype, peer, stream):
+    op(stream, "NCCL send", reads=[(ptr, ptr + count * cupy.cuda.nccl._ITEM[dtype])])
+    _snd(self, ptr, count, dtype, peer, stream)
+
+
+def _recv(self, ptr, count, dtype, peer, stream):
+    op(stream, "NCCL recv", writes=[(ptr, ptr + count * cupy.cuda.nccl._ITEM[dtype])])
+    _rcv(self, ptr, count, dtype, peer, stream)
+
+
+Comm.allGather, Comm.send, Comm.recv = _allgather, _send, _recv
+
+# -- the GPU codec's entry points, on the CPU codec, declaring what the kernels touch -----------
+
+from zipccl import format as fmt  # noqa: E402
+from zipccl.codec import cpu  # noqa: E402
+from zipccl.kernels import _common  # noqa: E402
+
+
+class Workspace:
+    """Like ``codec.gpu.Workspace``: counters the kernels update, error bits they leave."""
+
+    def __init__(self, max_elements: int):
+        self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
+        self.array = np.zeros(_common.WS_SLOTS + self.max_blocks, np.int64)
+
+    def fits(self, n: int) -> bool:
+        return -(-int(n) // fmt.BLOCK) <= self.max_blocks
+
+    def _slots(self, stream=None) -> np.ndarray:
+        op(stream, "workspace read-back", reads=[_span(self.array)])
+        _join(_host, _clock[_ptr(stream)])
+        return self.array[:_common.WS_SLOTS].copy()
+
+    def last_error(self, stream=None) -> int:
+        return int(self._slots(stream)[_common.WS_ERR_LAST])
+
+    @staticmethod
+    def describe(bits: int) -> str:
+        return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"
+
+
+def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None):
+    op(stream, "encode kernels", reads=[_span(bits), _span(workspace.array)],
+       writes=[_span(out), _span(workspace.array)])
+    frame = cpu.encode(np.asarray(bits), codebook, (bits.size,), checksum)
+    np.asarray(out)[:frame.size] = frame
+
+
+def decode_into(frame, out, stream=None, workspace=None):
+    op(stream, "decode kernels", reads=[_span(frame), _span(workspace.array)],
+       writes=[_span(out), _span(workspace.array)])
+    f = np.asarray(frame)
+    err = 0
+    try:
+        h = fmt.parse_header(f)
+        bits, _ = cpu.decode(f[:h.frame_len])
+        if bits.size != out.size:
+            raise ValueError("element count")
+        np.asarray(out)[...] = bits.reshape(-1)
+    except ValueError:
+        err = _common.ERR_HEADER
+    workspace.array[_common.WS_ERR_LAST] = err
+    workspace.array[_common.WS_ERR_STICKY] |= err
+
+
+gpu = types.ModuleType("zipccl.codec.gpu")
+gpu.Workspace, gpu.encode_into, gpu.decode_into = Workspace, encode_into, decode_into
+sys.modules["zipccl.codec.gpu"] = gpu
+import zipccl.codec  # noqa: E402
+
+zipccl.codec.gpu = gpu
+
+# -- the collectives -----------------------------------------------------------------------------
+
+import zipccl  # noqa: E402
+from zipccl.comm.collectives import reduce_sum_bf16  # noqa: E402
+from zipccl.comm.pipeline import DeviceEngine  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+P, ME = WORLD.Get_size(), WORLD.Get_rank()
+
+
+def bits(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(0.0, 0.02, n).astype(np.float32).view(np.uint32)
+    return ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def expected_sum(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.empty(parts[0].size, np.uint16)
+    reduce_sum_bf16(np.stack(parts), out)
+    return out
+
+
+def run(chunk_bytes: int) -> None:
+    """Growing collectives back to back on a non-blocking stream; one host sync at the end."""
+    comm = zipccl.Communicator(WORLD, backend="nccl", policy="always", chunk_bytes=chunk_bytes)
+    s = cupy.cuda.Stream(non_blocking=True)
+    cases = []
+    for n in (3000, 9000, 20000):  # each call grows the engine's buffers
+        ag_out = cupy.zeros(P * n, dtype=cupy.uint16)
+        rs_in = [bits(P * n, 100 + r) for r in range(P)]
+        rs_out = cupy.zeros(n, dtype=cupy.uint16)
+        ar = [bits(n + 1, 200 + r) for r in range(P)]
+        counts = [n // 3 + 7 * j for j in range(P)]
+        a2a_in = [bits(sum(counts), 300 + r) for r in range(P)]
+        a2a_out = cupy.zeros(P * counts[ME], dtype=cupy.uint16)
+        x, y, z, w = (cupy.asarray(bits(n, ME)), cupy.asarray(rs_in[ME]), cupy.asarray(ar[ME]),
+                      cupy.asarray(a2a_in[ME]))
+        cupy.cuda.get_current_stream().synchronize()  # inputs are ready before the calls
+        comm.all_gather(x, ag_out, dtype="bfloat16", stream=s)
+        comm.reduce_scatter(y, rs_out, dtype="bfloat16", stream=s)
+        comm.all_reduce(z, dtype="bfloat16", stream=s)
+        comm.all_to_all(w, a2a_out, send_counts=counts, recv_counts=[counts[ME]] * P,
+                        dtype="bfloat16", stream=s)
+        cases.append((n, ag_out, rs_out, rs_in, z, ar, a2a_out, a2a_in, counts))
+    s.synchronize()
+    for n, ag_out, rs_out, rs_in, z, ar, a2a_out, a2a_in, counts in cases:
+        assert np.array_equal(np.asarray(ag_out), np.concatenate([bits(n, r) for r in range(P)]))
+        assert np.array_equal(np.asarray(rs_out),
+                              expected_sum([x[ME * n:(ME + 1) * n] for x in rs_in]))
+        assert np.array_equal(np.asarray(z), expected_sum(ar))
+        mine = [a2a_in[r][sum(counts[:ME]):sum(counts[:ME + 1])] for r in range(P)]
+        assert np.array_equal(np.asarray(a2a_out), np.concatenate(mine))
+    comm.close()
+
+
+def negative_control() -> None:
+    """Without the decode stream's wait for the round's transfer the race must be reported."""
+    real = DeviceEngine.decode_frame
+
+    def no_wait(self, frame, out, k):
+        self._dec_round = k  # as if the decode stream already waited for round k
+        return real(self, frame, out, k)
+
+    DeviceEngine.decode_frame = no_wait
+    try:
+        run(2 * fmt.BLOCK)
+    except Race:
+        return
+    finally:
+        DeviceEngine.decode_frame = real
+    raise AssertionError("the stream-order check missed a decode that does not wait for its transfer")
+
+
+def main() -> None:
+    run(2 * fmt.BLOCK)  # pipelined: rounds of one escape block
+    run(0)  # the two-phase exchange, one round
+    _history.clear()
+    negative_control()
+    WORLD.Barrier()
+    if ME == 0:
+        print(f"stream order: no race on {P} ranks (pipelined and two-phase); negative control caught")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:  # the peer would wait forever in its next collective
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        WORLD.Abort(1)
