@@ -725,9 +725,8 @@ class Communicator:
         """``send`` itself, or a copy of it if it overlaps ``recv`` (in-place calls)."""
         if not _overlap(send, recv):
             return send
-        copy = eng.bits_workspace("detach", send.nbytes // 2).view(send.dtype) \
-            if send.nbytes % 2 == 0 else None
-        if copy is None:
-            return send.copy()
+        # an engine buffer, not a temporary: the device work reading it outlives this call's
+        # Python frame, and a freed temporary goes back to CuPy's pool unordered with that work
+        copy = eng.workspace("detach", send.nbytes).view(send.dtype)
         eng.copy(copy, send)
         return copy
