@@ -24,7 +24,8 @@ the engine's own streams and a caller's ``Stream(non_blocking=True)`` are.
 
 The collectives run pipelined in several rounds and in one round, with growing
 messages and no host synchronisation between calls (as a training loop calls them),
-and must return exactly the expected bits. A negative control removes the decode
+and must return exactly the expected bits; a decode workspace outgrown in the middle of a
+call must still report its errors. A negative control removes the decode
 stream's wait for the transfer and must be caught.
 """
 
@@ -352,7 +353,31 @@ def negative_control() -> None:
     raise AssertionError("the stream-order check missed a decode that does not wait for its transfer")
 
 
+def outgrown_workspace_keeps_its_errors() -> None:
+    """A decode stream workspace replaced by a larger one mid-call still reports its errors."""
+    from zipccl.codebook import Codebook
+
+    eng = DeviceEngine()
+    eng.set_stream(cupy.cuda.Stream(non_blocking=True))
+    cb = Codebook.from_sigma(0.02)
+    small, big = bits(100, 1), bits((1 << 20) + 1, 2)  # the second needs a larger workspace
+    bad = cupy.asarray(cpu.encode(small, cb, (small.size,), False))
+    bad[0] ^= 1  # magic
+    good = cupy.asarray(cpu.encode(big, cb, (big.size,), False))
+    outs = cupy.zeros(small.size, dtype=cupy.uint16), cupy.zeros(big.size, dtype=cupy.uint16)
+    cupy.cuda.get_current_stream().synchronize()
+    eng.pipeline_begin(1, 2)
+    eng.encoded(0)
+    eng.transfer_stream(0)
+    eng.received(0)
+    eng.decode_frame(bad, outs[0], 0)
+    eng.decode_frame(good, outs[1], 0)
+    err = eng.pipeline_end()
+    assert err is not None and "bad header" in err, err
+
+
 def main() -> None:
+    outgrown_workspace_keeps_its_errors()
     run(2 * fmt.BLOCK)  # pipelined: rounds of one escape block
     run(0)  # the two-phase exchange, one round
     _history.clear()
