@@ -16,8 +16,11 @@ from test_comm_mpi import ROOT, TIMEOUT_S, clean_env, mpiexec
 def launcher(n: int) -> list[str]:
     """mpirun/mpiexec for n ranks; Open MPI needs to be told it may run as root and oversubscribe."""
     exe = mpiexec()
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    extra = ["--allow-run-as-root", "--oversubscribe"] if "Open MPI" in version else []
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    version = r.stdout + r.stderr
+    # Open MPI 4 prints "mpiexec (OpenRTE) 4.1.6", Open MPI 5 "mpiexec (Open MPI) 5.x"
+    extra = (["--allow-run-as-root", "--oversubscribe"]
+             if "Open MPI" in version or "OpenRTE" in version else [])
     return [exe, *extra, "-n", str(n)]
 
 

@@ -30,8 +30,12 @@ def mpiexec() -> str:
 
 def clean_env() -> dict[str, str]:
     """This environment minus any MPI launcher state (a parent that initialised MPI leaks PMI_*)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALRANKID"))}
+    # Only a process that is itself an MPI rank leaks launcher state; otherwise OMPI_MCA_*
+    # settings are the machine's own configuration (e.g. how mpirun starts local ranks).
+    is_rank = any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
+    launcher_state = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALRANKID") if is_rank else \
+        ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_state)}
     env.setdefault("NUMBA_NUM_THREADS", "1")  # ranks share the cores: no thread oversubscription
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env

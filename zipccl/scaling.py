@@ -103,12 +103,13 @@ def record_chunks(rec: Mapping) -> int:
 
 
 def _fittable(recs: list[dict]) -> bool:
-    """A run can calibrate a link if its native records cover >= 2 sizes of some op."""
+    """A run can calibrate a link if its native records cover >= 2 sizes of some op and it
+    timed the compressed path (``policy="always"``) too."""
     sizes: dict[str, set] = defaultdict(set)
     for r in recs:
         if r.get("variant") == "nccl":
             sizes[r["op"]].add(int(r["per_rank_bytes"]))
-    return any(len(v) >= 2 for v in sizes.values())
+    return any(len(v) >= 2 for v in sizes.values()) and any(r.get("variant") == "always" for r in recs)
 
 
 def select_latest(records: Iterable[Mapping], nranks: int = 2) -> list[dict]:
@@ -116,11 +117,13 @@ def select_latest(records: Iterable[Mapping], nranks: int = 2) -> list[dict]:
 
     Runs are per link (one link per process), so each transport is calibrated on
     what the library measured most recently on it. A run that stopped before its
-    native records covered two sizes of any operation cannot be fitted and is
-    passed over for the newest one that can (its records are still checked).
+    native records covered two sizes of any operation, or that timed no compressed
+    call, cannot be fitted and is passed over for the newest one that can (its
+    records are still checked).
 
-    >>> recs = [{"bench": "collectives", "link": "shm", "nranks": 2, "run": r, "variant": "nccl",
-    ...          "op": "all_gather", "per_rank_bytes": m} for r in ("b", "a") for m in (1, 2)]
+    >>> recs = [{"bench": "collectives", "link": "shm", "nranks": 2, "run": r, "variant": v,
+    ...          "op": "all_gather", "per_rank_bytes": m}
+    ...         for r in ("b", "a") for m in (1, 2) for v in ("nccl", "always")]
     >>> sorted({r["run"] for r in select_latest(recs)})
     ['b']
     >>> recs.append({**recs[0], "run": "c"})  # a newer run with one size only
