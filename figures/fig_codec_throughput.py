@@ -61,7 +61,7 @@ def main(out: str, path: str, v4_path: str, baselines: str | None = None) -> Non
             pts = sorted((b["size_mib"], b[f"{op}_gbps"]) for b in base if b["codec"].startswith(codec))
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker=marker, ls="-", lw=0.8, color="tab:red",
-                        alpha=0.6, label=f"{codec} (GPU_MACHINE.md)")
+                        alpha=0.6, label=f"{codec} (baseline record, not re-run)")
         ax.plot([256, 2048], [2000, 2000], ls="--", c="tab:green", lw=1)
         ax.plot([16], [1000], marker="_", ms=14, c="tab:green", label="targets")
         ax.set(xscale="log", yscale="log", xlabel="BF16 buffer (MiB)", title=op)
