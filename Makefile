@@ -24,7 +24,8 @@ test-slow: ## long fuzzing and large sizes
 lint:
 	$(PYTHON) -m ruff check zipccl tests experiments figures
 
-demo: ## the main job: compressed all-gather of a real checkpoint, checked bit for bit
+demo: ## the main job: the real checkpoint's per-tensor ratio, then its compressed all-gather, checked bit for bit
+	$(PYTHON) -m zipccl analyze --summary --no-progress
 	mpiexec -n $(NP) $(PYTHON) -m zipccl demo
 
 analyze: ## ratio / coverage / entropy report of the bundled real checkpoint
