@@ -238,11 +238,15 @@ def main(argv=None) -> int:
                     print(f"time budget spent: {op} {size // MiB} MiB and later not measured", flush=True)
                 break
             n = size // 2  # BF16 elements of the per-rank buffer (metrics convention)
-            x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
+            # inputs and outputs are made on the timed stream: a non-blocking stream does not
+            # wait for the legacy one, so a zero-fill there could land after the collective
+            with stream:
+                x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
             make_out, run_native, run_z = case(op, x, n)
             outs, results, keep = {}, {}, {}
             for v in variants:
-                out = make_out()
+                with stream:
+                    out = make_out()
                 reset = None
                 if op == "all_reduce":
                     def reset(out=out, x=x):
