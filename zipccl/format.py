@@ -244,6 +244,19 @@ def parse_header(buf) -> Header:
                   shape=shape, checksum=checksum, dtype=dtype, block=block, version=version)
 
 
+def check_escape_counts(seen: np.ndarray, counts: np.ndarray, n_escapes: int) -> None:
+    """The decoders' escape rule: each block's stored count equals the zero codes seen in it,
+    and the counts add up to the header's ``n_escapes``. Raises ValueError otherwise."""
+    seen = np.asarray(seen, dtype=np.int64)
+    counts = np.asarray(counts).astype(np.int64)
+    if not np.array_equal(seen, counts):
+        bad = int(np.flatnonzero(seen != counts)[0])
+        raise ValueError(f"corrupted zipccl frame: block {bad} has {int(seen[bad])} escape "
+                         f"codes but its count says {int(counts[bad])}")
+    if int(seen.sum()) != n_escapes:
+        raise ValueError("corrupted zipccl frame: escape counts do not add up to the header's")
+
+
 def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
     """Checksum of frame bytes [HEADER_SIZE, frame_len), the reference definition.
 

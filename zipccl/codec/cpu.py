@@ -463,10 +463,5 @@ def decode(frame) -> tuple[np.ndarray, fmt.Header]:
                  + _section_sum(buf, lay.escapes_offset, h.frame_len)) & 0xFFFFFFFFFFFFFFFF
         if total != h.checksum:
             raise ValueError("corrupted zipccl frame: payload checksum mismatch")
-    if not np.array_equal(seen, counts.astype(np.int64)):
-        bad = int(np.flatnonzero(seen != counts)[0])
-        raise ValueError(f"corrupted zipccl frame: block {bad} has {int(seen[bad])} escape "
-                         f"codes but its count says {int(counts[bad])}")
-    if int(seen.sum()) != h.n_escapes:
-        raise ValueError("corrupted zipccl frame: escape counts do not add up to the header's")
+    fmt.check_escape_counts(seen, counts, h.n_escapes)
     return out.reshape(h.shape), h

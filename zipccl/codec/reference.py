@@ -116,12 +116,7 @@ def decode(frame) -> tuple[np.ndarray, fmt.Header]:
     escaped = codes == 0
     seen = np.add.reduceat(escaped.astype(np.int64), np.arange(0, n, fmt.BLOCK)) \
         if n else np.zeros(0, np.int64)
-    if not np.array_equal(seen, counts.astype(np.int64)):
-        bad = int(np.flatnonzero(seen != counts)[0])
-        raise ValueError(f"corrupted zipccl frame: block {bad} has {int(seen[bad])} escape "
-                         f"codes but its count says {int(counts[bad])}")
-    if int(seen.sum()) != h.n_escapes:
-        raise ValueError("corrupted zipccl frame: escape counts do not add up to the header's")
+    fmt.check_escape_counts(seen, counts, h.n_escapes)
     table = np.concatenate([[0], np.array(h.codebook, dtype=np.uint8)]).astype(np.uint8)
     exp = table[codes]
     exp[escaped] = buf[lay.escapes_offset:lay.escapes_offset + h.n_escapes]
