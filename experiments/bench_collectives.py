@@ -424,4 +424,8 @@ def stated_reduction(cupy, native, engine, stream, op, x, p, me, m):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mpi4py import MPI
+
+    from zipccl.tools.mpijob import run_main
+
+    sys.exit(run_main(main, MPI.COMM_WORLD))  # one rank failing ends the job
