@@ -10,14 +10,19 @@ bytes / seconds (``zipccl.metrics.algbw``), for both directions. The dev box is
 shared, so every record also states the share of the machine's CPU that other
 processes used while it was timed (``others_cpu_share_*``, from /proc/stat).
 
+Under ``mpiexec -n N`` every rank runs the same measurements at the same time (a
+barrier before each), as ranks that share a node do; each record names its rank
+and the world size (the other ranks count as "others" in the CPU shares), and
+rank 0 writes them all, to ``codec_cpu_mpi.jsonl``.
+
     python experiments/bench_codec_cpu.py                 # 1, 4, 16, 64, 256 MiB + checkpoint
     python experiments/bench_codec_cpu.py --sizes 64 --repeats 9 --out /tmp/x.jsonl
+    mpiexec -n 2 python experiments/bench_codec_cpu.py --wait-quiet 120
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -34,9 +39,12 @@ from zipccl.checkpoints import default_checkpoint, is_floating, iter_tensors
 from zipccl.codebook import Codebook
 from zipccl.codec import cpu, reference
 from zipccl.metrics import algbw, compression_ratio
+from zipccl.tools.mpijob import append_records
 
 MACHINE = "2-core CPU dev box"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "codec_cpu.jsonl"
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_OUT = RESULTS / "codec_cpu.jsonl"  # one process
+DEFAULT_OUT_MPI = RESULTS / "codec_cpu_mpi.jsonl"  # several ranks at once
 
 
 def cpu_model() -> str:
@@ -177,8 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                     help="before each measurement, wait up to this long for other processes "
                          "to leave the CPUs idle (shared machines)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"default: {DEFAULT_OUT.name}, or {DEFAULT_OUT_MPI.name} under mpiexec -n N > 1")
     args = ap.parse_args(argv)
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD  # an experiment's main() may name the world
+    me = comm.Get_rank()
+    if args.out is None:
+        args.out = DEFAULT_OUT if comm.Get_size() == 1 else DEFAULT_OUT_MPI
 
     t0 = time.perf_counter()
     cpu.decode(cpu.encode(gaussian(1 << 16), Codebook.from_sigma(0.02)))
@@ -186,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     info["run"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # groups this invocation's records
     info["first_call_s"] = first_call_s
+    info["world_size"] = comm.Get_size()
+    info["rank"] = me
+    # threads of one large call (the codec shares the node's cores among its ranks)
+    info["codec_threads_large"] = getattr(cpu, "threads_per_call", lambda n: None)(1 << 30)
+    info["run"] = comm.bcast(info["run"])
 
     buffers = [(f"gaussian sigma=0.02, {s:g} MiB", gaussian(int(s * (1 << 20)) // 2))
                for s in args.sizes]
@@ -199,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         codebooks[name] = cb
         for checksum in (True, False):
             check(bits, cb, checksum)
-    print(f"all results match ({len(buffers)} buffers, frames byte-identical, round trips "
-          "bit-exact), starting benchmarks", flush=True)
+    comm.Barrier()
+    if me == 0:
+        print(f"all results match ({len(buffers)} buffers, frames byte-identical, round trips "
+              f"bit-exact, {comm.Get_size()} rank(s)), starting benchmarks", flush=True)
 
     records = []
     for name, bits in buffers:
@@ -213,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             frame = codec.encode(bits, cb, None, checksum)
             waited = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else 0.0
             load = os.getloadavg()[0]
+            comm.Barrier()
             enc, enc_others, enc_sys = timed(
                 lambda c=codec, x=bits, b=cb, k=checksum: c.encode(x, b, None, k),
                 repeats, warmup=1 if codec is reference else 2)
+            comm.Barrier()
             dec, dec_others, dec_sys = timed(lambda c=codec, f=frame: c.decode(f), repeats,
                                     warmup=1 if codec is reference else 2)
             header = fmt.parse_header(frame)
@@ -238,18 +263,19 @@ def main(argv: list[str] | None = None) -> int:
                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
             records.append(rec)
-            print(f"{name:>58s}  {codec_name:9s} cks={int(checksum)}  ratio {rec['ratio']:.4f}  "
+            if me == 0:
+                print(f"{name:>58s}  {codec_name:9s} cks={int(checksum)}  ratio {rec['ratio']:.4f}  "
                   f"enc {rec['encode_GBps']:7.3f} GB/s  dec {rec['decode_GBps']:7.3f} GB/s  "
                   f"(others' CPU {enc_others}, {dec_others}; own sys {enc_sys}, {dec_sys})",
                   flush=True)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    print(f"{len(records)} records appended to {args.out}")
+    append_records(comm, records, args.out)  # every rank's, from rank 0
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mpi4py import MPI
+
+    from zipccl.tools.mpijob import run_main
+
+    sys.exit(run_main(main, MPI.COMM_WORLD))  # one rank failing ends the job
