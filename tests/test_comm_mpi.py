@@ -41,21 +41,30 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_ranks(n: int, target: str) -> subprocess.CompletedProcess:
+def run_ranks(n: int, target: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            "-W", "ignore::RuntimeWarning", target]
     try:
         return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+                              timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")[-4000:]
-        pytest.fail(f"{n} ranks did not finish in {TIMEOUT_S} s (a hang?):\n{out!r}")
+        pytest.fail(f"{n} ranks did not finish in {timeout} s (a hang?):\n{out!r}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_collectives_under_mpiexec(ranks):
     r = run_ranks(ranks, "tests/mpi/mpi_collectives.py")
+    assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mismatches_raise_everywhere(ranks):
+    """Different settings, sizes, dtypes, ops and counts: one CollectiveError on every rank, no hang."""
+    r = run_ranks(ranks, "tests/mpi/mpi_mismatch.py", timeout=120)
     assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert "passed" in r.stdout and "failed" not in r.stdout
 

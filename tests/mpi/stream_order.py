@@ -219,6 +219,15 @@ def _recv(self, ptr, count, dtype, peer, stream):
 
 
 Comm.allGather, Comm.send, Comm.recv = _allgather, _send, _recv
+_memcpy = fake_cupy._Runtime.memcpyAsync
+
+
+def _memcpy_async(dst, src, size, kind, stream):
+    op(stream, "device copy", reads=[(src, src + size)], writes=[(dst, dst + size)])
+    _memcpy(dst, src, size, kind, stream)
+
+
+fake_cupy._Runtime.memcpyAsync = staticmethod(_memcpy_async)
 
 # -- the GPU codec's entry points, on the CPU codec, declaring what the kernels touch -----------
 

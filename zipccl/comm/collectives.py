@@ -30,13 +30,27 @@ compressed and native agree bit for bit there. NCCL's native BF16 reduction is
 NCCL's own (its order and rounding).
 
 The data lives in an *engine*: ``HostEngine`` (NumPy + the CPU codec) or a
-device engine (CuPy + the GPU codec); the algorithms do not care which.
+device engine (CuPy + the GPU codec); the algorithms do not care which. Small
+host exchanges (frame lengths, flags) go through the transport
+(``Transport.exchange_lengths``), never through MPI directly.
+
+**Control.** A compressed collective may be handed ``control``, the
+communicator's cross-rank agreement on the call (``Communicator`` module
+docstring): a function that takes this rank's few ints, exchanges them with
+every rank together with the call's signature, and returns every rank's ints
+or raises the same ``CollectiveError`` on every rank. It replaces the first
+exchange the algorithm makes anyway: the first round's frame lengths of the
+pipelined exchange, so an agreed call costs no extra round trip; the two-phase
+exchange has no length exchange, so it calls ``control`` once before its static
+phase. Anything the algorithm did before it (the first round's encoding, the
+copy of the message to self into ``recv``) is local.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -52,6 +66,9 @@ class CollectiveError(ValueError):
 
 
 Agree = Callable[[str | None], None]  # raises CollectiveError on every rank if any rank passes a message
+# control(ints) -> (size, k) int64, row i = rank i's ints, after checking the call's signature on
+# every rank (raises the same CollectiveError on every rank on a mismatch or error)
+Control = Callable[[Sequence[int]], np.ndarray]
 
 
 def slot_size(n: int) -> int:
@@ -260,17 +277,21 @@ class ExchangeStats:
 def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
                         sends: Sequence[tuple[int, int]], recv: np.ndarray,
                         recvs: Sequence[tuple[int, int]], *, shared: bool = False,
-                        stream=None, codebook: Codebook | None = None) -> ExchangeStats:
+                        stream=None, codebook: Codebook | None = None,
+                        control: Control | None = None) -> ExchangeStats:
     """Two-phase all-to-all of BF16 messages as frames (see the module docstring).
 
     ``send``/``recv`` are 1-D uint16 bit arrays of the engine's kind. Peer j's
     outgoing message is ``send[o:o+c]`` for ``(o, c) = sends[j]``; its incoming one
     lands in ``recv[o:o+c]`` for ``(o, c) = recvs[j]``. With ``shared`` every peer
     gets the same message (an all-gather: encoded once). The message to self is
-    copied, never coded. Returns this rank's byte counts.
+    copied, never coded. ``control`` runs first (nothing to fold it into: the
+    static phase needs no sizes). Returns this rank's byte counts.
     """
     p, me = tr.size, tr.rank
     stats = ExchangeStats()
+    if control is not None:
+        control(())
     if codebook is None:
         codebook = eng.codebook(send)
 
@@ -387,7 +408,8 @@ def _piece(count: int, chunk: int, k: int) -> tuple[int, int]:
 def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int]], recv,
                      recvs: Sequence[tuple[int, int]], *, chunk: int, max_count: int,
                      shared: bool = False, stream=None, codebook: Codebook | None = None,
-                     on_chunk: Callable[[int, int], None] | None = None) -> ExchangeStats:
+                     on_chunk: Callable[[int, int], None] | None = None,
+                     control: Control | None = None) -> ExchangeStats:
     """The same exchange as ``compressed_exchange``, cut into rounds of ``chunk`` elements.
 
     Every message is cut into pieces of ``chunk`` elements; round k moves piece k of
@@ -408,43 +430,24 @@ def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int
     range [lo, hi) of every message) are decoded; reductions use it.
 
     Errors never break the lock-step: a failed round is skipped on every rank and
-    the first error is raised on every rank at the end (``agree``).
+    the first error is raised on every rank at the end (``agree``). ``control``
+    (see the module docstring) carries round 0's lengths and flags.
     """
     p, me = tr.size, tr.rank
     stats = ExchangeStats()
     if codebook is None:
         codebook = eng.codebook(send)
-    rounds = chunk_count(max_count, chunk)
     gather = shared or p == 2
     peer = 1 - me if p == 2 else None
     # what this rank contributes to a gathered round, and its piece sizes
     own = sends[me] if shared else (sends[peer] if gather and p == 2 else None)
     raw_to = [0 if j == me else (c if not shared else sends[me][1]) for j, (_, c) in enumerate(sends)]
 
-    # -- buffers: fixed offsets from the element counts alone --------------------------------
-    if gather:
-        caps = [slot_size(_piece(max_count, chunk, k)[1]) for k in range(rounds)]
-        s_base = offsets(caps)
-        r_base = [p * o for o in s_base]
-        sbuf = eng.workspace("send", sum(caps))
-        rbuf = eng.workspace("recv", p * sum(caps))
-    else:
-        s_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
-                  for j, (_, c) in enumerate(sends)] for k in range(rounds)]
-        r_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
-                  for j, (_, c) in enumerate(recvs)] for k in range(rounds)]
-        s_off = [offsets(row) for row in s_cap]
-        r_off = [offsets(row) for row in r_cap]
-        s_base, r_base, pos = [], [], 0
-        for row in s_cap:
-            s_base.append(pos)
-            pos += sum(row)
-        sbuf = eng.workspace("send", pos)
-        pos = 0
-        for row in r_cap:
-            r_base.append(pos)
-            pos += sum(row)
-        rbuf = eng.workspace("recv", pos)
+    # -- buffers: fixed offsets from the element counts alone (planned once per signature) -----
+    rounds, caps, s_cap, r_cap, s_off, r_off, s_base, r_base, s_total, r_total = _round_layout(
+        tuple(c for _, c in sends), tuple(c for _, c in recvs), chunk, max_count, gather, me, p)
+    sbuf = eng.workspace("send", s_total)
+    rbuf = eng.workspace("recv", r_total)
 
     eng.pipeline_begin(rounds, p)
 
@@ -464,6 +467,8 @@ def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int
                                      k * p + j)
         eng.encoded(k)
 
+    if p == 1 and control is not None:
+        control(())  # nothing to exchange, but the call is still checked
     # the message to self is copied, never coded (before round 0: ordered before every event)
     o, c = recvs[me]
     err = None
@@ -485,15 +490,24 @@ def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int
             n = _piece(own[1], chunk, k)[1]
             mine = int(lens[k * p]) if n else 0
             bad = n and not fmt.HEADER_SIZE <= mine <= caps[k]
-            got = _exchange_lengths(tr.comm, [mine, 1 if bad else 0], reduce=True)
+            if k == 0 and control is not None:  # the call's agreement rides on round 0
+                got = _controlled(eng, control, [mine, 1 if bad else 0])
+                got = [got[:, 0].max(), got[:, 1].max()]
+            else:
+                got = tr.exchange_lengths([mine, 1 if bad else 0], reduce=True)
             length, failed = fmt.align(int(got[0])), failed or bool(got[1])
         else:
             mine = [int(lens[k * p + j]) if (j != me and _piece(c, chunk, k)[1]) else 0
                     for j, (_, c) in enumerate(sends)]
             bad = any(m_ and not fmt.HEADER_SIZE <= m_ <= s_cap[k][j] for j, m_ in enumerate(mine))
-            got = _exchange_lengths(tr.comm, [[m_, 1 if bad else 0] for m_ in mine], reduce=False)
-            r_len = [int(x) for x in got[:, 0]]
-            failed = failed or bool(got[:, 1].any())
+            if k == 0 and control is not None:
+                got = _controlled(eng, control, [*mine, 1 if bad else 0])
+                r_len = [int(x) for x in got[:, me]]
+                failed = failed or bool(got[:, p].any())
+            else:
+                got = tr.exchange_lengths([[m_, 1 if bad else 0] for m_ in mine], reduce=False)
+                r_len = [int(x) for x in got[:, 0]]
+                failed = failed or bool(got[:, 1].any())
         if failed:  # every rank saw the same flags: all stop moving data here
             err = err or "the local encoder wrote a frame longer than its slot (a codec bug)"
             break
@@ -534,22 +548,43 @@ def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int
     return stats
 
 
-def _exchange_lengths(comm, rows, *, reduce: bool) -> np.ndarray:
-    """Host exchange of this round's frame lengths (and error flags) over MPI.
+def _controlled(eng, control: Control, ints: Sequence[int]) -> np.ndarray:
+    """``control(ints)`` inside a pipelined exchange: on failure the pipeline is closed first."""
+    try:
+        return control(ints)
+    except CollectiveError:
+        eng.pipeline_end()  # nothing moved; leave the engine's streams ordered for the next call
+        raise
 
-    ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of each.
-    Otherwise ``rows[j]`` is [length of the frame for rank j, flag]; returns row i =
-    what rank i sent here. Every rank calls it once per round (a collective).
+
+@lru_cache(maxsize=256)
+def _round_layout(send_counts: tuple, recv_counts: tuple, chunk: int, max_count: int, gather: bool,
+                  me: int, p: int):
+    """Where every round's frames go in the send and receive workspaces: a pure function of
+    the element counts, computed once per signature.
+
+    Returns (rounds, caps, s_cap, r_cap, s_off, r_off, s_base, r_base, send bytes, recv bytes):
+    gathered rounds use ``caps`` (one slot per round, the same on every rank, received p
+    times); the others ``s_cap[k][j]`` / ``r_cap[k][j]`` per peer at ``s_off[k][j]`` /
+    ``r_off[k][j]`` from round k's base.
+
+    >>> _round_layout((0, 5000), (0, 5000), 4096, 5000, True, 0, 2)[:2]
+    (2, [8320, 2048])
     """
-    from mpi4py import MPI
-
-    mine = np.asarray(rows, dtype=np.int64)
-    out = np.empty_like(mine)
-    if reduce:
-        comm.Allreduce(mine, out, op=MPI.MAX)
-    else:
-        comm.Alltoall(mine, out)
-    return out
+    rounds = chunk_count(max_count, chunk)
+    if gather:
+        caps = [slot_size(_piece(max_count, chunk, k)[1]) for k in range(rounds)]
+        s_base = offsets(caps)
+        return (rounds, caps, None, None, None, None, s_base, [p * o for o in s_base], sum(caps),
+                p * sum(caps))
+    s_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+              for j, c in enumerate(send_counts)] for k in range(rounds)]
+    r_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+              for j, c in enumerate(recv_counts)] for k in range(rounds)]
+    s_base, r_base = offsets([sum(row) for row in s_cap]), offsets([sum(row) for row in r_cap])
+    return (rounds, None, s_cap, r_cap, [offsets(row) for row in s_cap],
+            [offsets(row) for row in r_cap], s_base, r_base, sum(map(sum, s_cap)),
+            sum(map(sum, r_cap)))
 
 
 def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
@@ -564,31 +599,36 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
 # --------------------------------------------------------------------------------------------
 
 def _exchange(eng, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
-              shared: bool = False, stream=None, on_chunk=None) -> ExchangeStats:
+              shared: bool = False, stream=None, on_chunk=None,
+              control: Control | None = None) -> ExchangeStats:
     """The pipelined exchange for ``chunk`` > 0 elements, the two-phase one for ``chunk`` = 0."""
     if chunk > 0:
         return chunked_exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
-                                max_count=max_count, shared=shared, stream=stream, on_chunk=on_chunk)
+                                max_count=max_count, shared=shared, stream=stream, on_chunk=on_chunk,
+                                control=control)
     stats = compressed_exchange(eng, tr, agree, send, sends, recv, recvs, shared=shared,
-                                stream=stream)
+                                stream=stream, control=control)
     if on_chunk is not None:
         on_chunk(0, max(c for _, c in recvs))
     return stats
 
 
 def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
-                    compress: bool, stream=None, chunk: int = 0) -> ExchangeStats:
+                    compress: bool, stream=None, chunk: int = 0,
+                    control: Control | None = None) -> ExchangeStats:
     """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j.
 
     ``chunk``: elements per pipeline round of the compressed path (0: the two-phase
-    exchange in one round).
+    exchange in one round). ``control``: the call's agreement, compressed path only
+    (see the module docstring).
     """
     me = tr.rank
     r_off = offsets(counts)
     if compress:
         sends = [(0, counts[me])] * tr.size
         return _exchange(eng, tr, agree, send, sends, recv, list(zip(r_off, counts, strict=True)),
-                         chunk=chunk, max_count=max(counts), shared=True, stream=stream)
+                         chunk=chunk, max_count=max(counts), shared=True, stream=stream,
+                         control=control)
     if len(set(counts)) == 1:
         tr.allgather(_bytes(send), _bytes(recv), stream)
     else:
@@ -600,7 +640,7 @@ def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
 
 def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
-                    max_count: int | None = None) -> ExchangeStats:
+                    max_count: int | None = None, control: Control | None = None) -> ExchangeStats:
     """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
 
     ``max_count``: the largest message between two different ranks anywhere (all ranks
@@ -615,7 +655,7 @@ def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int
             max_count = max([c for j, c in enumerate(send_counts) if j != tr.rank]
                             + [c for j, c in enumerate(recv_counts) if j != tr.rank] + [0])
         return _exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
-                         max_count=max_count, stream=stream)
+                         max_count=max_count, stream=stream, control=control)
     raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(recv),
                  [(2 * o, 2 * c) for o, c in recvs], stream)
     raw = 2 * (sum(send_counts) - send_counts[tr.rank])
@@ -623,7 +663,8 @@ def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int
 
 
 def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
-                        compress: bool, stream=None, chunk: int = 0) -> ExchangeStats:
+                        compress: bool, stream=None, chunk: int = 0,
+                        control: Control | None = None) -> ExchangeStats:
     """recv = reduce_sum_bf16 over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
 
     Both paths gather the p shards into a (p, counts[me]) staging array, then reduce;
@@ -639,7 +680,8 @@ def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int]
             eng.reduce_cols(stage, p, m, lo, hi, recv)
 
         return _exchange(eng, tr, agree, send, sends, stage, recvs, chunk=chunk,
-                         max_count=max(counts), stream=stream, on_chunk=reduce_cols)
+                         max_count=max(counts), stream=stream, on_chunk=reduce_cols,
+                         control=control)
     raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(stage),
                  [(2 * o, 2 * c) for o, c in recvs], stream)
     eng.reduce_sum(stage.reshape(p, m), recv)
@@ -648,12 +690,15 @@ def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int]
 
 
 def all_reduce_bf16(eng, tr, agree: Agree, buf, *, compress: bool, stream=None,
-                    chunk: int = 0) -> ExchangeStats:
-    """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards."""
+                    chunk: int = 0, control: Control | None = None) -> ExchangeStats:
+    """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards.
+
+    ``control`` rides on the reduce-scatter (the all-gather is then part of an agreed call).
+    """
     counts = split_counts(buf.size, tr.size)
     shard = eng.bits_workspace("shard", counts[tr.rank])
     stats = reduce_scatter_bf16(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream,
-                                chunk=chunk)
+                                chunk=chunk, control=control)
     stats.add(all_gather_bf16(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream,
                               chunk=chunk))
     return stats

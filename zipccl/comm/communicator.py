@@ -7,27 +7,74 @@ uint16 with ``dtype="bfloat16"``), torch, CuPy and Numba device arrays. BF16
 calls go compressed or native as the policy decides; any other dtype goes
 through the native collective unchanged.
 
-Every call first checks its arguments *collectively*: each rank checks its
-own buffers (sizes, dtype, contiguity, alignment, writability), then the ranks
-exchange a small signature and compare. Any problem on any rank raises the same
-``CollectiveError`` on every rank before a byte of payload moves, instead of a
-hang or a write out of bounds. Only then is the policy asked, with values all
-ranks share, so every rank takes the same path.
-
 Host arrays travel over MPI and are coded by the CPU codec. Device arrays
 travel over NCCL (``backend="nccl"``, or ``"auto"`` when CuPy's NCCL works on
 every rank) or over MPI, directly if MPI reports CUDA support and staged through
 pinned host memory otherwise. The user selects the CUDA device before creating
 the communicator (``cupy.cuda.Device(i).use()``); nothing touches a GPU until a
 device array arrives.
+
+Agreement and plans
+-------------------
+Every rank must make the same calls in the same order with matching arguments.
+zipccl checks this without paying for it on every call:
+
+1. **Settings, once, at construction.** The constructor is collective: the
+   ranks exchange every setting that changes the path a call takes (backend,
+   policy and its thresholds and profile, chunk size, checksum, ``verify``) and
+   raise the same ``CollectiveError`` on every rank if they differ. Changing
+   ``policy`` or ``chunk`` later (``calibrate`` does) must happen on every rank at
+   the same point; a change drops every plan and agreed signature.
+2. **A call's signature** is what all ranks must share: the operation, dtype,
+   host or device memory, the element counts (all-to-all with per-peer counts:
+   the count matrix), the reduction op, and the settings. The policy's decision is
+   a function of it alone, so ranks that agree on the signature take the same
+   path. Its 64-bit hash travels in the *control row*, a fixed-size int64 row
+   every rank all-gathers over MPI: [error flag, signature hash, a few ints].
+   Any error flag or differing hash makes every rank gather the messages and raise
+   the same ``CollectiveError`` (each rank's own problem, or each rank's call).
+   Every agreement exchange of every kind of call is this one control row, so
+   ranks that disagree about the call still meet in the same MPI operation and
+   none can hang there.
+3. **Compressed calls** fold the control row into the exchange they make anyway:
+   the first pipeline round's frame lengths travel in it (``collectives``,
+   "Control"). Every compressed call is therefore checked, at no extra round
+   trip; a rank whose call differs from its peers', whether new or already
+   seen, raises there with the others. (``chunk_bytes=0``, the two-phase
+   exchange, has no length exchange: it sends the control row first.)
+4. **Native calls** are agreed the first time their signature is seen on this
+   communicator (one control row), then run from a *plan*: the call's arguments
+   looked up by the arrays' addresses, shapes, dtypes and the stream; on NCCL the
+   plan is the NCCL call with its pointers packed, so an agreed native call costs a
+   few dictionary lookups more than calling NCCL directly and moves the same bytes
+   the same way. Agreed signatures are remembered in the same order on every rank
+   (a correct program adds the same ones at the same calls), so ranks decide "new"
+   or "seen" alike. The price, stated precisely: once a native signature is
+   agreed, a rank that calls it while a peer calls something else is the caller's
+   mistake exactly as it is with NCCL (the peers are not told; NCCL may hang). It
+   is detected when the peer's call is a compressed one or one with a new
+   signature, not when it is another agreed native call. ``verify="always"``
+   sends the control row before every native call too (one small MPI round trip,
+   like torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), turning every mistake into a
+   ``CollectiveError``.
+5. **All-to-all with per-peer counts** exchanges its count matrix in the control
+   row on every call (the receive counts and the policy's decision depend on the
+   other ranks' counts, which change from call to call in MoE dispatch).
+
+Local argument errors (sizes, dtype, contiguity, alignment, writability) are
+found before anything moves and reported in the control row, so they raise on
+every rank that takes part in the exchange. On a failed call the caller's output
+buffers hold unspecified contents (a rank may have copied its own block).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
-import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -40,13 +87,17 @@ from .collectives import (
     all_gather_bf16,
     all_reduce_bf16,
     all_to_all_bf16,
+    offsets,
     reduce_scatter_bf16,
 )
 from .policy import OPS, Decision, Policy, Profile
-from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream
+from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream, stream_ptr
 
 BACKENDS = ("auto", "nccl", "mpi")
+VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
+MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
+MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
 _BF16_NAMES = ("bfloat16", "bf16")
 
 
@@ -69,6 +120,78 @@ class _Arr:
         return int(self.data.nbytes)
 
 
+@dataclass(eq=False)
+class _Plan:
+    """What one call signature needs, decided once: the agreed hash, the decision, the bound call."""
+
+    sig: tuple  # what every rank must share (see the module docstring)
+    crc: int  # its 64-bit hash, the one carried in the control row
+    decision: Decision
+    compress: bool  # the compressed exchange (else the native collective)
+    run: Callable[[], None] | None = None  # a native call with its arguments packed: the whole call
+    stats: ExchangeStats | None = None  # bytes a native call moves
+
+
+# -- plan keys: the arrays' identity (address, shape, strides, dtype) read cheaply per kind --------
+
+def _fp_numpy(a):
+    return (type(a), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype,
+            a.flags.writeable)
+
+
+def _fp_cupy(a):
+    return (type(a), a.data.ptr, a.shape, a.strides, a.dtype)
+
+
+def _fp_torch(t):
+    return (type(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda)
+
+
+def _fp_cai(a):
+    cai = a.__cuda_array_interface__
+    return (type(a), cai["data"][0], cai["shape"], cai["strides"], cai["typestr"])
+
+
+_FINGERPRINTS: dict[type, Callable | None] = {type(None): lambda _: None}  # all_reduce: no recv
+_DEVICE_FP = (_fp_cupy, _fp_cai)
+
+
+def _fingerprinter(t: type):
+    """How to read the identity of arrays of type ``t`` (the kinds ``_wrap`` accepts), or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return _fp_torch
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and t is cupy.ndarray:
+        return _fp_cupy
+    if hasattr(t, "__cuda_array_interface__"):
+        return _fp_cai
+    if issubclass(t, np.ndarray):
+        return _fp_numpy
+    return None
+
+
+def _sig_hash(sig: tuple) -> int:
+    """A 64-bit hash of a signature, the same in every process (``hash`` is salted per process).
+
+    >>> _sig_hash(("all_gather", "bfloat16", 8)) == _sig_hash(("all_gather", "bfloat16", 8))
+    True
+    """
+    return int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def _failure_message(info: list, header: str | None = None) -> str:
+    """The one message every rank raises, built from every rank's (op, error, call, settings)."""
+    ops = sorted({i[0] for i in info})
+    head = header or (f"zipccl {ops[0]}" if len(ops) == 1 else "zipccl collective")
+    errs = [(r, i[1]) for r, i in enumerate(info) if i[1]]
+    if errs:
+        return f"{head}: " + "; ".join(f"rank {r}: {e}" for r, e in errs)
+    differ = len({i[3] for i in info}) > 1  # name the settings only where they differ
+    calls = [" with ".join(filter(None, [i[2], i[3] if differ else ""])) for i in info]
+    return f"{head}: ranks disagree on the call (" + "; ".join(
+        f"rank {r}: {c}" for r, c in enumerate(calls)) + ")"
 def _ptr_range(a) -> tuple[int, int]:
     if isinstance(a, np.ndarray):
         p = a.__array_interface__["data"][0]
@@ -167,7 +290,7 @@ def _int_list(counts, p: int, what: str) -> list[int]:
 
 
 class Communicator:
-    """Compressed collectives over an mpi4py communicator.
+    """Compressed collectives over an mpi4py communicator (collective constructor).
 
     >>> from mpi4py import MPI
     >>> import ml_dtypes, numpy as np, zipccl
@@ -182,47 +305,113 @@ class Communicator:
     ``chunk_bytes``: BF16 bytes per message per pipeline round of the compressed path
     (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = issue 5's two-phase
     exchange in one round); ``policy``: "auto" (a size threshold until ``calibrate``
-    measures a profile), "always" or "never".
+    measures a profile), "always" or "never"; ``verify``: "first" (a native call's
+    signature is checked across ranks the first time it is seen) or "always" (before
+    every call); see the module docstring. All ranks must pass the same settings:
+    the constructor raises the same ``CollectiveError`` on every rank otherwise.
     """
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, cuda_aware_mpi: bool | None = None,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, verify: str = "first"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
         if chunk_bytes < 0:
             raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
+        self._plans: dict = {}
+        self._agreed: set = set()
+        self._settings_text = ""
+        self.backend = backend
+        self.verify = verify
+        self._checksum = bool(checksum)
+        self._force_value: bool | None = None  # set only while calibrating
         # elements per pipeline round, whole escape blocks (0: the two-phase exchange, one round)
-        self.chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
+        self._chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
-        self.backend = backend
         from mpi4py import MPI
 
         self._MPI = MPI
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        # preallocated agreement buffers: [error flag, CRC of the call, 2p + 1 ints of extras]
-        self._sig = np.zeros(3 + 2 * self.size, dtype=np.int64)
-        self._sig_table = np.zeros((self.size, 3 + 2 * self.size), dtype=np.int64)
-        self._flag = np.zeros(1, dtype=np.int64)
-        self._flag_out = np.zeros(1, dtype=np.int64)
+        # the control row (module docstring): [error flag, signature hash, 2p + 2 ints]
+        self._row = np.zeros(4 + 2 * self.size, dtype=np.int64)
+        self._table = np.zeros((self.size, 4 + 2 * self.size), dtype=np.int64)
         self.mpi = MPITransport(self.comm, cuda_aware=cuda_aware_mpi)
         self._nccl: Transport | None = None
         self._nccl_tried = False
-        self._checksum = bool(checksum)
+        self._nccl_error: str | None = None
         self._host = HostEngine(checksum=self._checksum)
         self._device_engine = None
-        self._force: bool | None = None  # set only while calibrating
         self.last_decision: Decision | None = None
         self.last_stats: ExchangeStats | None = None
+        try:
+            self._control("Communicator", _sig_hash(("settings", self._settings_text)), None,
+                          header="zipccl Communicator: ranks were created with different settings")
+        except CollectiveError:
+            self.close()
+            raise
+
+    # -- settings: every change drops the plans and agreed signatures (on every rank) --------
+    @property
+    def policy(self) -> Policy:
+        """The policy deciding compressed or native (``calibrate`` replaces it)."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: Policy) -> None:
+        if not isinstance(value, Policy):
+            raise TypeError(f"policy must be a zipccl.comm.Policy, got {type(value).__name__}")
+        self._policy = value
+        self._settings_changed()
+
+    @property
+    def chunk(self) -> int:
+        """Elements per message per pipeline round of the compressed path (0: two-phase)."""
+        return self._chunk
+
+    @chunk.setter
+    def chunk(self, value: int) -> None:
+        value = int(value)
+        if value < 0 or value % fmt.BLOCK:
+            raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
+        self._chunk = value
+        self._settings_changed()
+
+    @property
+    def _force(self) -> bool | None:
+        return self._force_value
+
+    @_force.setter
+    def _force(self, value: bool | None) -> None:
+        self._force_value = value
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        pol = getattr(self, "_policy", None)
+        if pol is None:
+            return
+        fields = {f.name: getattr(pol, f.name) for f in dataclasses.fields(pol) if f.repr}
+        prof = fields.pop("profile", None)
+        fields["profile"] = None if prof is None else f"{_sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
+        text = (f"backend={self.backend!r}, policy=({', '.join(f'{k}={v!r}' for k, v in fields.items())}), "
+                f"chunk_bytes={2 * self._chunk}, checksum={self._checksum}, verify={self.verify!r}")
+        if self._force_value is not None:
+            text += f", calibrating={self._force_value}"
+        self._settings_text = text
+        self._plans.clear()
+        self._agreed.clear()
 
     # -- plumbing ---------------------------------------------------------------------------
     def close(self) -> None:
         """Free the duplicated MPI communicator and the NCCL communicator, if any."""
+        self._plans.clear()
+        self._agreed.clear()
         if self._nccl is not None:
             self._nccl.close()
             self._nccl = None
@@ -237,49 +426,131 @@ class Communicator:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _control(self, op: str, crc: int, err: str | None, ints=(), *, describe: str = "",
+                 header: str | None = None) -> np.ndarray:
+        """The control row (module docstring): all-gather [error flag, ``crc``, ``ints``].
+
+        Returns a (size, 2 * size + 2) view of every rank's ints (valid until the next
+        call), or raises the same CollectiveError on every rank if any rank reports an
+        error or the hashes differ. ``describe`` is this rank's call in words.
+        """
+        row, table = self._row, self._table
+        row[:] = 0
+        row[0] = 1 if err else 0
+        row[1] = crc
+        row[2:2 + len(ints)] = ints
+        self.mpi.allgather_ints(row, table)
+        if table[:, 0].any() or (table[:, 1] != table[0, 1]).any():
+            # every rank sees the same table: all take this branch together
+            info = self.mpi.allgather_objects((op, err, describe, self._settings_text))
+            raise CollectiveError(_failure_message(info, header))
+        return table[:, 2:]
+
     def _agree(self, err: str | None, op: str = "collective") -> None:
         """Raise the same CollectiveError on every rank if any rank reports ``err``.
 
         One 8-byte all-reduce when all is well; the messages travel only on failure.
         """
-        self._flag[0] = 1 if err else 0
-        self.comm.Allreduce(self._flag, self._flag_out, op=self._MPI.MAX)
-        if self._flag_out[0]:
-            errs = self.comm.allgather(err)
+        if self.mpi.any_flag(bool(err)):
+            errs = self.mpi.allgather_objects(err)
             bad = [(r, e) for r, e in enumerate(errs) if e]
             raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
 
-    def _validate(self, op: str, check):
-        """Run ``check()`` -> (common, extra, value) on every rank and agree on the outcome.
+    def _key(self, op: str, a, b, dtype, stream, extra=None):
+        """(plan key, stream handle) of a call: the arrays' identity and the resolved stream.
 
-        ``common`` (a tuple of plain values) must be equal on all ranks; ``extra`` (at
-        most 2 * size + 1 ints, or None) is gathered from every rank for cross-rank
-        checks and returned as a (size, 2 * size + 1) int64 array; ``value`` is this
-        rank's result of the check. One small all-gather of int64 when all is well.
+        The key is None for arguments zipccl cannot read cheaply (the call then takes the
+        checked path, which names the problem).
         """
-        vec = self._sig
-        vec[:] = 0
+        fa = _FINGERPRINTS.get(type(a), 0)
+        if fa == 0:
+            fa = _FINGERPRINTS[type(a)] = _fingerprinter(type(a))
+        fb = _FINGERPRINTS.get(type(b), 0)
+        if fb == 0:
+            fb = _FINGERPRINTS[type(b)] = _fingerprinter(type(b))
+        if fa is None or fb is None:
+            return None, stream
+        ka, kb = fa(a), fb(b)
+        st = None
+        if fa in _DEVICE_FP or (fa is _fp_torch and ka[-1]):
+            try:
+                st = self._stream_handle(stream, fa is _fp_torch)
+            except (TypeError, AttributeError):
+                return None, stream
+        return (op, ka, kb, dtype, st, extra), st
+
+    @staticmethod
+    def _stream_handle(stream, torch: bool) -> int:
+        """The raw handle of the stream a device call runs on (None: the current one)."""
+        if stream is None:
+            if torch:
+                return sys.modules["torch"].cuda.current_stream().cuda_stream
+            return sys.modules["cupy"].cuda.get_current_stream().ptr
+        return stream_ptr(stream)
+
+    def _prepare(self, op: str, key, plan: _Plan | None, check, stream):
+        """Run the local ``check`` and agree on the call; returns (plan, arrays, stream).
+
+        ``check()`` -> (common, nbytes, arrays): ``common`` the signature's values (see the
+        module docstring), ``nbytes`` what the policy decides on, ``arrays`` the wrapped
+        arguments (the first one's kind decides host or device). A local error is reported
+        in the control row and raises on every rank that takes part.
+        """
+        if self.comm is None:
+            raise CollectiveError(f"zipccl {op}: the communicator is closed")
         try:
-            common, extra, value = check()
-            err = None
-            vec[1] = zlib.crc32(repr(common).encode())
-            if extra is not None:
-                vec[2:2 + len(extra)] = extra
+            common, nbytes, arrays = check()
         except (TypeError, ValueError) as e:
-            common = value = None
-            err = str(e)
-            vec[0] = 1
-        table = self._sig_table
-        self.comm.Allgather(vec, table)
-        if table[:, 0].any():  # every rank sees the flag: all take this branch together
-            errs = self.comm.allgather(err)
-            raise CollectiveError(f"zipccl {op}: " + "; ".join(f"rank {r}: {e}" for r, e in
-                                                               enumerate(errs) if e))
-        if (table[:, 1] != table[0, 1]).any():
-            commons = self.comm.allgather(common)
-            lines = "; ".join(f"rank {r}: {c}" for r, c in enumerate(commons))
-            raise CollectiveError(f"zipccl {op}: ranks disagree on the call ({lines})")
-        return table[:, 2:].copy(), value
+            self._control(op, 0, str(e), describe=f"{op}(invalid arguments)")
+            raise AssertionError("unreachable: an error in the control row raises") from e
+        a = arrays[0] if isinstance(arrays, tuple) else arrays
+        if key is None or stream is None:
+            stream = self._stream(a, stream)
+        if plan is None:
+            sig = (op, *common, self._settings_text)
+            d = self._decide(op, nbytes, a)
+            plan = _Plan(sig, _sig_hash(sig), d, bool(a.bf16 and d.compress))
+            if key is not None:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = plan
+        else:
+            self.last_decision = plan.decision
+        first_device = a.device and not self._nccl_tried and self.backend != "mpi"
+        if first_device or (not plan.compress and (plan.sig not in self._agreed
+                                                   or self.verify == "always")):
+            # native: agreed once per signature; the first device call also agrees before
+            # the device transport is set up (a collective of its own)
+            self._control(op, plan.crc, None, describe=self._describe(plan))
+            if not plan.compress:
+                self._remember(plan.sig)
+        return plan, arrays, stream
+
+    def _replay(self, plan: _Plan) -> None:
+        """An agreed native call from its plan: the bound transport call, nothing else."""
+        plan.run()
+        self.last_decision, self.last_stats = plan.decision, plan.stats
+
+    def _remember(self, sig: tuple) -> None:
+        if len(self._agreed) >= MAX_AGREED:  # the same call on every rank: all forget together
+            self._agreed.clear()
+            self._plans.clear()
+        self._agreed.add(sig)
+
+    @staticmethod
+    def _describe(plan: _Plan) -> str:
+        op, *common, _ = plan.sig
+        return f"{op}({', '.join(map(str, common))})"
+
+    def _controller(self, op: str, plan: _Plan):
+        """The control function a compressed exchange folds into its first exchange."""
+        return partial(self._control, op, plan.crc, None, describe=self._describe(plan))
+
+    def _bind(self, key, plan: _Plan, run) -> None:
+        """Keep a native plan's bound call (agreed signature, verify="first") for the next calls."""
+        if key is not None and run is not None and self.verify == "first" and \
+                self._plans.get(key) is plan and plan.sig in self._agreed:
+            plan.run = run
 
     def _route(self, device: bool, stream):
         """(engine, transport) for host or device data; the device side is set up lazily."""
@@ -306,14 +577,16 @@ class Communicator:
                 nccl.get_version()
             except Exception as e:  # noqa: BLE001 -- any failure means "no NCCL here"
                 err = f"NCCL unavailable: {e}"
-            oks = self.comm.allgather(err)
-            if any(oks):
-                if self.backend == "nccl":
-                    self._agree(err, "NCCL set-up")
+            errs = self.mpi.allgather_objects(err)
+            if any(errs):
+                self._nccl_error = "zipccl NCCL set-up failed: " + "; ".join(
+                    f"rank {r}: {e}" for r, e in enumerate(errs) if e)
             else:
                 from .transport import NCCLTransport
 
                 self._nccl = NCCLTransport(self.comm)
+        if self._nccl is None and self.backend == "nccl":
+            raise CollectiveError(self._nccl_error)  # the same message on every rank, every call
         return self._nccl if self._nccl is not None else self.mpi
 
     @property
@@ -558,12 +831,20 @@ class Communicator:
         return stream
 
     # -- the collectives --------------------------------------------------------------------
+    # Each one: look the call up by its key; an agreed native plan with a bound call is the
+    # whole call. Otherwise check, agree (``_prepare``) and run, binding the native call for
+    # next time where the transport can.
     def all_gather(self, send, recv, *, dtype: str | None = None, stream=None) -> None:
         """recv = concatenation over ranks (rank order) of every rank's ``send``.
 
         ``recv`` holds size x ``send.size`` elements. Like ncclAllGather; ``send``
         may be rank's own slice of ``recv`` (in place).
         """
+        key, st = self._key("all_gather", send, recv, dtype, stream)
+        plan = self._plans.get(key)
+        if plan is not None and plan.run is not None:
+            return self._replay(plan)
+
         def check():
             s = _wrap(send, dtype, "send")
             r = _wrap(recv, dtype, "recv", writable=True)
@@ -571,20 +852,26 @@ class Communicator:
             if r.size != self.size * s.size:
                 raise ValueError(f"recv holds {r.size} elements; all_gather of {s.size} per rank "
                                  f"on {self.size} ranks needs {self.size * s.size}")
-            return ("all_gather", s.dtype, s.device, s.size), None, (s, r)
+            return (s.dtype, s.device, s.size), s.nbytes, (s, r)
 
-        _, (s, r) = self._validate("all_gather", check)
-        d = self._decide("all_gather", s.nbytes, s)
-        st = self._stream(s, stream)
+        plan, (s, r), st = self._prepare("all_gather", key, plan, check, st)
         eng, tr = self._route(s.device, st)
-        sdata = self._detached(eng, s.data, r.data)
-        if s.bf16:
+        if plan.compress:
+            sdata = self._detached(eng, s.data, r.data)
             self.last_stats = all_gather_bf16(eng, tr, self._agree, sdata, r.data,
-                                              [s.size] * self.size, compress=d.compress, stream=st,
-                                              chunk=self.chunk)
-        else:
-            tr.allgather(sdata.view("uint8"), r.data.view("uint8"), st)
-            self.last_stats = ExchangeStats(s.nbytes * (self.size - 1), s.nbytes * (self.size - 1))
+                                              [s.size] * self.size, compress=True, stream=st,
+                                              chunk=self.chunk,
+                                              control=self._controller("all_gather", plan))
+            return
+        if plan.stats is None:
+            raw = s.nbytes * (self.size - 1)
+            plan.stats = ExchangeStats(raw, raw)
+        s8, r8 = _bytes(s.data), _bytes(r.data)
+        in_place = _ptr_range(s8)[0] == _ptr_range(r8)[0] + self.rank * s.nbytes
+        if in_place or not _overlap(s8, r8):  # NCCL's own in-place form, or no overlap
+            self._bind(key, plan, tr.bind_allgather(s8, r8, st))
+        tr.allgather(self._detached(eng, s8, r8), r8, st)
+        self.last_stats = plan.stats
 
     def reduce_scatter(self, send, recv, op: str = "sum", *, dtype: str | None = None,
                        stream=None) -> None:
@@ -595,6 +882,11 @@ class Communicator:
         order, one rounding) on the compressed path and on the native MPI path;
         native NCCL uses NCCL's BF16 sum. Other dtypes: the native reduction.
         """
+        key, st = self._key("reduce_scatter", send, recv, dtype, stream, op)
+        plan = self._plans.get(key)
+        if plan is not None and plan.run is not None:
+            return self._replay(plan)
+
         def check():
             s = _wrap(send, dtype, "send")
             r = _wrap(recv, dtype, "recv", writable=True)
@@ -606,21 +898,26 @@ class Communicator:
             if s.size != self.size * r.size:
                 raise ValueError(f"send holds {s.size} elements; reduce_scatter into {r.size} "
                                  f"per rank on {self.size} ranks needs {self.size * r.size}")
-            return ("reduce_scatter", s.dtype, s.device, r.size, op), None, (s, r)
+            return (s.dtype, s.device, r.size, op), s.nbytes, (s, r)
 
-        _, (s, r) = self._validate("reduce_scatter", check)
-        d = self._decide("reduce_scatter", s.nbytes, s)
-        st = self._stream(s, stream)
+        plan, (s, r), st = self._prepare("reduce_scatter", key, plan, check, st)
         eng, tr = self._route(s.device, st)
-        sdata = self._detached(eng, s.data, r.data)
-        if s.bf16 and (d.compress or tr.name != "nccl"):
-            self.last_stats = reduce_scatter_bf16(eng, tr, self._agree, sdata, r.data,
-                                                  [r.size] * self.size, compress=d.compress,
-                                                  stream=st, chunk=self.chunk)
-        else:
-            tr.reduce_scatter(sdata, r.data, op, st, dtype="bfloat16" if s.bf16 else None)
+        if s.bf16 and (plan.compress or tr.name != "nccl"):
+            sdata = self._detached(eng, s.data, r.data)
+            self.last_stats = reduce_scatter_bf16(
+                eng, tr, self._agree, sdata, r.data, [r.size] * self.size, compress=plan.compress,
+                stream=st, chunk=self.chunk,
+                control=self._controller("reduce_scatter", plan) if plan.compress else None)
+            return
+        if plan.stats is None:
             raw = s.nbytes - r.nbytes
-            self.last_stats = ExchangeStats(raw, raw)
+            plan.stats = ExchangeStats(raw, raw)
+        kind = "bfloat16" if s.bf16 else None
+        in_place = _ptr_range(s.data)[0] + self.rank * r.nbytes == _ptr_range(r.data)[0]
+        if in_place or not _overlap(s.data, r.data):  # NCCL's own in-place form, or no overlap
+            self._bind(key, plan, tr.bind_reduce_scatter(s.data, r.data, op, st, dtype=kind))
+        tr.reduce_scatter(self._detached(eng, s.data, r.data), r.data, op, st, dtype=kind)
+        self.last_stats = plan.stats
 
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, *,
                    dtype: str | None = None, stream=None) -> None:
@@ -630,33 +927,71 @@ class Communicator:
         ``send_counts`` (elements per destination, packed in rank order, summing to
         ``send.size``) blocks may be uneven, as MoE dispatch needs; ``recv_counts``
         (elements per source) may be given or left for zipccl to derive from the
-        other ranks' ``send_counts``.
+        other ranks' ``send_counts``. With counts, every call exchanges the count
+        matrix (one control row; see the module docstring).
         """
         p = self.size
+        if send_counts is not None or recv_counts is not None:
+            self._all_to_all_counts(send, recv, send_counts, recv_counts, dtype, stream)
+            return
+        key, st = self._key("all_to_all", send, recv, dtype, stream)
+        plan = self._plans.get(key)
+        if plan is not None and plan.run is not None:
+            return self._replay(plan)
 
         def check():
             s = _wrap(send, dtype, "send")
             r = _wrap(recv, dtype, "recv", writable=True)
             self._pair(s, r)
-            if send_counts is None:
-                if recv_counts is not None:
-                    raise ValueError("recv_counts given without send_counts")
-                if s.size % p or r.size != s.size:
-                    raise ValueError(f"all_to_all without counts needs send and recv of equal size "
-                                     f"divisible by {p}; got {s.size} and {r.size}")
-                sc = [s.size // p] * p
-                rc = list(sc)
-            else:
-                sc = _int_list(send_counts, p, "send_counts")
-                rc = None if recv_counts is None else _int_list(recv_counts, p, "recv_counts")
-                if sum(sc) != s.size:
-                    raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
-                if rc is not None and sum(rc) != r.size:
-                    raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
-            extra = [*sc, *(rc if rc is not None else [-1] * p), r.size]
-            return ("all_to_all", s.dtype, s.device), extra, (s, r)
+            if s.size % p or r.size != s.size:
+                raise ValueError(f"all_to_all without counts needs send and recv of equal size "
+                                 f"divisible by {p}; got {s.size} and {r.size}")
+            itemsize = 2 if s.bf16 else s.data.itemsize
+            return (s.dtype, s.device, s.size), itemsize * s.size, (s, r)
 
-        extras, (s, r) = self._validate("all_to_all", check)
+        plan, (s, r), st = self._prepare("all_to_all", key, plan, check, st)
+        b = s.size // p
+        if plan.compress:
+            self._run_all_to_all(s, r, [b] * p, [b] * p, b if p > 1 else 0, plan, st,
+                                 self._controller("all_to_all", plan))
+            return
+        eng, tr = self._route(s.device, st)
+        if plan.stats is None:
+            raw = s.nbytes - s.nbytes // p
+            plan.stats = ExchangeStats(raw, raw)
+        s8, r8 = _bytes(s.data), _bytes(r.data)
+        c = [s.nbytes // p] * p
+        if not _overlap(s8, r8):
+            self._bind(key, plan, tr.bind_alltoallv(s8, c, offsets(c), r8, c, offsets(c), st))
+        tr.alltoallv(self._detached(eng, s8, r8), c, offsets(c), r8, c, offsets(c), st)
+        self.last_stats = plan.stats
+
+    def _all_to_all_counts(self, send, recv, send_counts, recv_counts, dtype, stream) -> None:
+        """all_to_all with per-peer counts: the count matrix travels in the control row."""
+        p = self.size
+        if self.comm is None:
+            raise CollectiveError("zipccl all_to_all: the communicator is closed")
+        err, extra = None, []
+        try:
+            s = _wrap(send, dtype, "send")
+            r = _wrap(recv, dtype, "recv", writable=True)
+            self._pair(s, r)
+            if send_counts is None:
+                raise ValueError("recv_counts given without send_counts")
+            sc = _int_list(send_counts, p, "send_counts")
+            rc = None if recv_counts is None else _int_list(recv_counts, p, "recv_counts")
+            if sum(sc) != s.size:
+                raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
+            if rc is not None and sum(rc) != r.size:
+                raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
+            extra = [*sc, *(rc if rc is not None else [-1] * p), r.size]
+            sig = ("all_to_all", s.dtype, s.device, "per-peer counts", self._settings_text)
+        except (TypeError, ValueError) as e:
+            err, sig = str(e), None
+        table = self._control("all_to_all", _sig_hash(sig) if sig else 0, err, extra,
+                              describe=f"all_to_all({sig[1]}, {sig[2]}, per-peer counts)"
+                              if sig else "all_to_all(invalid arguments)")
+        extras = table[:, :2 * p + 1].copy()
         # Cross-rank consistency, computed identically on every rank.
         matrix = [[int(c) for c in row[:p]] for row in extras]
         problems = []
@@ -676,22 +1011,26 @@ class Communicator:
         mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
         d = self._decide("all_to_all", mean_bytes, s)
         st = self._stream(s, stream)
+        if s.bf16 and d.compress:
+            largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
+            plan = _Plan(sig, 0, d, True)
+            self._run_all_to_all(s, r, matrix[self.rank], my_recv_counts, largest, plan, st, None)
+            return
+        eng, tr = self._route(s.device, st)
+        sc = [itemsize * c for c in matrix[self.rank]]
+        rc = [itemsize * c for c in my_recv_counts]
+        s8, r8 = _bytes(s.data), _bytes(r.data)
+        tr.alltoallv(self._detached(eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), st)
+        raw = sum(sc) - sc[self.rank]
+        self.last_stats = ExchangeStats(raw, raw)
+
+    def _run_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, largest: int,
+                        plan: _Plan, st, control) -> None:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
-        if s.bf16:
-            largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
-            self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, matrix[self.rank],
-                                              my_recv_counts, compress=d.compress, stream=st,
-                                              chunk=self.chunk, max_count=largest)
-        else:
-            from .collectives import offsets
-
-            sc = [itemsize * c for c in matrix[self.rank]]
-            rc = [itemsize * c for c in my_recv_counts]
-            tr.alltoallv(sdata.view("uint8"), sc, offsets(sc), r.data.view("uint8"), rc,
-                         offsets(rc), st)
-            raw = sum(sc) - sc[self.rank]
-            self.last_stats = ExchangeStats(raw, raw)
+        self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, send_counts,
+                                          recv_counts, compress=True, stream=st, chunk=self.chunk,
+                                          max_count=largest, control=control)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
@@ -700,25 +1039,33 @@ class Communicator:
         all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
         ncclAllReduce; native MPI is the same two steps uncompressed.
         """
+        key, st = self._key("all_reduce", buf, None, dtype, stream, op)
+        plan = self._plans.get(key)
+        if plan is not None and plan.run is not None:
+            return self._replay(plan)
+
         def check():
             b = _wrap(buf, dtype, "buf", writable=True)
             if op not in REDUCE_OPS:
                 raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
             if b.bf16 and op != "sum":
                 raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
-            return ("all_reduce", b.dtype, b.device, b.size, op), None, b
+            return (b.dtype, b.device, b.size, op), b.nbytes, b
 
-        _, b = self._validate("all_reduce", check)
-        d = self._decide("all_reduce", b.nbytes, b)
-        st = self._stream(b, stream)
+        plan, b, st = self._prepare("all_reduce", key, plan, check, st)
         eng, tr = self._route(b.device, st)
-        if b.bf16 and (d.compress or tr.name != "nccl"):
-            self.last_stats = all_reduce_bf16(eng, tr, self._agree, b.data, compress=d.compress,
-                                              stream=st, chunk=self.chunk)
-        else:
-            tr.allreduce(b.data, op, st, dtype="bfloat16" if b.bf16 else None)
+        if b.bf16 and (plan.compress or tr.name != "nccl"):
+            self.last_stats = all_reduce_bf16(
+                eng, tr, self._agree, b.data, compress=plan.compress, stream=st, chunk=self.chunk,
+                control=self._controller("all_reduce", plan) if plan.compress else None)
+            return
+        if plan.stats is None:
             raw = 2 * b.nbytes * (self.size - 1) // self.size
-            self.last_stats = ExchangeStats(raw, raw)
+            plan.stats = ExchangeStats(raw, raw)
+        kind = "bfloat16" if b.bf16 else None
+        self._bind(key, plan, tr.bind_allreduce(b.data, op, st, dtype=kind))
+        tr.allreduce(b.data, op, st, dtype=kind)
+        self.last_stats = plan.stats
 
     @staticmethod
     def _detached(eng, send, recv):
@@ -730,3 +1077,8 @@ class Communicator:
         copy = eng.workspace("detach", send.nbytes).view(send.dtype)
         eng.copy(copy, send)
         return copy
+
+
+def _bytes(a):
+    """A uint8 view of a 1-D array of either kind."""
+    return a.view(np.uint8) if isinstance(a, np.ndarray) else a.view("uint8")

@@ -23,6 +23,18 @@ is a thin wrapper around mpi4py or ``cupy.cuda.nccl``: no algorithm lives here.
 Counts and displacements are in bytes for the byte exchanges and in elements
 for the typed reductions. Only the regions named by counts/displacements are
 ever written in a receive buffer.
+
+Two more kinds of service, for the communicator and the collectives:
+
+- **control exchanges**: small host messages of int64 (signatures, frame
+  lengths, error flags) and, on failure only, Python objects (error messages),
+  always over the wrapped MPI communicator, whichever transport carries the
+  payload. They are blocking and ordered with each other on every rank.
+- **bound calls** (``bind_*``): a native collective with its arguments packed
+  once (raw device pointers, byte counts, the stream handle) into a callable
+  that holds no reference to the arrays. ``NCCLTransport`` returns one that is
+  the NCCL call and nothing else; a transport that cannot (MPI needs buffer
+  objects) returns None and is called the ordinary way.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -137,6 +150,64 @@ class Transport:
 
     def close(self) -> None:
         """Release transport resources (NCCL communicator, pinned buffers)."""
+
+    # -- control exchanges (host, over MPI, whatever moves the payload) -----------------------
+    def allgather_ints(self, row: np.ndarray, table: np.ndarray) -> None:
+        """table[i] = rank i's ``row`` (int64; ``table`` is (size, row.size))."""
+        self.comm.Allgather(row, table)
+
+    def allgather_objects(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        return self.comm.allgather(obj)
+
+    def any_flag(self, flag: bool) -> bool:
+        """True on every rank if any rank passes True (one 8-byte all-reduce)."""
+        from mpi4py import MPI
+
+        mine = self._flag_buffers()
+        mine[0] = 1 if flag else 0
+        self.comm.Allreduce(mine[:1], mine[1:], op=MPI.MAX)
+        return bool(mine[1])
+
+    def exchange_lengths(self, rows, *, reduce: bool) -> np.ndarray:
+        """One round's frame lengths (and error flags), host ints over MPI.
+
+        ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of
+        each. Otherwise ``rows[j]`` is [length of the frame for rank j, flag];
+        returns row i = what rank i sent here. Every rank calls it once per round.
+
+        >>> from mpi4py import MPI
+        >>> Transport(MPI.COMM_SELF).exchange_lengths([[5, 0]], reduce=False).tolist()
+        [[5, 0]]
+        """
+        from mpi4py import MPI
+
+        mine = np.asarray(rows, dtype=np.int64)
+        out = np.empty_like(mine)
+        if reduce:
+            self.comm.Allreduce(mine, out, op=MPI.MAX)
+        else:
+            self.comm.Alltoall(mine, out)
+        return out
+
+    def _flag_buffers(self) -> np.ndarray:
+        buf = getattr(self, "_flags", None)
+        if buf is None:
+            buf = self._flags = np.zeros(2, dtype=np.int64)
+        return buf
+
+    # -- bound native calls: None = "call me the ordinary way" --------------------------------
+    def bind_allgather(self, send, recv, stream):
+        return None
+
+    def bind_reduce_scatter(self, send, recv, op: str, stream, dtype: str | None = None):
+        return None
+
+    def bind_allreduce(self, buf, op: str, stream, dtype: str | None = None):
+        return None
+
+    def bind_alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, stream):
+        return None
 
 
 class MPITransport(Transport):
@@ -304,11 +375,13 @@ class NCCLTransport(Transport):
             raise TypeError("the NCCL transport moves device buffers only")
 
     def alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, stream=None) -> None:
-        import cupy
-
         self._check(send, recv)
-        nc, s = self._nccl, stream_ptr(stream)
-        sp, rp = send.data.ptr, recv.data.ptr
+        self._alltoallv(send.data.ptr, scounts, sdispls, recv.data.ptr, rcounts, rdispls,
+                        stream_ptr(stream))
+
+    def _alltoallv(self, sp: int, scounts, sdispls, rp: int, rcounts, rdispls, s: int) -> None:
+        """Grouped send/recv between raw device addresses; the block to self is a device copy."""
+        nc = self._nccl
         nc.groupStart()
         try:
             for peer in range(self.size):
@@ -326,9 +399,10 @@ class NCCLTransport(Transport):
         if rcounts[me]:
             if rcounts[me] != scounts[me]:
                 raise ValueError("alltoallv: self send and receive counts differ")
-            s8, r8 = send.view(cupy.uint8), recv.view(cupy.uint8)
-            with cupy_stream(s):
-                r8[rdispls[me]:rdispls[me] + rcounts[me]] = s8[sdispls[me]:sdispls[me] + scounts[me]]
+            from cupy.cuda import runtime
+
+            runtime.memcpyAsync(rp + int(rdispls[me]), sp + int(sdispls[me]), int(rcounts[me]),
+                                runtime.memcpyDeviceToDevice, s)
 
     def allgather(self, send, recv, stream=None) -> None:
         self._check(send, recv)
@@ -348,6 +422,28 @@ class NCCLTransport(Transport):
         self._check(buf)
         self.nccl_comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl_dtype(dtype or buf.dtype),
                                  self._op(op), stream_ptr(stream))
+
+    # -- bound calls: the NCCL call with its arguments packed, nothing else per call ----------
+    def bind_allgather(self, send, recv, stream):
+        self._check(send, recv)
+        return partial(self.nccl_comm.allGather, send.data.ptr, recv.data.ptr, send.nbytes,
+                       self._nccl.NCCL_UINT8, stream_ptr(stream))
+
+    def bind_reduce_scatter(self, send, recv, op: str, stream, dtype: str | None = None):
+        self._check(send, recv)
+        return partial(self.nccl_comm.reduceScatter, send.data.ptr, recv.data.ptr, recv.size,
+                       nccl_dtype(dtype or recv.dtype), self._op(op), stream_ptr(stream))
+
+    def bind_allreduce(self, buf, op: str, stream, dtype: str | None = None):
+        self._check(buf)
+        return partial(self.nccl_comm.allReduce, buf.data.ptr, buf.data.ptr, buf.size,
+                       nccl_dtype(dtype or buf.dtype), self._op(op), stream_ptr(stream))
+
+    def bind_alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, stream):
+        self._check(send, recv)
+        return partial(self._alltoallv, send.data.ptr, [int(c) for c in scounts],
+                       [int(d) for d in sdispls], recv.data.ptr, [int(c) for c in rcounts],
+                       [int(d) for d in rdispls], stream_ptr(stream))
 
     def close(self) -> None:
         comm, self.nccl_comm = getattr(self, "nccl_comm", None), None
