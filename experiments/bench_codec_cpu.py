@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     info["world_size"] = comm.Get_size()
     info["rank"] = me
     # threads of one large call (the codec shares the node's cores among its ranks)
-    info["codec_threads_large"] = getattr(cpu, "threads_per_call", lambda n: None)(1 << 30)
+    info["codec_threads_large"] = cpu.threads_per_call(1 << 30)
     info["run"] = comm.bcast(info["run"])
 
     buffers = [(f"gaussian sigma=0.02, {s:g} MiB", gaussian(int(s * (1 << 20)) // 2))

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment": "cpu_mpi", "machine": MACHINE, "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "world_size": p, "zipccl_commit": git_commit(), "note": args.note,
-        "codec_threads_large": getattr(cpu, "threads_per_call", lambda n: None)(1 << 30),
+        "codec_threads_large": cpu.threads_per_call(1 << 30),
         "numba_threads": numba.get_num_threads(), "numba": numba.__version__,
         "numpy": np.__version__, "python": platform.python_version(),
         "mpi": MPI.Get_library_version().splitlines()[0].strip(),

@@ -30,10 +30,28 @@ partial sums that add up to exactly the reference's value.
 Header, layout and validation stay in Python (``zipccl.format``); only the bulk
 loops are compiled. ``cache=True`` keeps compilation (several seconds) to the
 first call on a machine.
+
+Threads. Numba's OpenMP workers spin after a parallel region, and so does an MPI
+rank waiting in a collective: ranks that share a node and each run as many
+threads as the node has cores spend their time waiting for descheduled threads
+(40-70x slower on a 2-core machine under ``mpiexec -n 2``). So every call runs
+its parallel loops on ``threads_per_call(n)`` threads: one below ``SMALL``
+elements (a parallel region costs more than it saves there), otherwise this
+process's share of its CPUs -- the CPUs it may run on divided by the ranks the
+launcher placed on this node (``local_ranks``) -- and never more than Numba's
+own setting (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``).
+``ZIPCCL_CPU_THREADS`` overrides the share. The count is set for the call only
+(Numba's setting is per thread) and restored afterwards; the bytes never depend
+on it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from contextlib import contextmanager
+
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -55,6 +73,99 @@ _DEBRUIJN = np.array([0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
 
 assert fmt.BLOCK % 32 == 0 and fmt.HEADER_SIZE % 4 == 0 and fmt.ALIGN % 4 == 0
 assert np.little_endian, "the CPU codec reads and writes little-endian words directly"
+
+# Below this many elements a call runs on one thread: on the 2-core dev box one and
+# two threads take the same time up to 64 Ki elements (experiments/README.md).
+SMALL = 1 << 16
+ENV_THREADS = "ZIPCCL_CPU_THREADS"
+# Ranks on this node, as launchers state it: MPICH / Intel MPI (Hydra), Open MPI,
+# MVAPICH2, Cray PALS, torchrun.
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                    "PALS_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+
+
+# ---------------------------------------------------------------- threads
+
+
+def _positive_int(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def _slurm_local_tasks(env) -> int | None:
+    """Tasks of this node in a Slurm step: SLURM_STEP_TASKS_PER_NODE (e.g. "4(x2),3", one
+    entry per node) at index SLURM_NODEID."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE")
+    try:
+        node = int(env.get("SLURM_NODEID", "0"))
+    except ValueError:
+        return None
+    if not spec:
+        return None
+    counts = []
+    for part in spec.split(","):
+        count, _, times = part.partition("(x")
+        counts += [count] * (_positive_int(times.rstrip(")")) or 1)
+    return _positive_int(counts[node]) if 0 <= node < len(counts) else None
+
+
+def local_ranks(env=None) -> int:
+    """How many processes of this job the launcher placed on this node (1 if none says).
+
+    >>> local_ranks({"MPI_LOCALNRANKS": "2"}), local_ranks({})
+    (2, 1)
+    """
+    env = os.environ if env is None else env
+    for name in _LOCAL_SIZE_VARS:
+        if (value := _positive_int(env.get(name))) is not None:
+            return value
+    return _slurm_local_tasks(env) or 1
+
+
+def _usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=1)
+def rank_threads() -> int:
+    """This process's share of the CPUs: ``ZIPCCL_CPU_THREADS``, else the CPUs it may run
+    on divided by ``local_ranks()`` (at least 1). Read once per process."""
+    forced = _positive_int(os.environ.get(ENV_THREADS))
+    if forced is not None:
+        return forced
+    return max(1, _usable_cpus() // local_ranks())
+
+
+def threads_per_call(n: int) -> int:
+    """Threads a call on ``n`` elements runs on (this thread's Numba setting caps it).
+
+    >>> threads_per_call(1)
+    1
+    """
+    if n < SMALL:
+        return 1
+    return max(1, min(rank_threads(), numba.get_num_threads()))
+
+
+@contextmanager
+def _threads(n: int):
+    """Run the enclosed parallel loops on ``threads_per_call(n)`` threads, then restore."""
+    before = numba.get_num_threads()
+    wanted = threads_per_call(n)
+    if wanted == before:
+        yield
+        return
+    numba.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 # ---------------------------------------------------------------- compiled loops
@@ -337,7 +448,8 @@ def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
     True
     """
     buf = np.ascontiguousarray(np.asarray(frame).reshape(-1).view(np.uint8))
-    return _section_sum(buf, _HDR, frame_len) & 0xFFFFFFFFFFFFFFFF
+    with _threads(frame_len // 2):
+        return _section_sum(buf, _HDR, frame_len) & 0xFFFFFFFFFFFFFFFF
 
 
 def _static_rest_sum(frame: np.ndarray, lay: fmt.Layout) -> int:
@@ -377,8 +489,14 @@ def encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...] | None =
     True
     """
     bits = np.ascontiguousarray(bits, dtype=np.uint16).reshape(-1)
+    shape = (bits.size,) if shape is None else tuple(int(d) for d in shape)
+    with _threads(bits.size):
+        return _encode(bits, codebook, shape, checksum)
+
+
+def _encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...],
+            checksum: bool) -> np.ndarray:
     n = bits.size
-    shape = (n,) if shape is None else tuple(int(d) for d in shape)
     lay = fmt.Layout.for_count(n)
     cb = codebook.as_array()
 
@@ -437,6 +555,11 @@ def decode(frame) -> tuple[np.ndarray, fmt.Header]:
     """
     buf = _as_frame_bytes(frame)
     h = fmt.parse_header(buf)
+    with _threads(h.n):
+        return _decode(buf, h)
+
+
+def _decode(buf: np.ndarray, h: fmt.Header) -> tuple[np.ndarray, fmt.Header]:
     # Always a read-only view: one compiled specialization serves writable arrays,
     # bytes and other read-only buffers alike (each one costs seconds of compilation).
     buf = np.ascontiguousarray(buf).view()

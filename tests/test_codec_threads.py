@@ -1,0 +1,88 @@
+"""The CPU codec's threads: one per call on small inputs, the rank's share of the cores otherwise.
+
+Numba's OpenMP workers spin after a parallel region; ranks that share a node and
+each run a thread per core wait for descheduled threads (40-70x slower under
+``mpiexec -n 2`` on 2 cores). These tests pin the rule that prevents it and that
+the frames never depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+from conftest import edge_corpus, gaussian_bits
+from test_comm_mpi import ROOT, clean_env, mpiexec
+
+from zipccl.codebook import Codebook
+from zipccl.codec import cpu, reference
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, 1),
+    ({"MPI_LOCALNRANKS": "2"}, 2),  # MPICH / Intel MPI (Hydra)
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 4),  # Open MPI
+    ({"LOCAL_WORLD_SIZE": "8"}, 8),  # torchrun
+    ({"MPI_LOCALNRANKS": "zero"}, 1),
+    ({"MPI_LOCALNRANKS": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "1"}, 4),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "2"}, 3),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "3"}, 1),
+    ({"SLURM_STEP_TASKS_PER_NODE": "6"}, 6),
+])
+def test_local_ranks_from_the_launcher(env, expected):
+    assert cpu.local_ranks(env) == expected
+
+
+def test_threads_per_call(monkeypatch):
+    monkeypatch.setattr(cpu, "rank_threads", lambda: 8)
+    assert cpu.threads_per_call(0) == 1
+    assert cpu.threads_per_call(cpu.SMALL - 1) == 1
+    # Large calls: the rank's share, capped by this thread's Numba setting.
+    assert cpu.threads_per_call(cpu.SMALL) == min(8, numba.get_num_threads())
+    monkeypatch.setattr(cpu, "rank_threads", lambda: 1)
+    assert cpu.threads_per_call(1 << 30) == 1
+
+
+def test_mpiexec_shares_the_cores():
+    # Two ranks on this machine: each gets half of the CPUs it may run on (at least one).
+    env = clean_env()
+    env.pop("NUMBA_NUM_THREADS", None)
+    env.pop(cpu.ENV_THREADS, None)
+    code = "from zipccl.codec import cpu; print(cpu.rank_threads(), cpu.threads_per_call(1 << 30))"
+    r = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert r.stdout.split() == [str(share)] * 4
+
+
+def test_env_overrides_the_share(monkeypatch):
+    monkeypatch.setenv(cpu.ENV_THREADS, "3")
+    monkeypatch.setenv("MPI_LOCALNRANKS", "64")
+    cpu.rank_threads.cache_clear()
+    try:
+        assert cpu.rank_threads() == 3
+    finally:
+        cpu.rank_threads.cache_clear()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_frames_do_not_depend_on_threads(monkeypatch, threads):
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread(s)")
+    monkeypatch.setattr(cpu, "rank_threads", lambda: threads)
+    bits = np.concatenate([edge_corpus(), gaussian_bits(3 * cpu.SMALL + 77, seed=5)])
+    cb = Codebook.from_sigma(0.02)
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    for checksum in (True, False):
+        frame = cpu.encode(bits, cb, None, checksum)
+        assert np.array_equal(frame, reference.encode(bits, cb, None, checksum))
+        out, _ = cpu.decode(frame)
+        assert np.array_equal(out.view(np.uint16), bits)
+    # The caller's Numba setting is left as it was.
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
