@@ -17,6 +17,9 @@ input bit for bit; then it times, with CUDA events on one non-blocking stream:
   paths, one CUDA block per escape block), launched directly, without and with
   checksum (``v3-cs``) and recompiled with launch bounds (128 threads, >= 8 blocks
   per SM: ``v3-lb8``); each checked on the timed buffers first;
+* ``api``: ``zipccl.compress`` / ``zipccl.decompress`` of a CuPy array with the
+  default codebook (chosen on the device) and checksum: the calls users make, each
+  synchronising once (eager only: they read a length / error bits back);
 * ``v4``: the library kernels (``zipccl.kernels``: persistent blocks, 32-bit
   per-value work, byte-wide plane stores and loads, codes to exponents by byte
   permute) through ``encode_into`` / ``decode_into``, without and with checksum
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", choices=["graph", "eager"], default=["graph", "eager"],
                     help="timings to take (the copy is always timed both ways)")
     ap.add_argument("--variants", nargs="+",
-                    default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8", "v4", "v4-cs"])
+                    default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8", "api", "v4", "v4-cs"])
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                  runtime.view(v1f, v1f.size // 8, np.int64), ws.array, encode.layout_tuple(lay))
             v1.encode_tiles_v1[lay.n_blocks, TPB, nstream](*a, cb64, 0)
             encode.encode_finish[min(1024, max(1, n // 1024)), TPB, nstream](
-                *a, hdr, crc_base, runtime.crc_table(), 0, 0, lay.n_blocks)
+                *a, hdr, crc_base, runtime.crc_table(), 0, 0, lay.n_blocks, 0)
             outs[0].fill(0)
             fv = (runtime.view(frames[0], lay.raw_size, np.uint8),
                   runtime.view(frames[0], lay.raw_size // 4, np.uint32),
@@ -307,6 +310,25 @@ def main(argv: list[str] | None = None) -> int:
             both("decode", "v4-cs", [
                 (lambda i=i: gpu.decode_into(frames_cs[i], outs[i], stream, workspace=ws))
                 for i in range(sets)], compression_ratio(flen_cs, nbytes))
+        if "api" in args.variants:  # what users call: zipccl.compress / decompress of a CuPy array
+            import zipccl
+
+            api_frames = [zipccl.compress(bits[i], dtype="bfloat16", stream=stream) for i in range(sets)]
+            want_api = codec.encode(host0, Codebook.from_sample(host0), None, True)
+            if not np.array_equal(cp.asnumpy(api_frames[0]), want_api):
+                raise SystemExit(f"{mib} MiB: zipccl.compress frame differs from the {codec.__name__} "
+                                 "frame with the host's default codebook")
+            for i in range(sets):
+                if not cp.array_equal(zipccl.decompress(api_frames[i], stream=stream), bits[i]):
+                    raise SystemExit(f"{mib} MiB: zipccl.decompress round trip {i} differs")
+            api_ratio = compression_ratio(int(api_frames[0].size), nbytes)
+            e, host = timer.eager([(lambda i=i: zipccl.compress(bits[i], dtype="bfloat16", stream=stream))
+                                   for i in range(sets)], iters)
+            record("compress", "api", "eager", e, host=host, ratio=api_ratio)
+            e, host = timer.eager([(lambda i=i: zipccl.decompress(api_frames[i], stream=stream))
+                                   for i in range(sets)], iters)
+            record("decompress", "api", "eager", e, host=host, ratio=api_ratio)
+            del api_frames
         lt = encode.layout_tuple(lay)
         hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
         fin_blocks = max(1, min(encode.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
@@ -330,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             # one CUDA block per escape block (v1-v3); the finishing kernel is the library's
             tiles_kernel[lay.n_blocks, TPB, nstream](*a, cb64, cs)
             encode.encode_finish[fin_blocks, TPB, nstream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
-                                                           lay.n_blocks)
+                                                           lay.n_blocks, 0)
 
         def dec_with(tiles_kernel, a):
             tiles_kernel[lay.n_blocks, TPB, nstream](*a)

@@ -152,3 +152,31 @@ def test_tensor_stats_predicts_the_real_frame_size(n):
     assert sum(s.hist.values()) == n
     with pytest.raises(ValueError, match="layout predicts"):
         tensor_stats(bf.view(np.uint16), frame_bytes=int(frame.size) + 1)
+
+
+def test_window_table_is_window_start_at_every_breakpoint_and_at_random_sigma():
+    import math
+
+    from zipccl.codebook import window_start, window_start_tabulated, window_table
+
+    thr, starts = window_table()
+    assert np.all(np.diff(thr) > 0) and np.all(np.diff(starts) > 0)
+    for t in thr[1:]:
+        for s in (math.nextafter(t, 0.0), float(t), math.nextafter(t, math.inf)):
+            assert window_start_tabulated(s) == window_start(s), s
+    rng = np.random.default_rng(7)
+    for s in np.exp2(rng.uniform(-142.0, 129.0, 400)):
+        assert window_start_tabulated(float(s)) == window_start(float(s)), s
+    for s in (0.0, -1.0, math.inf, math.nan):
+        assert window_start_tabulated(s) == window_start(s) == 0
+
+
+def test_rms_has_a_fixed_summation_order_close_to_the_mean():
+    from zipccl.codebook import _rms
+
+    from conftest import gaussian_bits
+
+    bits = gaussian_bits(4096, sigma=0.02, seed=3)
+    v = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert _rms(bits) == pytest.approx(float(np.sqrt(np.mean(v * v))), rel=1e-14)
+    assert _rms(np.array([0x7FC0, 0x3F80], np.uint16)) == 1.0  # NaN skipped, 1.0 counted

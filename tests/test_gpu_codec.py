@@ -219,3 +219,24 @@ def test_device_statistics_match_host(cp):
     assert gpu.sample_codebook(cp.asarray(bits)) == Codebook.from_sample(bits)
     c = edge_corpus()
     assert gpu.histogram_codebook(cp.asarray(c)) == Codebook.from_histogram(c, dtype="bfloat16")
+
+
+def test_default_codebook_chosen_on_the_device_equals_the_hosts(cp):
+    _, Codebook, gpu, reference = _mods()
+    from zipccl.kernels._common import WS_CODEBOOK
+
+    rng = np.random.default_rng(11)
+    cases = [gaussian_bits(1_000_003, sigma=s, seed=i) for i, s in
+             enumerate(np.exp2(rng.uniform(-30, 10, 24)))]
+    half_zero = gaussian_bits(200_000, seed=9)
+    half_zero[1::2] = 0
+    cases += [half_zero, edge_corpus(), np.full(999, 0x7FC0, np.uint16), rng.integers(0, 1 << 16, 70_001,
+                                                                                      dtype=np.uint16)]
+    for bits in cases:
+        x = cp.asarray(bits)
+        ws = gpu.Workspace(bits.size)
+        gpu._choose_on_device(x, bits.size, ws, None)
+        cb = int(ws._slots()[WS_CODEBOOK])
+        assert tuple((cb >> (8 * i)) & 0xFF for i in range(7)) == Codebook.from_sample(bits).exponents
+        frame = gpu.compress(x, dtype="bfloat16")
+        assert np.array_equal(cp.asnumpy(frame), reference.encode(bits, Codebook.from_sample(bits)))

@@ -224,6 +224,27 @@ def test_sigma_and_histogram_on_the_device():
 
 
 @sim
+def test_default_codebook_is_chosen_on_the_device_as_on_the_host():
+    from zipccl.kernels._common import WS_CODEBOOK
+
+    g = gaussian_bits(20000, sigma=0.013, seed=4)
+    half_zero = gaussian_bits(9000, seed=9)
+    half_zero[1::2] = 0  # the sample's top-7 replaces the sigma window
+    nan_only = np.full(300, 0x7FC0, np.uint16)  # no finite value: sigma 0, window at 0
+    heavy = (g.astype(np.uint32) + (np.arange(g.size) % 5 == 0) * (40 << 7)).astype(np.uint16)
+    for bits in (g, half_zero, nan_only, heavy, edge_corpus(), gaussian_bits(7, seed=1),
+                 np.zeros(0, np.uint16)):
+        ws = gpu.Workspace(max(bits.size, 1))
+        gpu._choose_on_device(bits, bits.size, ws, None)
+        cb = int(ws._slots()[WS_CODEBOOK])
+        got = tuple((cb >> (8 * i)) & 0xFF for i in range(7))
+        assert got == Codebook.from_sample(bits).exponents, bits[:8]
+    frame = gpu.compress(half_zero, dtype="bfloat16", checksum=False)
+    assert np.array_equal(np.asarray(frame),
+                          reference.encode(half_zero, Codebook.from_sample(half_zero), None, False))
+
+
+@sim
 def test_header_crc_table_reproduces_zlib():
     import zlib
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -135,6 +136,71 @@ def window_start(sigma: float) -> int:
     return best
 
 
+# window_start is scale-invariant where no clamp or special exponent is near: sigma * 2^k
+# moves the window by k exactly (every quantity it compares scales by a power of two).
+# Binades of sigma inside _SCALE_FREE share the breakpoints of binade 0; the others are
+# bisected one by one. RMS values of BF16 data lie in [2^-140, 2^128).
+_SIGMA_BINADES = (-141, 129)
+_SCALE_FREE = (-100, 100)
+
+
+def _breakpoints(lo: float, hi: float) -> list[tuple[float, int]]:
+    """(first sigma, start) of each window start taken on [lo, hi), window_start non-decreasing."""
+    out = [(lo, window_start(lo))]
+    last = window_start(math.nextafter(hi, 0.0))
+    while out[-1][1] != last:
+        # smallest sigma in (out[-1][0], hi) whose start exceeds the current one: bisect bits
+        a = int(np.float64(out[-1][0]).view(np.int64))
+        b = int(np.float64(math.nextafter(hi, 0.0)).view(np.int64))
+        cur = out[-1][1]
+        while b - a > 1:
+            mid = (a + b) // 2
+            if window_start(float(np.int64(mid).view(np.float64))) > cur:
+                b = mid
+            else:
+                a = mid
+        x = float(np.int64(b).view(np.float64))
+        out.append((x, window_start(x)))
+    return out
+
+
+@lru_cache(maxsize=1)
+def window_table() -> tuple[np.ndarray, np.ndarray]:
+    """``window_start`` as a step table: (sigma thresholds, starts), float64 and int64.
+
+    ``window_start(s) == starts[i]`` for the last i with ``thresholds[i] <= s``, for
+    every finite s > 0 below 2^129 (``window_start_tabulated``; tests check it at
+    every breakpoint and at random sigma). The GPU codebook kernel looks sigma up in
+    this table instead of evaluating the normal CDF, so host and device agree exactly.
+    """
+    k0, k1 = _SIGMA_BINADES
+    unit = _breakpoints(1.0, 2.0)
+    steps: list[tuple[float, int]] = [(0.0, window_start(math.ldexp(1.0, k0)))]
+    for k in range(k0, k1):
+        if _SCALE_FREE[0] <= k < _SCALE_FREE[1]:
+            steps += [(math.ldexp(x, k), st + k) for x, st in unit]
+        else:
+            steps += _breakpoints(math.ldexp(1.0, k), math.ldexp(1.0, k + 1))
+    thr, starts = [], []
+    for x, st in steps:  # keep only changes
+        if not starts or st != starts[-1]:
+            thr.append(x)
+            starts.append(st)
+    return np.array(thr, dtype=np.float64), np.array(starts, dtype=np.int64)
+
+
+def window_start_tabulated(sigma: float) -> int:
+    """``window_start`` read from ``window_table`` (what the GPU does).
+
+    >>> window_start_tabulated(0.02) == window_start(0.02)
+    True
+    """
+    if not (sigma > 0.0 and math.isfinite(sigma)):
+        return _LOWEST_START
+    thr, starts = window_table()
+    return int(starts[int(np.searchsorted(thr, sigma, side="right")) - 1])
+
+
 def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     """BF16 bit patterns (uint16) to float32 values, exactly."""
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
@@ -176,12 +242,35 @@ def strided_sample(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
     return flat[::sample_stride(flat.size, samples)][:samples].astype(np.uint16, copy=False)
 
 
+RMS_LANES = 256  # the summation order of the RMS: 256 strided partial sums, then a halving tree
+
+
 def _rms(sample: np.ndarray) -> float:
+    """RMS of the finite values of a BF16 sample, summed in one fixed order.
+
+    Each square is exact in float64 (a BF16 value has 8 significant bits); the
+    order of the additions is fixed so that the GPU (``kernels/stats.py``, one
+    block of ``RMS_LANES`` threads) gets the same float64 sum bit for bit, hence
+    the same sigma and the same codebook: partial sum j adds the squares of
+    values j, j + 256, j + 512, ... in turn, then partials h..2h-1 are added
+    to 0..h-1 for h = 128, 64, ..., 1. Non-finite values add 0.0 and are not counted.
+    """
     v = bf16_bits_to_float(sample).astype(np.float64)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
+    finite = np.isfinite(v)
+    count = int(np.count_nonzero(finite))
+    if count == 0:
         return 0.0
-    return float(np.sqrt(np.mean(v * v)))
+    sq = np.where(finite, v * v, 0.0)
+    rows = np.zeros(-(-sq.size // RMS_LANES) * RMS_LANES)
+    rows[:sq.size] = sq
+    acc = np.zeros(RMS_LANES)
+    for row in rows.reshape(-1, RMS_LANES):  # sequential per lane, as each GPU thread adds
+        acc = acc + row
+    h = RMS_LANES // 2
+    while h:
+        acc[:h] = acc[:h] + acc[h:2 * h]
+        h //= 2
+    return float(np.sqrt(acc[0] / count))
 
 
 def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> float:

@@ -184,16 +184,25 @@ def pack_header(header: Header) -> np.ndarray:
     return np.frombuffer(header.pack(), dtype=np.uint8).copy()
 
 
-def parse_header(buf) -> Header:
+def parse_header(buf, buffer_len: int | None = None) -> Header:
     """Read and validate the header of ``buf`` (any bytes-like / uint8 array).
 
     Checks magic, version, dtype, flags, header CRC, shape and every length against
     the buffer size. Raises ValueError with a message naming what is wrong. It does
     not look at the payload; the decoders check the escape counts and checksum.
+    ``buffer_len``: the length of the whole buffer when ``buf`` holds only its first
+    bytes (at least the 128 header bytes; a device frame's header read to the host).
+
+    >>> h = parse_header(pack_header(Header(n=3, n_escapes=0, frame_len=HEADER_SIZE + 6,
+    ...                                     flags=FLAG_RAW, codebook=tuple(range(7)), shape=(3,))),
+    ...                  buffer_len=HEADER_SIZE + 6)
+    >>> h.n, h.raw
+    (3, True)
     """
     mv = memoryview(np.ascontiguousarray(np.frombuffer(buf, dtype=np.uint8)))
-    if len(mv) < HEADER_SIZE:
-        raise ValueError(f"not a zipccl frame: {len(mv)} bytes is shorter than the "
+    total = len(mv) if buffer_len is None else int(buffer_len)
+    if min(total, len(mv)) < HEADER_SIZE:
+        raise ValueError(f"not a zipccl frame: {total} bytes is shorter than the "
                          f"{HEADER_SIZE}-byte header")
     raw = bytes(mv[:HEADER_SIZE])
     (magic, version, dtype, flags, n, n_esc, frame_len, checksum, codebook, ndim, block,
@@ -236,8 +245,8 @@ def parse_header(buf) -> Header:
     if frame_len != expected:
         raise ValueError(f"corrupted zipccl frame: header says {frame_len} bytes, "
                          f"layout needs {expected}")
-    if len(mv) < frame_len:
-        raise ValueError(f"truncated zipccl frame: {len(mv)} bytes, header says {frame_len}")
+    if total < frame_len:
+        raise ValueError(f"truncated zipccl frame: {total} bytes, header says {frame_len}")
     if not flags & FLAG_CHECKSUM and checksum:
         raise ValueError("corrupted zipccl frame: checksum present without its flag")
     return Header(n=n, n_escapes=n_esc, frame_len=frame_len, flags=flags, codebook=cb,

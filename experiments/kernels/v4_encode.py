@@ -341,4 +341,4 @@ def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ..
         tiles = lay.n_blocks
     blocks = max(1, min(lib.FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
     lib.encode_finish[blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, hdr, crc_base,
-                                           crc_tab, force_raw, do_cs, tiles)
+                                           crc_tab, force_raw, do_cs, tiles, 0)

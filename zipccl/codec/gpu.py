@@ -42,7 +42,6 @@ Collectives use the ``*_into`` functions.
 
 from __future__ import annotations
 
-import mmap
 import sys
 import zlib
 from functools import lru_cache
@@ -59,6 +58,15 @@ def _kernels():
     # zipccl.kernels imports numba.cuda: only when a GPU codec call happens
     from ..kernels import _common, decode, encode, runtime, stats
     return _common, encode, decode, runtime, stats
+
+
+def _launch():
+    from ..kernels import launch
+    return launch
+
+
+def _common_slots() -> int:
+    return _kernels()[0].WS_SLOTS
 
 
 def _torch_of(x):
@@ -123,6 +131,49 @@ def _u8(obj):
     return obj, nbytes
 
 
+def _raw(obj) -> tuple[int, int, int]:
+    """(device pointer, byte length, itemsize) of a C-contiguous device array, cheaply.
+
+    CuPy arrays and torch tensors are read through their own attributes (a few
+    hundred nanoseconds); anything else through ``__cuda_array_interface__``.
+    """
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(obj) is cupy.ndarray:
+        if not obj.flags.c_contiguous:
+            raise ValueError("zipccl needs C-contiguous device arrays")
+        return obj.data.ptr, obj.nbytes, obj.itemsize
+    torch = _torch_of(obj)
+    if torch is not None:
+        if not obj.is_cuda:
+            raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
+        if not obj.is_contiguous():
+            raise ValueError("zipccl needs C-contiguous device arrays")
+        item = obj.element_size()
+        return obj.data_ptr(), obj.numel() * item, item
+    ptr, nbytes, dt, _ = _kernels()[3].interface(obj)
+    return ptr, nbytes, dt.itemsize
+
+
+def _values(obj) -> tuple[int, int]:
+    """(pointer, n) of n 16-bit device values, 16-byte aligned."""
+    ptr, nbytes, item = _raw(obj)
+    if item != 2:
+        raise TypeError(f"expected 16-bit values, got {item}-byte items")
+    if ptr % _ALIGN and nbytes:
+        raise ValueError(f"device data must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
+    return ptr, nbytes // 2
+
+
+def _frame_buffer(obj) -> tuple[int, int]:
+    """(pointer, nbytes) of a uint8 device frame buffer, 16-byte aligned."""
+    ptr, nbytes, item = _raw(obj)
+    if item != 1:
+        raise TypeError(f"a zipccl frame buffer is uint8, got {item}-byte items")
+    if ptr % _ALIGN:
+        raise ValueError(f"frame buffers must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
+    return ptr, nbytes
+
+
 class Workspace:
     """Device scratch for the look-back scan and the counters of a sequence of calls.
 
@@ -134,13 +185,23 @@ class Workspace:
         self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
         self.array = runtime.new_workspace_array(self.max_blocks)
         self.device = runtime.current_device_id()
+        self.count = _common_slots() + self.max_blocks
+        self.ptr = 0 if runtime.SIMULATOR else _launch().device_pointer(self.array)
 
     def fits(self, n: int) -> bool:
         return -(-int(n) // fmt.BLOCK) <= self.max_blocks
 
     def _slots(self, stream=None) -> np.ndarray:
+        """The counter slots, on the host (waits for ``stream``: a synchronisation)."""
         _common, _, _, runtime, _ = _kernels()
-        return runtime.to_host(self.array, _common.WS_SLOTS, runtime.stream(stream))
+        if runtime.SIMULATOR:
+            return runtime.to_host(self.array, _common.WS_SLOTS, runtime.stream(stream))
+        raw = _launch().pinned().read(self.ptr, 8 * _common.WS_SLOTS, _stream_key(stream))
+        return raw.view(np.int64).copy()
+
+    def sticky_error(self, stream=None) -> int:
+        """OR of the error bits of every decode on this workspace since it was made. Synchronises."""
+        return int(self._slots(stream)[_kernels()[0].WS_ERR_STICKY])
 
     def last_error(self, stream=None) -> int:
         """Error bits of the last decode on this workspace (0 = valid). Synchronises."""
@@ -175,7 +236,8 @@ def _stream_key(stream) -> int:
 def default_workspace(stream, n: int) -> Workspace:
     """The cached workspace of (current device, stream), grown to hold n values."""
     runtime = _kernels()[3]
-    key = (runtime.current_device_id(), _stream_key(stream))
+    device = runtime.current_device_id() if runtime.SIMULATOR else _launch().current_device()
+    key = (device, _stream_key(stream))
     ws = _WORKSPACES.get(key)
     if ws is None or not ws.fits(n):
         ws = _WORKSPACES[key] = Workspace(max(n, fmt.BLOCK * 256))
@@ -183,14 +245,47 @@ def default_workspace(stream, n: int) -> Workspace:
 
 
 @lru_cache(maxsize=512)
-def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...]):
+def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...] | None):
     """(16 header words with n_escapes, frame_len, checksum, flags and CRC left 0, CRC-32 of
-    its first 124 bytes, codebook as int)."""
-    h = fmt.Header(n=n, n_escapes=0, frame_len=0, flags=0, codebook=exponents, shape=shape)
+    its first 124 bytes, codebook as int). ``exponents=None``: the codebook is chosen on
+    the device; its bytes are left 0 here (the encoder fills them in and in the CRC) and
+    the codebook int is -1, which tells the encoder to read it from the workspace."""
+    h = fmt.Header(n=n, n_escapes=0, frame_len=0, flags=0,
+                   codebook=tuple(range(fmt.CODEBOOK_SIZE)) if exponents is None else exponents,
+                   shape=shape)
     raw = bytearray(h.pack())
     raw[fmt.HEADER_SIZE - 4:] = bytes(4)
+    cb64 = -1
+    if exponents is None:
+        at = _CODEBOOK_AT
+        raw[at:at + fmt.CODEBOOK_SIZE] = bytes(fmt.CODEBOOK_SIZE)
+    else:
+        cb64 = int.from_bytes(bytes(exponents), "little")
     words = tuple(int(w) for w in np.frombuffer(bytes(raw), dtype="<i8"))
-    return words, zlib.crc32(bytes(raw[:fmt.HEADER_SIZE - 4])), int.from_bytes(bytes(exponents), "little")
+    return words, zlib.crc32(bytes(raw[:fmt.HEADER_SIZE - 4])), cb64
+
+
+_CODEBOOK_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["codebook"]
+_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]
+
+
+# Plans of the lean launch route, keyed by everything a launch's parameters depend on
+# (device, buffer pointers and sizes, workspace, codebook, flags, shape). A plan holds
+# its workspace, so a workspace's memory is never reused while a plan points at it.
+_PLANS: dict[tuple, object] = {}
+_MAX_PLANS = 4096
+
+
+def _remember(key: tuple, plan):
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _check_workspace(ws: Workspace, n: int, lay: fmt.Layout) -> None:
+    if not ws.fits(n):
+        raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
 
 
 def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = False,
@@ -198,11 +293,54 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
     """Write the frame of ``bits`` (n BF16 values on the device) at the start of ``out``.
 
     No synchronisation, no allocation when ``workspace`` is given. See the module
-    docstring for the buffer rules and where the frame length is.
+    docstring for the buffer rules and where the frame length is. The first call
+    with a buffer set builds its plan (checks, packed kernel parameters); later
+    calls with the same buffers, workspace, codebook and flags only launch.
     """
-    _common, encode, _, runtime, _ = _kernels()
-    if not isinstance(codebook, Codebook):
+    if type(codebook) is not Codebook and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+    _encode(bits, out, codebook.exponents, stream, checksum, shape, workspace)
+
+
+def _encode(bits, out, exponents: tuple[int, ...] | None, stream, checksum: bool, shape,
+            workspace: Workspace | None) -> None:
+    """``encode_into`` with the codebook as its exponents, or None for the one that
+    ``stats.choose_codebook`` left in the workspace."""
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return _encode_into_numba(bits, out, exponents, stream, checksum, shape, workspace)
+    launch = _launch()
+    x_ptr, n = _values(bits)
+    o_ptr, nbytes = _frame_buffer(out)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    device = launch.current_device()
+    key = (0, device, x_ptr, n, o_ptr, nbytes, ws.ptr, exponents, bool(checksum), shape)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum,
+                                           shape))
+    plan.launch(_stream_key(stream))
+
+
+def _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum, shape):
+    _common, encode, _, runtime, _ = _kernels()
+    lay = fmt.Layout.for_count(n)
+    if nbytes < lay.raw_size:
+        raise ValueError(f"out holds {nbytes} bytes; a frame of {n} values may need "
+                         f"{lay.raw_size} (max_compressed_size)")
+    _check_workspace(ws, n, lay)
+    shape = (n,) if shape is None else tuple(int(d) for d in shape)
+    hdr, crc_base, cb64 = _template(n, shape, exponents)
+    crc = runtime.crc_table()
+    plan = encode.Plan(device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
+                       _launch().device_pointer(crc), crc.size, cb64, checksum)
+    plan.workspace = ws
+    return plan
+
+
+def _encode_into_numba(bits, out, exponents, stream, checksum, shape, workspace) -> None:
+    """``encode_into`` through Numba's dispatcher (the CUDA simulator's route)."""
+    _common, encode, _, runtime, _ = _kernels()
     xb, n = _u16(bits)
     ob, nbytes = _u8(out)
     lay = fmt.Layout.for_count(n)
@@ -210,10 +348,9 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
         raise ValueError(f"out holds {nbytes} bytes; a frame of {n} values may need "
                          f"{lay.raw_size} (max_compressed_size)")
     shape = (n,) if shape is None else tuple(int(d) for d in shape)
-    hdr, crc_base, cb64 = _template(n, shape, codebook.exponents)
+    hdr, crc_base, cb64 = _template(n, shape, exponents)
     ws = workspace if workspace is not None else default_workspace(stream, n)
-    if not ws.fits(n):
-        raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+    _check_workspace(ws, n, lay)
     s = runtime.stream(stream)
     encode.launch(runtime.view(xb, (n & ~7) // 2, np.uint32),
                   runtime.view(xb, n, np.uint16), runtime.view(ob, nbytes, np.uint8),
@@ -224,18 +361,51 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
 def decode_into(frame, out, stream=None, workspace: Workspace | None = None) -> None:
     """Decode the frame at the start of ``frame`` into ``out`` (n BF16 values on the device).
 
-    No synchronisation; errors go to the workspace (``Workspace.last_error``).
+    No synchronisation; errors go to the workspace (``Workspace.last_error``). Plans
+    are cached per buffer set, as in ``encode_into``.
     """
-    _common, _, decode, runtime, _ = _kernels()
-    fb, nbytes = _u8(frame)
-    ob, n = _u16(out)
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return _decode_into_numba(frame, out, stream, workspace)
+    launch = _launch()
+    f_ptr, nbytes = _frame_buffer(frame)
+    o_ptr, n = _values(out)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    device = launch.current_device()
+    key = (1, device, f_ptr, nbytes, o_ptr, n, ws.ptr)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws))
+    plan.launch(_stream_key(stream))
+
+
+def _check_frame_bytes(nbytes: int) -> None:
     if nbytes < fmt.HEADER_SIZE:
         raise ValueError(f"not a zipccl frame: {nbytes} bytes is shorter than the "
                          f"{fmt.HEADER_SIZE}-byte header")
+
+
+def _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws):
+    _common, _, decode, runtime, _ = _kernels()
+    _check_frame_bytes(nbytes)
+    lay = fmt.Layout.for_count(n)
+    _check_workspace(ws, n, lay)
+    crc = runtime.crc_table()
+    plan = decode.Plan(device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
+                       _launch().device_pointer(crc), crc.size)
+    plan.workspace = ws
+    return plan
+
+
+def _decode_into_numba(frame, out, stream, workspace) -> None:
+    """``decode_into`` through Numba's dispatcher (the CUDA simulator's route)."""
+    _common, _, decode, runtime, _ = _kernels()
+    fb, nbytes = _u8(frame)
+    ob, n = _u16(out)
+    _check_frame_bytes(nbytes)
     lay = fmt.Layout.for_count(n)
     ws = workspace if workspace is not None else default_workspace(stream, n)
-    if not ws.fits(n):
-        raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+    _check_workspace(ws, n, lay)
     s = runtime.stream(stream)
     decode.launch(runtime.view(fb, nbytes, np.uint8), runtime.view(fb, nbytes // 4, np.uint32),
                   runtime.view(fb, nbytes // 8, np.int64),
@@ -254,7 +424,8 @@ def estimate_sigma(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None
     s = runtime.stream(stream)
     res = runtime.device_empty(2, np.float64) if not runtime.SIMULATOR \
         else runtime.view(np.zeros(2), 2, np.float64)
-    stats.launch_sumsq(runtime.view(xb, n, np.uint16), n, samples, res, s)
+    scale = runtime.codebook_tables()[0]
+    stats.launch_sumsq(runtime.view(xb, n, np.uint16), n, samples, scale, res, s)
     ssum, cnt = runtime.to_host(res, None, s)
     return float(np.sqrt(ssum / cnt)) if cnt else 0.0
 
@@ -317,16 +488,47 @@ def _default_stream_for(x, stream):
     return None
 
 
+def _choose_on_device(xb, n: int, ws: Workspace, stream) -> None:
+    """Enqueue ``stats.choose_codebook``: the default codebook of ``xb``, into ``ws``."""
+    _, _, _, runtime, stats = _kernels()
+    tables = runtime.codebook_tables()
+    if runtime.SIMULATOR:
+        stats.launch_codebook(runtime.view(xb, n, np.uint16), n, SAMPLE_SIZE, *tables, ws.array,
+                              runtime.stream(stream))
+        return
+    launch = _launch()
+    x_ptr, _ = _values(xb)
+    device = launch.current_device()
+    key = (2, device, x_ptr, n, ws.ptr)
+    plan = _PLANS.get(key)
+    if plan is None:
+        ptrs = tuple((launch.device_pointer(t), t.size) for t in tables)
+        plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count)
+        plan.keep = ws
+        plan = _remember(key, plan)
+    plan.launch(_stream_key(stream))
+
+
+def _read_bytes(buf, nbytes: int, stream) -> np.ndarray:
+    """The first ``nbytes`` bytes of a device buffer on the host (waits for ``stream``)."""
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return runtime.host_bytes(buf, nbytes, runtime.stream(stream))
+    ptr, _ = _frame_buffer(buf)
+    return _launch().pinned().read(ptr, nbytes, _stream_key(stream))
+
+
 def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
              dtype: str | None = None, checksum: bool = True, out=None, stream=None):
     """Compress a device BF16 tensor into a device frame (exact length; see module docstring).
 
-    The default codebook is ``Codebook.from_sample`` of the same strided sample the
-    host codec reads, so device and host frames of equal data are equal.
+    The default codebook is ``codebook.choose_codebook`` of the same strided sample the
+    host codec reads, computed on the device (``stats.choose_codebook``: same sigma bit
+    for bit, same window, same fallback), so device and host frames of equal data are
+    equal and nothing is read back before encoding.
 
     ``out`` (uint8, >= max_compressed_size(n) bytes) is used when given and the returned
-    frame is a view of its start. Synchronises once to learn the frame length (twice
-    without ``codebook`` or ``sigma``: the sample is read back).
+    frame is a view of its start. Synchronises once, to read the frame length.
     """
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
@@ -334,41 +536,26 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
     xb, shape = _bits_view(x, dtype)
     stream = _default_stream_for(x, stream)
-    _, n = _u16(xb)
-    if codebook is None:
-        codebook = Codebook.from_sigma(sigma) if sigma is not None \
-            else sample_codebook(xb, stream=stream, dtype="bfloat16")
+    _, n = _u16(xb) if _kernels()[3].SIMULATOR else _values(xb)
+    if codebook is None and sigma is not None:
+        codebook = Codebook.from_sigma(sigma)
     lay = fmt.Layout.for_count(n)
     buf = out if out is not None else _empty_like_framework(x, lay.raw_size, "u8")
-    _, runtime_nbytes = _u8(buf)
-    if runtime_nbytes < lay.raw_size:
-        raise ValueError(f"out= holds {runtime_nbytes} bytes; this frame may need {lay.raw_size} "
+    _, buf_nbytes = _u8(buf) if _kernels()[3].SIMULATOR else _frame_buffer(buf)
+    if buf_nbytes < lay.raw_size:
+        raise ValueError(f"out= holds {buf_nbytes} bytes; this frame may need {lay.raw_size} "
                          f"(max_compressed_size({n}))")
     ws = default_workspace(stream, n)
-    encode_into(xb, buf, codebook, stream=stream, checksum=checksum, shape=shape, workspace=ws)
-    head = _kernels()[3].host_bytes(buf, 32, _kernels()[3].stream(stream))
-    flen = int(head[24:32].view("<i8")[0])
+    if codebook is None:
+        _choose_on_device(xb, n, ws, stream)
+        exponents = None
+    else:
+        exponents = codebook.exponents
+    _encode(xb, buf, exponents, stream, checksum, shape, ws)
+    head = _read_bytes(buf, _FRAME_LEN_AT + 8, stream)
+    flen = int(head[_FRAME_LEN_AT:_FRAME_LEN_AT + 8].view("<i8")[0])
     flat = buf.reshape(-1) if hasattr(buf, "reshape") else buf
     return flat[:flen]
-
-
-def _parse_header_of(head: np.ndarray, nbytes: int) -> fmt.Header:
-    """``format.parse_header`` for a frame of ``nbytes`` bytes of which only the header is
-    on the host: the rest of the buffer is an untouched anonymous mapping (zero pages that
-    are never read), so nothing of the payload is copied."""
-    if nbytes <= 4096:
-        buf = np.zeros(nbytes, np.uint8)
-        buf[:len(head)] = head
-        return fmt.parse_header(buf)
-    mm = mmap.mmap(-1, nbytes)
-    try:
-        mm[:len(head)] = head.tobytes()
-        return fmt.parse_header(mm)
-    finally:
-        try:
-            mm.close()
-        except BufferError:  # a view from parse_header still alive: the GC closes it
-            pass
 
 
 def decompress(frame, out=None, stream=None):
@@ -376,28 +563,36 @@ def decompress(frame, out=None, stream=None):
 
     Returns ``out`` when given (n values), else a new array of the header's shape in
     the frame's framework (CuPy: uint16 bit patterns; torch: bfloat16; Numba: uint16).
-    Raises ValueError for an invalid frame. Synchronises twice (header, error bits).
+    Raises ValueError for an invalid frame. With ``out=`` it synchronises once, for the
+    error bits (the device decoder checks the header itself); without, once more first,
+    to read the header that sizes the output.
     """
-    _common, _, _, runtime, _ = _kernels()
-    fb, nbytes = _u8(frame)
+    runtime = _kernels()[3]
+    fb, nbytes = _u8(frame) if runtime.SIMULATOR else (frame, _frame_buffer(frame)[1])
     stream = _default_stream_for(frame, stream)
-    if nbytes < fmt.HEADER_SIZE:
-        raise ValueError(f"not a zipccl frame: {nbytes} bytes is shorter than the "
-                         f"{fmt.HEADER_SIZE}-byte header")
-    s = runtime.stream(stream)
-    h = _parse_header_of(runtime.host_bytes(fb, fmt.HEADER_SIZE, s), nbytes)
+    _check_frame_bytes(nbytes)
     if out is None:
+        h = fmt.parse_header(_read_bytes(fb, fmt.HEADER_SIZE, stream), buffer_len=nbytes)
         dst = _empty_like_framework(frame, h.shape if h.shape else (1,), "bf16")
         result = dst if h.shape else dst.reshape(())
+        n = h.n
     else:
         dst = out
         result = out
-    ob, n_out = _u16(dst)
-    if n_out != h.n:
-        raise ValueError(f"out= has {n_out} elements; the frame holds {h.n}")
-    ws = default_workspace(stream, h.n)
+        n = None
+    ob, n_out = _u16(dst) if runtime.SIMULATOR else (dst, _values(dst)[1])
+    if n is not None and n_out != n:
+        raise ValueError(f"out= has {n_out} elements; the frame holds {n}")
+    ws = default_workspace(stream, n_out)
     decode_into(fb, ob, stream=stream, workspace=ws)
     err = ws.last_error(stream)
     if err:
+        if n is None:  # say what is wrong in the header's own words when it is the header
+            try:
+                h = fmt.parse_header(_read_bytes(fb, fmt.HEADER_SIZE, stream), buffer_len=nbytes)
+            except ValueError as e:
+                raise ValueError(str(e)) from None
+            if h.n != n_out:
+                raise ValueError(f"out= has {n_out} elements; the frame holds {h.n}")
         raise ValueError(f"corrupted zipccl frame: {Workspace.describe(err)}")
     return result

@@ -53,6 +53,7 @@ WS_NESC = 6  # encode: n_escapes of the last frame (0 for RAW)
 WS_FLEN = 7  # encode: frame_len of the last frame
 WS_CSUM = 8  # 8 slots: partial payload checksums (spread to avoid one hot address)
 WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
+WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, when chosen on the device
 WS_SLOTS = 32
 WS_STATUS = WS_SLOTS
 

@@ -45,6 +45,7 @@ from numba import cuda
 
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from . import launch as launch_route
 from ._common import (
     BLOCKS_PER_SM,
     ERR_CHECKSUM,
@@ -514,3 +515,43 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
     if lay.n_blocks:
         decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
     decode_finish[1, TPB, stream](f8, f32, f64, ws, lt, crc_zero, crc_tab)
+
+
+# -- the lean route (see launch.py): compiled once per device, launched from packed parameters --
+_A = launch_route.array
+TILES = launch_route.Kernel(decode_tiles, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.uint32),
+                                           _A(np.uint16), _A(np.int64), launch_route.int_tuple(9)))
+FINISH = launch_route.Kernel(decode_finish, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.int64),
+                                             launch_route.int_tuple(9), launch_route.I64, _A(np.int64)))
+
+
+class Plan:
+    """The launches of one decode with everything but the stream fixed: the frame buffer
+    ``f_ptr`` (``f_nbytes``), the n output values at ``out_ptr`` and the workspace. Built
+    once per buffer set; ``launch(stream)`` is two driver calls.
+    """
+
+    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace")
+
+    def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
+                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
+        from .encode import layout_tuple
+
+        n = lay.n
+        lt = layout_tuple(lay)
+        frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
+        self.device = device
+        self.tiles = None
+        if lay.n_blocks:
+            self.tiles = TILES.function(device)
+            self.tiles_grid = grid_size(lay.n_blocks)
+            self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n),
+                                                       (ws_ptr, ws_count), lt))
+        self.finish = FINISH.function(device)
+        self.p_finish = launch_route.Params(FINISH, (*frame, (ws_ptr, ws_count), lt, crc_zero,
+                                                     (crc_ptr, crc_count)))
+
+    def launch(self, stream: int) -> None:
+        if self.tiles is not None:
+            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
+        launch_route.launch(self.finish, 1, TPB, stream, self.p_finish)

@@ -49,12 +49,14 @@ from numba import cuda
 
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from . import launch as launch_route
 from ._common import (
     BLOCKS_PER_SM,
     LOW32,
     STATUS_AGG,
     STATUS_INC,
     TPB,
+    WS_CODEBOOK,
     WS_CSUM,
     WS_CSUM_RAW,
     WS_DONE,
@@ -247,6 +249,8 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
+    if cb64 < 0:  # the codebook was chosen on the device (stats.choose_codebook)
+        cb64 = ws[WS_CODEBOOK]
     lut[tid] = _lut_entry(tid, cb64)
     lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
     if tid == 0:
@@ -360,7 +364,7 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
 
 @cuda.jit
 def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, force_raw, do_cs,
-                  tiles):
+                  tiles, cb_dev):
     """RAW decision and RAW copy, zero padding, header (see the module docstring)."""
     n = lay[0]
     planes_off = lay[2]
@@ -440,11 +444,16 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
             nesc_f = 0
             flen = raw_size
         crc = np.int64(0)
-        for i in range(lane, 208, 32):
+        cbv = np.int64(0)
+        nbits = 208
+        if cb_dev != 0:  # header bytes 40..46 hold the codebook chosen on the device
+            cbv = ws[WS_CODEBOOK]
+            nbits = 264
+        for i in range(lane, nbits, 32):
             if i < 16:
                 bit = (flags >> i) & 1
                 idx = 48 + i  # header byte 6 = flags
-            else:
+            elif i < 208:
                 j = i - 16
                 f = j >> 6
                 val = csum
@@ -454,6 +463,9 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
                     val = flen
                 bit = (val >> (j & 63)) & 1
                 idx = 128 + j  # header bytes 16..39 = n_escapes, frame_len, checksum
+            else:
+                bit = (cbv >> (i - 208)) & 1
+                idx = 320 + (i - 208)  # header bytes 40..46 = codebook
             if bit != 0:
                 crc ^= crc_tab[idx]
         crc = warp_xor(crc) ^ crc_base
@@ -467,6 +479,8 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
                 w = flen
             elif lane == 4:
                 w = csum
+            elif lane == 5:
+                w = w | cbv  # the template's codebook bytes are zero when cb_dev
             elif lane == 15:
                 w = (w & LOW32) | wrap64(crc << 32)
             out64[lane] = w
@@ -506,4 +520,54 @@ def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ..
         tiles = lay.n_blocks
     blocks = max(1, min(FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
     encode_finish[blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, hdr, crc_base, crc_tab,
-                                       force_raw, do_cs, tiles)
+                                       force_raw, do_cs, tiles, 1 if cb64 < 0 else 0)
+
+
+# -- the lean route (see launch.py): compiled once per device, launched from packed parameters --
+_A = launch_route.array
+TILES = launch_route.Kernel(encode_tiles, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
+                                           _A(np.int64), _A(np.int64), launch_route.int_tuple(9),
+                                           launch_route.I64, launch_route.I64))
+FINISH = launch_route.Kernel(encode_finish, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
+                                             _A(np.int64), _A(np.int64), launch_route.int_tuple(9),
+                                             launch_route.int_tuple(16), launch_route.I64, _A(np.int64),
+                                             launch_route.I64, launch_route.I64, launch_route.I64,
+                                             launch_route.I64))
+
+
+class Plan:
+    """The launches of one encode with everything but the stream fixed: the values at
+    ``x_ptr`` (n of them), the frame buffer ``out_ptr`` (``out_nbytes``), the workspace,
+    the header template, codebook and checksum flag. Built once per buffer set
+    (``codec/gpu.py`` caches it); ``launch(stream)`` is two driver calls.
+    """
+
+    __slots__ = ("device", "tiles", "finish", "tiles_grid", "finish_grid", "p_tiles", "p_finish",
+                 "workspace")
+
+    def __init__(self, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int,
+                 ws_count: int, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int, crc_ptr: int,
+                 crc_count: int, cb64: int, checksum: bool):
+        n = lay.n
+        lt = layout_tuple(lay)
+        do_cs = 1 if checksum else 0
+        force_raw = 1 if lay.static_size > lay.raw_size else 0
+        bufs = ((x_ptr, (n & ~7) // 2), (x_ptr, n), (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4),
+                (out_ptr, out_nbytes // 8), (ws_ptr, ws_count))
+        self.device = device
+        self.tiles = None
+        tiles = 0
+        if lay.n_blocks and not force_raw:
+            self.tiles = TILES.function(device)
+            self.tiles_grid = grid_size(lay.n_blocks)
+            self.p_tiles = launch_route.Params(TILES, (*bufs, lt, cb64, do_cs))
+            tiles = lay.n_blocks
+        self.finish = FINISH.function(device)
+        self.finish_grid = max(1, min(FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
+        self.p_finish = launch_route.Params(FINISH, (*bufs, lt, hdr, crc_base, (crc_ptr, crc_count),
+                                                     force_raw, do_cs, tiles, 1 if cb64 < 0 else 0))
+
+    def launch(self, stream: int) -> None:
+        if self.tiles is not None:
+            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
+        launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)

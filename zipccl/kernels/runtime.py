@@ -172,6 +172,25 @@ def crc_table():
     return t
 
 
+_CB_DEV: dict[int, tuple] = {}
+
+
+def codebook_tables() -> tuple:
+    """(square scales, window thresholds, window starts) of ``stats.choose_codebook`` on the
+    current device (uploaded once per device)."""
+    from ..codebook import window_table
+    from .stats import SQUARE_SCALE
+
+    thr, starts = window_table()
+    if SIMULATOR:
+        return tuple(FakeCUDAArray(a.copy()) for a in (SQUARE_SCALE, thr, starts))
+    dev = cuda.get_current_device().id
+    t = _CB_DEV.get(dev)
+    if t is None:
+        t = _CB_DEV[dev] = tuple(_settled(cuda.to_device(a)) for a in (SQUARE_SCALE, thr, starts))
+    return t
+
+
 def new_workspace_array(n_blocks: int):
     """Workspace memory for calls of up to ``n_blocks`` escape blocks (zeroed)."""
     if SIMULATOR:

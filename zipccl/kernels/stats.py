@@ -12,17 +12,31 @@ the codebook only if sigma sits on a window boundary to within that rounding.
 run ``Codebook.from_sample`` on it (sigma window or top-7 fallback) and get the
 very codebook the host codec picks.
 
+``choose_codebook`` is ``codebook.choose_codebook`` on the device, so that
+``compress`` never reads anything back before encoding: one block reads the
+sample, builds its 256-bin exponent histogram in shared memory and its sum of
+squares in ``codebook._rms``'s fixed order (the same float64 sum bit for bit),
+looks sigma up in ``codebook.window_table`` (the closed-form window as a step
+table), takes the sample's top-7 by repeated block maxima (count descending,
+then exponent ascending, as ``top_exponents``), applies the fallback rule with
+integer counts, and writes the 7 exponents as little-endian bytes to the
+workspace slot ``WS_CODEBOOK``, where the encoder reads them.
+
 ``exponent_histogram`` counts the 256 exponent values of the whole tensor
 (per-block shared-memory counts, then one global atomic per non-zero bin).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
-from ..codebook import sample_stride
+from ..codebook import FALLBACK_MARGIN, RMS_LANES, sample_stride
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from . import launch as launch_route
+from ._common import WS_CODEBOOK
 from .compat import load16
 
 SUM_TPB = 256
@@ -30,41 +44,48 @@ HIST_TPB = 256
 HIST_MAX_BLOCKS = 2 if compat.SIMULATOR else 1024
 
 
-@cuda.jit
-def sample_sumsq(x16, stride, count, out):
-    """out[0] = sum of squares of the finite sampled values, out[1] = how many (one block)."""
-    ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
-    scnt = cuda.shared.array(SUM_TPB, dtype=np.float64)
+@cuda.jit(device=True)
+def _sample_sums(x16, stride, count, scale, hist, with_hist, ssum, cnt):
+    """Block-wide: ssum[0] = the sum of squares of the finite sampled values in
+    ``codebook._rms``'s order, cnt[0] = how many; with ``with_hist``, hist[e] counts
+    exponent e over the whole sample (hist zeroed and synchronised by the caller)."""
     tid = cuda.threadIdx.x
     s = 0.0
-    c = 0.0
-    i = tid
+    c = np.int64(0)
+    i = np.int64(tid)
     while i < count:
         b = np.int64(x16[i * stride])
         e = (b >> 7) & 0xFF
+        if with_hist:
+            cuda.atomic.add(hist, e, 1)
         if e != 255:
             m = b & 0x7F
             if e > 0:
                 m += 128
-            else:
-                e = 1
-            mf = float(m)
-            s += mf * mf * (2.0 ** (2 * (e - 134)))  # |x| = m * 2**(e - 127 - 7), squared exactly
-            c += 1.0
+            s += float(m * m) * scale[e]  # exact: m * 2^(e - 134) squared
+            c += 1
         i += SUM_TPB
     ssum[tid] = s
-    scnt[tid] = c
+    cnt[tid] = c
     cuda.syncthreads()
     h = SUM_TPB // 2
     while h > 0:
         if tid < h:
-            ssum[tid] += ssum[tid + h]
-            scnt[tid] += scnt[tid + h]
+            ssum[tid] = ssum[tid] + ssum[tid + h]
+            cnt[tid] += cnt[tid + h]
         cuda.syncthreads()
         h //= 2
-    if tid == 0:
+
+
+@cuda.jit
+def sample_sumsq(x16, stride, count, scale, out):
+    """out[0] = sum of squares of the finite sampled values, out[1] = how many (one block)."""
+    ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
+    cnt = cuda.shared.array(SUM_TPB, dtype=np.int64)
+    _sample_sums(x16, stride, count, scale, cnt, False, ssum, cnt)
+    if cuda.threadIdx.x == 0:
         out[0] = ssum[0]
-        out[1] = scnt[0]
+        out[1] = float(cnt[0])
 
 
 @cuda.jit
@@ -104,10 +125,11 @@ def _sample_shape(n: int, samples: int) -> tuple[int, int]:
     return stride, (min(samples, (n + stride - 1) // stride) if n else 0)
 
 
-def launch_sumsq(x16, n: int, samples: int, out, stream) -> None:
-    """Enqueue the strided-sample sum of squares of the n values of x16 into out[0:2]."""
+def launch_sumsq(x16, n: int, samples: int, scale, out, stream) -> None:
+    """Enqueue the strided-sample sum of squares of the n values of x16 into out[0:2]
+    (``scale``: ``SQUARE_SCALE`` on the device)."""
     stride, count = _sample_shape(n, samples)
-    sample_sumsq[1, SUM_TPB, stream](x16, stride, count, out)
+    sample_sumsq[1, SUM_TPB, stream](x16, stride, count, scale, out)
 
 
 def launch_gather(x16, n: int, samples: int, out, stream) -> int:
@@ -122,3 +144,104 @@ def launch_histogram(x32, x16, n: int, hist, stream) -> None:
     """Enqueue the exponent histogram of the n values of x16 into the zeroed int64 hist[256]."""
     blocks = max(1, min(HIST_MAX_BLOCKS, (n + 8 * HIST_TPB - 1) // (8 * HIST_TPB)))
     exponent_histogram[blocks, HIST_TPB, stream](x32, x16, n, hist)
+
+
+# square of a BF16 value of biased exponent e with integer significand m: m^2 * SQUARE_SCALE[e]
+# (exact float64 powers of two; exponent 0 holds subnormals, scaled as exponent 1)
+SQUARE_SCALE = np.array([math.ldexp(1.0, 2 * (max(e, 1) - 134)) for e in range(256)], dtype=np.float64)
+CB_TPB = SUM_TPB
+assert CB_TPB == 256 == RMS_LANES, "one thread per exponent bin and per partial sum"
+
+
+@cuda.jit
+def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws):
+    """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one block)."""
+    hist = cuda.shared.array(256, dtype=np.int64)
+    ssum = cuda.shared.array(CB_TPB, dtype=np.float64)
+    key = cuda.shared.array(CB_TPB, dtype=np.int64)
+    top = cuda.shared.array(8, dtype=np.int64)
+    tid = cuda.threadIdx.x
+    hist[tid] = 0
+    cuda.syncthreads()
+    _sample_sums(x16, stride, count, scale, hist, True, ssum, key)
+    total = ssum[0]
+    finite = key[0]
+    cuda.syncthreads()
+    taken = False
+    for r in range(7):
+        key[tid] = -1 if taken else hist[tid] * 256 + (255 - tid)
+        cuda.syncthreads()
+        h = CB_TPB // 2
+        while h > 0:
+            if tid < h and key[tid + h] > key[tid]:
+                key[tid] = key[tid + h]
+            cuda.syncthreads()
+            h //= 2
+        if 255 - (key[0] & 255) == tid:
+            taken = True
+            top[r] = tid
+        cuda.syncthreads()
+    if tid == 0:
+        start = np.int64(0)
+        if finite > 0:
+            sigma = math.sqrt(total / finite)
+            if sigma > 0.0:
+                lo = np.int64(0)
+                hi = n_thr
+                while hi - lo > 1:  # last threshold <= sigma
+                    mid = (lo + hi) >> 1
+                    if thr[mid] <= sigma:
+                        lo = mid
+                    else:
+                        hi = mid
+                start = starts[lo]
+        n_sigma = np.int64(0)
+        n_top = np.int64(0)
+        for r in range(7):
+            n_sigma += hist[start + r]
+            n_top += hist[top[r]]
+        cb = np.int64(0)
+        if count > 0 and n_top - n_sigma > threshold:
+            for r in range(7):
+                cb |= top[r] << (8 * r)
+        else:
+            for r in range(7):
+                cb |= (start + r) << (8 * r)
+        ws[WS_CODEBOOK] = cb
+
+
+def codebook_args(n: int, samples: int) -> tuple[int, int, int]:
+    """(stride, count, fallback threshold) of the sample of n values: the rule
+    ``n_top - n_sigma > FALLBACK_MARGIN * count`` on integers is ``> floor(margin * count)``."""
+    stride, count = _sample_shape(n, samples)
+    return stride, count, int(math.floor(FALLBACK_MARGIN * count))
+
+
+def launch_codebook(x16, n: int, samples: int, scale, thr, starts, ws, stream) -> None:
+    """Enqueue ``choose_codebook`` (Numba's dispatcher: the simulator's route)."""
+    stride, count, threshold = codebook_args(n, samples)
+    choose_codebook[1, CB_TPB, stream](x16, stride, count, threshold, scale, thr, starts, thr.size, ws)
+
+
+_A = launch_route.array
+CODEBOOK = launch_route.Kernel(choose_codebook, (_A(np.uint16), launch_route.I64, launch_route.I64,
+                                                 launch_route.I64, _A(np.float64), _A(np.float64),
+                                                 _A(np.int64), launch_route.I64, _A(np.int64)))
+
+
+class CodebookPlan:
+    """``choose_codebook`` for one buffer and workspace, launched from packed parameters."""
+
+    __slots__ = ("function", "params", "keep")
+
+    def __init__(self, device: int, x_ptr: int, n: int, samples: int, tables, ws_ptr: int,
+                 ws_count: int):
+        stride, count, threshold = codebook_args(n, samples)
+        (scale_ptr, scale_n), (thr_ptr, thr_n), (st_ptr, st_n) = tables
+        self.function = CODEBOOK.function(device)
+        self.params = launch_route.Params(CODEBOOK, ((x_ptr, n), stride, count, threshold,
+                                                     (scale_ptr, scale_n), (thr_ptr, thr_n),
+                                                     (st_ptr, st_n), thr_n, (ws_ptr, ws_count)))
+
+    def launch(self, stream: int) -> None:
+        launch_route.launch(self.function, 1, CB_TPB, stream, self.params)

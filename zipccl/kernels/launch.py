@@ -1,0 +1,226 @@
+"""The lean launch route: Numba kernels compiled once, launched from packed parameters.
+
+Numba's dispatcher costs 30-390 µs of host time per launch (argument typing,
+``__cuda_array_interface__`` parsing, ctypes conversion of every argument); at
+16 MiB that is ten times the kernel. Here each kernel is compiled by Numba once
+per (signature, device) from the same ``@cuda.jit`` source the simulator runs,
+its ``CUfunction`` is taken from Numba's loaded module, and a launch is one
+``cuLaunchKernel`` driver call whose ``void**`` parameter array was packed once
+(``Params``) when the caller's buffer set was first seen: a *plan*. A launch
+allocates nothing and parses nothing.
+
+Numba's kernel ABI (``numba.cuda.dispatcher._Kernel._prepare_args``), which
+``Params`` reproduces: a 1-D C-contiguous array is 7 parameters (meminfo,
+parent, nitems, itemsize, data pointer, shape[0], strides[0]); an integer
+scalar is one; a tuple is its elements in order. Every parameter of zipccl's
+kernels is 8 bytes wide (int64 scalars, pointers, intp fields). When the driver
+can report a function's parameter layout (``cuFuncGetParamInfo``, CUDA >= 12.4)
+the packing is checked against it once per kernel and device, so an ABI change
+in Numba fails loudly instead of launching with shifted arguments.
+
+Also here: the few driver calls the codec's hot path needs without Numba's
+wrappers (current device, a small device-to-host read into pinned memory).
+Nothing here runs under the CUDA simulator: there the codec calls the kernels
+through Numba as before (``codec/gpu.py`` picks the route).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+from numba import cuda, types
+from numba.cuda.np import numpy_support
+
+from . import compat
+
+_U64 = (1 << 64) - 1
+
+
+def array(dtype) -> types.Array:
+    """The Numba type of a 1-D C-contiguous array of ``dtype`` (a kernel parameter)."""
+    return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
+
+
+I64 = types.int64
+
+
+def int_tuple(k: int) -> types.UniTuple:
+    return types.UniTuple(types.int64, k)
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(result, what: str):
+    """The value(s) of a cuda.bindings call, or RuntimeError naming the driver error."""
+    err = result[0]
+    if err:
+        drv = _driver()
+        name = drv.cuGetErrorName(err)[1]
+        raise RuntimeError(f"{what} failed: {name.decode() if name else int(err)}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def current_device() -> int:
+    """Ordinal of the current CUDA device (one driver call, no Numba context lookup)."""
+    return int(check(_driver().cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def _slots(argtypes) -> int:
+    n = 0
+    for t in argtypes:
+        if isinstance(t, types.Array):
+            n += 7
+        elif isinstance(t, types.BaseTuple):
+            n += _slots(t.types)
+        else:
+            n += 1
+    return n
+
+
+class Kernel:
+    """One ``@cuda.jit`` kernel for one signature; its CUfunction per device, compiled once."""
+
+    def __init__(self, dispatcher, argtypes: tuple):
+        self.dispatcher = dispatcher
+        self.argtypes = tuple(argtypes)
+        self.slots = _slots(self.argtypes)
+        self._funcs: dict[int, int] = {}
+
+    def function(self, device: int) -> int:
+        """The CUfunction handle (as an int) on ``device``; compiles and loads on first use."""
+        f = self._funcs.get(device)
+        if f is None:
+            f = self._funcs[device] = self._load()
+        return f
+
+    def _load(self):
+        kernel = self.dispatcher.compile(self.argtypes)
+        kernel.bind()
+        handle = kernel._codelibrary.get_cufunc().handle
+        drv = _driver()
+        if isinstance(handle, drv.CUkernel):  # a library kernel: its function in this context
+            handle = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
+        info = getattr(drv, "cuFuncGetParamInfo", None)
+        if info is not None:
+            for i in range(self.slots):
+                err, offset, size = info(handle, i)
+                if err or size != 8 or offset != 8 * i:
+                    raise RuntimeError(
+                        f"{self.dispatcher.__name__}: parameter {i} is at offset {offset} with size "
+                        f"{size} (error {int(err)}); the lean launcher packs 8-byte slots")
+            err = info(handle, self.slots)[0]
+            if not err:
+                raise RuntimeError(f"{self.dispatcher.__name__} has more than the {self.slots} "
+                                   "parameters the lean launcher packs")
+        return int(handle)
+
+
+class Params:
+    """Kernel parameters packed once: 8-byte slots and the ``void**`` array pointing at them.
+
+    ``values`` follows the kernel's argument types: an array argument is given as
+    ``(pointer, count)``, an integer as itself, a tuple as a tuple of integers.
+    """
+
+    __slots__ = ("vals", "ptrs", "address")
+
+    def __init__(self, kernel: Kernel, values) -> None:
+        flat: list[int] = []
+        _pack(kernel.argtypes, values, flat)
+        if len(flat) != kernel.slots:
+            raise ValueError(f"{len(flat)} parameter slots packed, the kernel has {kernel.slots}")
+        self.vals = np.array(flat, dtype=np.uint64)
+        base = self.vals.ctypes.data
+        self.ptrs = base + 8 * np.arange(len(flat), dtype=np.uint64)
+        self.address = int(self.ptrs.ctypes.data)
+
+    def set(self, slot: int, value: int) -> None:
+        """Change one scalar slot in place (the pointer array stays valid)."""
+        self.vals[slot] = int(value) & _U64
+
+
+def _pack(argtypes, values, flat: list[int]) -> None:
+    if len(argtypes) != len(values):
+        raise ValueError(f"{len(values)} values for {len(argtypes)} kernel arguments")
+    for t, v in zip(argtypes, values, strict=True):
+        if isinstance(t, types.Array):
+            ptr, count = v
+            item = t.dtype.bitwidth // 8
+            flat.extend((0, 0, int(count), item, int(ptr), int(count), item))
+        elif isinstance(t, types.BaseTuple):
+            _pack(t.types, tuple(v), flat)
+        else:
+            flat.append(int(v) & _U64)
+
+
+def launch(function: int, grid: int, block: int, stream: int, params: Params) -> None:
+    """One ``cuLaunchKernel`` of a 1-D grid on the stream handle ``stream`` (0: legacy default)."""
+    err = _LAUNCH(function, grid, 1, 1, block, 1, 1, 0, stream, params.address, None)
+    if err:
+        check((err,), "cuLaunchKernel")
+
+
+def _launcher():
+    """libcuda's ``cuLaunchKernel`` through ctypes (about 1 µs a call: the leanest route measured,
+    experiments/bench_launch.py), or cuda.bindings' where libcuda cannot be opened by name."""
+    if compat.SIMULATOR:
+        return None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        lib = None
+    if lib is None:
+        drv = _driver()
+
+        def bound(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+            return drv.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, 0)[0]
+        return bound
+    f = lib.cuLaunchKernel
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    return f
+
+
+_LAUNCH = _launcher()
+
+
+class PinnedSlots:
+    """A small pinned host buffer for device-to-host reads of a few bytes (one per thread)."""
+
+    def __init__(self, nbytes: int = 4096):
+        self.nbytes = nbytes
+        self.ptr = int(check(_driver().cuMemAllocHost(nbytes), "cuMemAllocHost"))
+        self.array = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.ptr))
+
+    def read(self, device_ptr: int, nbytes: int, stream: int) -> np.ndarray:
+        """Copy ``nbytes`` from the device, wait for ``stream``; a view of the pinned bytes."""
+        drv = _driver()
+        check(drv.cuMemcpyDtoHAsync(self.ptr, device_ptr, nbytes, stream), "cuMemcpyDtoHAsync")
+        check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        return self.array[:nbytes]
+
+
+_PINNED = threading.local()
+
+
+def pinned() -> PinnedSlots:
+    """This thread's pinned read buffer (allocated on first use)."""
+    slots = getattr(_PINNED, "slots", None)
+    if slots is None:
+        slots = _PINNED.slots = PinnedSlots()
+    return slots
+
+
+def device_pointer(numba_array) -> int:
+    """The device pointer of a Numba device array."""
+    return int(numba_array.device_ctypes_pointer.value or 0)
+
+
+__all__ = ["Kernel", "Params", "launch", "array", "I64", "int_tuple", "current_device", "pinned",
+           "device_pointer", "cuda"]
