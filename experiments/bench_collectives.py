@@ -35,6 +35,13 @@ shards. One JSON record per (op, size, link, variant) is appended to ``--out`` a
 soon as it is measured (a run cut short keeps what it measured).
 ``--chunk-sweep OP:MiB,...`` also times ``always`` at each ``--chunks-mib`` pipeline
 chunk size (records with ``"bench": "collectives_chunks"``).
+
+Host cost of the native path (records ``"bench": "collectives_host"``): for each
+operation at ``--host-sizes-mib``, ``--host-iters`` calls back to back of the direct
+transport call and of the same call through ``Communicator(policy="never")`` (an
+agreed native call replays its plan), timed on the host (perf_counter around the
+enqueueing, before the stream is synchronised: host microseconds per call) and with
+CUDA events (device time per call), after ``--warmup`` calls; outputs checked equal.
 """
 
 from __future__ import annotations
@@ -76,6 +83,9 @@ def parse_args(argv=None):
                     help="chunk sizes of the sweep (0: the two-phase exchange in one round)")
     ap.add_argument("--time-budget-s", type=float, default=1e9,
                     help="start no new measurement after this many seconds")
+    ap.add_argument("--host-sizes-mib", default="1",
+                    help="sizes at which the native path's host cost per call is measured ('' = none)")
+    ap.add_argument("--host-iters", type=int, default=200, help="calls per host-cost measurement")
     ap.add_argument("--machine", default=None, help='e.g. "2 x NVIDIA H200" (default: detected)')
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default=None, metavar="OP:MiB",
@@ -207,6 +217,45 @@ def main(argv=None) -> int:
     if args.profile:
         return profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p)
 
+    # -- host cost of the native path: the direct transport call vs through the Communicator -----
+    bad = 0
+    never = zipccl.Communicator(world, backend="nccl", policy="never")
+    for op in [o for o in args.ops.split(",") if o]:
+        for size in [int(float(s) * MiB) for s in args.host_sizes_mib.split(",") if s]:
+            n = size // 2
+            with stream:
+                x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=3000 + me)
+                make_out, run_native, run_z = case(op, x, n)
+                outs = {v: make_out() for v in ("direct", "communicator")}
+            calls = {"direct": lambda out=outs["direct"], f=run_native: f(out),
+                     "communicator": lambda out=outs["communicator"], f=run_z: f(never, out)}
+            host_us, device_us = {}, {}
+            for v, fn in calls.items():
+                host_us[v], device_us[v] = host_cost(fn, args, stream, world, start, end, cupy)
+            stream.synchronize()
+            wrong = world.allreduce(int(cupy.count_nonzero(outs["direct"] != outs["communicator"])))
+            if op == "all_reduce":  # in place, summed again every call: only the sizes compare
+                wrong = 0
+            assert not never.last_decision.compress
+            emit({"bench": "collectives_host", "op": op, "per_rank_bytes": size,
+                  "host_us_per_call": host_us, "device_us_per_call": device_us,
+                  "communicator_extra_host_us": host_us["communicator"] - host_us["direct"],
+                  "wrong_elements": wrong, "exact": wrong == 0,
+                  "config": {"iters": args.host_iters, "warmup": args.warmup,
+                             "env": LINKS[args.link], "direct": "NCCLTransport call",
+                             "communicator": 'Communicator(backend="nccl", policy="never")',
+                             "timing": "host: perf_counter around iters calls before the stream "
+                                       "sync, slowest rank; device: CUDA events, slowest rank"}})
+            bad += int(wrong != 0)
+            if me == 0:
+                print(f"{args.link:6s} host {op:14s} {size / MiB:6.2f} MiB  direct "
+                      f"{host_us['direct']:7.2f} us  communicator {host_us['communicator']:7.2f} us"
+                      f"  (+{host_us['communicator'] - host_us['direct']:.2f})  device "
+                      f"{device_us['direct']:8.2f} / {device_us['communicator']:8.2f} us  "
+                      f"wrong {wrong}", flush=True)
+            del outs, x
+    never.close()
+
     # -- the auto policy measures its components on this link, now ------------------------------
     profile = None
     if "auto" in comms:
@@ -230,7 +279,6 @@ def main(argv=None) -> int:
         return {"predicted_native_s": pr.native_s, "predicted_compressed_s": pr.compressed_s,
                 "predicted_rounds": pr.rounds, "predicted_stages_s": pr.stages}
 
-    bad = 0
     for op in [o for o in args.ops.split(",") if o]:
         for size in [int(float(s) * MiB) for s in args.sizes_mib.split(",") if s]:
             if not in_budget():
@@ -365,6 +413,26 @@ def main(argv=None) -> int:
         cc.close()
     native.close()
     return 1 if bad else 0
+
+
+def host_cost(fn, args, stream, world, start, end, cupy) -> tuple[float, float]:
+    """(host us, device us) per call of ``fn``: ``--host-iters`` calls back to back, slowest rank."""
+    from mpi4py import MPI
+
+    for _ in range(max(1, args.warmup)):
+        fn()
+    stream.synchronize()
+    world.Barrier()
+    start.record(stream)
+    t0 = time.perf_counter()
+    for _ in range(args.host_iters):
+        fn()
+    host = time.perf_counter() - t0
+    end.record(stream)
+    end.synchronize()
+    dev = cupy.cuda.get_elapsed_time(start, end) / 1e3
+    host, dev = (world.allreduce(v, op=MPI.MAX) / args.host_iters * 1e6 for v in (host, dev))
+    return host, dev
 
 
 def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) -> int:

@@ -113,6 +113,7 @@ def test_bench_collectives_runs_through(tmp_path):
     r = run_with_fake_cupy(2, ["--host-codec", str(ROOT / "experiments" / "bench_collectives.py"),
                                "--link", "shm", "--sizes-mib", "0.0625,0.25", "--chunk-mib", "0.03125",
                                "--iters", "2", "--lat-iters", "1", "--warmup", "1", "--out", str(out),
+                               "--host-sizes-mib", "0.0625", "--host-iters", "3",
                                "--chunk-sweep", "all_to_all:0.25", "--chunks-mib", "0.0625,0"])
     assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -121,6 +122,10 @@ def test_bench_collectives_runs_through(tmp_path):
     assert all("predicted_s" in x and x["predicted_s"] > 0 for x in main)
     assert sum(x["bench"] == "collectives_chunks" for x in recs) == 2
     assert sum(x["bench"] == "collectives_calibration" for x in recs) == 1
+    host = [x for x in recs if x["bench"] == "collectives_host"]
+    assert sorted(x["op"] for x in host) == sorted(["all_gather", "reduce_scatter", "all_to_all",
+                                                    "all_reduce"])
+    assert all(x["host_us_per_call"]["communicator"] > 0 for x in host)
 
 
 @pytest.mark.mpi
