@@ -163,3 +163,32 @@ def test_corrupted_frame_detected_on_device(where):
     c.all_gather(x, out, dtype="bfloat16")  # usable afterwards
     assert np.array_equal(host(out), np.concatenate([rank_input("edge", r, n) for r in range(P)]))
     c.close()
+
+
+def test_agreed_native_calls_replay_the_bound_nccl_call():
+    """A native call seen before: no control exchange, the NCCL call from its plan, same bits."""
+    c = zipccl.Communicator(WORLD, backend="nccl", policy="never")
+    n = 4096
+    x = dev(rank_input("gaussian", ME, P * n))
+    outs = {"ag": cupy.zeros(P * P * n, dtype=cupy.uint16), "a2a": cupy.zeros(P * n, dtype=cupy.uint16),
+            "ar": cupy.zeros(P * n, dtype=cupy.uint16)}
+    calls = {"ag": lambda: c.all_gather(x, outs["ag"], dtype="bfloat16"),
+             "a2a": lambda: c.all_to_all(x, outs["a2a"], dtype="bfloat16"),
+             "ar": lambda: c.all_reduce(outs["ar"], dtype="bfloat16")}
+    for f in calls.values():
+        f()  # agreed and planned
+    control = []
+    real = c.mpi.allgather_ints
+    c.mpi.allgather_ints = lambda *a: control.append(1) or real(*a)
+    outs["ar"][...] = x
+    for f in calls.values():
+        f()
+    assert not control
+    assert sum(plan.run is not None for plan in c._plans.values()) == 3
+    inputs = [rank_input("gaussian", r, P * n) for r in range(P)]
+    assert np.array_equal(host(outs["ag"]), np.concatenate(inputs))
+    assert np.array_equal(host(outs["a2a"]), np.concatenate([i[ME * n:(ME + 1) * n] for i in inputs]))
+    ref = x.copy()  # NCCL's own BF16 sum, called directly
+    c._nccl.allreduce(ref, "sum", None, dtype="bfloat16")
+    assert np.array_equal(host(outs["ar"]), host(ref))
+    c.close()
