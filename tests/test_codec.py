@@ -505,6 +505,59 @@ def test_decompress_into_out_buffer():
         zipccl.decompress(frame, out=np.zeros(19999, ml_dtypes.bfloat16))
 
 
+@pytest.mark.parametrize("shape, dtype, cut", [
+    ((16,), ml_dtypes.bfloat16, lambda a: a[::2]),  # 1-D strided
+    ((8, 2), ml_dtypes.bfloat16, lambda a: a[:, 0]),  # a column
+    ((4, 6), ml_dtypes.bfloat16, lambda a: a.T[1:4]),  # 2-D, neither C nor F order
+    ((8, 3), np.uint16, lambda a: a[:, 1]),  # uint16 bit patterns, strided
+], ids=["step2", "column", "transposed", "uint16-strided"])
+def test_decompress_into_non_contiguous_out(shape, dtype, cut):
+    # Every value lands in out itself, in C order, and nothing between its elements changes.
+    base = np.full(shape, 0x5A5A, np.uint16).view(dtype)
+    out = cut(base)
+    x = gaussian_bits(out.size, seed=11).view(ml_dtypes.bfloat16).reshape(out.shape)
+    assert zipccl.decompress(zipccl.compress(x), out=out) is out
+    expected = np.full(shape, 0x5A5A, np.uint16)
+    cut(expected)[...] = x.view(np.uint16)
+    assert np.array_equal(base.view(np.uint16), expected)
+
+
+def test_decompress_rejects_outs_it_cannot_write():
+    frame = zipccl.compress(gaussian_bits(8, seed=1).view(ml_dtypes.bfloat16))
+    read_only = np.zeros(8, ml_dtypes.bfloat16)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        zipccl.decompress(frame, out=read_only)
+    with pytest.raises(TypeError, match="NumPy array"):
+        zipccl.decompress(frame, out=bytearray(16))
+
+
+@pytest.mark.parametrize("make_out", [
+    lambda n: np.zeros(2 * n, np.uint8)[::2],  # 1-D strided: the frame would not be one run
+    lambda n: np.zeros((n, 2), np.uint8)[:, 0],
+    lambda n: np.zeros((2, n), np.uint8, order="F"),  # 2-D, not C-contiguous: reshape copies
+], ids=["step2", "column", "fortran"])
+def test_compress_rejects_non_contiguous_out(make_out):
+    x = gaussian_bits(1000, seed=4).view(ml_dtypes.bfloat16)
+    out = make_out(zipccl.max_compressed_size(x.size))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        zipccl.compress(x, out=out)
+    assert not np.any(out)  # and nothing was written
+
+
+def test_compress_into_a_2d_or_read_only_out():
+    x = gaussian_bits(1000, seed=4).view(ml_dtypes.bfloat16)
+    n = zipccl.max_compressed_size(x.size)
+    out = np.zeros((2, n), np.uint8)  # C-contiguous 2-D: the frame lands in its memory
+    frame = zipccl.compress(x, out=out)
+    assert np.shares_memory(frame, out) and np.array_equal(frame, zipccl.compress(x))
+    assert np.array_equal(out.reshape(-1)[:frame.size], frame)
+    read_only = np.zeros(n, np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        zipccl.compress(x, out=read_only)
+
+
 def test_api_codebook_and_sigma_arguments():
     x = gaussian_bits(20000, seed=6).view(ml_dtypes.bfloat16)
     by_sigma = zipccl.compress(x, sigma=0.02)

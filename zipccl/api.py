@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as fmt
-from .arrays import as_bf16, host_bits, is_device_array
+from .arrays import as_bf16, host_bits, host_out_bits, is_device_array
 from .codebook import Codebook
 
 _HOST_BACKENDS = ("auto", "cpu", "reference")
@@ -24,6 +24,21 @@ def _host_codec(backend: str):
         return reference
     from .codec import cpu
     return cpu
+
+
+def _frame_out(out) -> np.ndarray:
+    """``out=`` of ``compress`` as the flat uint8 array of its own memory.
+
+    A frame is one contiguous run of bytes, so ``out`` must be C-contiguous and
+    writable; anything else raises ValueError instead of writing to a copy.
+    """
+    arr = np.asarray(out)
+    if not arr.flags.c_contiguous:
+        raise ValueError("out= must be a C-contiguous buffer (a frame is one contiguous run of "
+                         "bytes); this one is strided")
+    if not arr.flags.writeable:
+        raise ValueError("out= is read-only")
+    return arr.reshape(-1).view(np.uint8)
 
 
 def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | None) -> Codebook:
@@ -47,9 +62,9 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     array with ``dtype="bfloat16"``, or a device array (CuPy, Numba, CUDA torch), in
     which case the frame is a device array on the same device, written on ``stream``.
     The codebook defaults to ``Codebook.from_sigma`` of a strided-sample estimate;
-    ``sigma=`` gives sigma directly. ``out=`` is a preallocated uint8 buffer of at least
-    ``max_compressed_size(x.size)`` bytes; the frame is written at its start and the
-    returned array is a view of it.
+    ``sigma=`` gives sigma directly. ``out=`` is a preallocated, C-contiguous buffer of at
+    least ``max_compressed_size(x.size)`` bytes; the frame is written at its start and the
+    returned array is a view of it (a strided or read-only ``out=`` raises ValueError).
 
     >>> import ml_dtypes, numpy as np, zipccl
     >>> x = np.random.default_rng(0).normal(0, 0.02, 10000).astype(ml_dtypes.bfloat16)
@@ -67,7 +82,7 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum)
     if out is None:
         return frame
-    dst = np.asarray(out).reshape(-1).view(np.uint8)
+    dst = _frame_out(out)
     if dst.size < frame.size:
         raise ValueError(f"out= holds {dst.size} bytes; this frame needs {frame.size} "
                          f"(max_compressed_size({bits.size}) = {fmt.max_compressed_size(bits.size)})")
@@ -79,8 +94,11 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     """Decompress one frame into a tensor bit-identical to the compressed one.
 
     A host frame (bytes, bytearray, uint8 NumPy array) gives an ``ml_dtypes.bfloat16``
-    NumPy array of the original shape; a device frame gives a device array. Raises
-    ValueError if ``frame`` is not a complete, valid zipccl frame.
+    NumPy array of the original shape; a device frame gives a device array. ``out=``
+    (a host frame: a BF16 NumPy array of any layout, or a contiguous CPU torch tensor,
+    with as many elements as the frame) receives the values in C order and is returned.
+    Raises ValueError if ``frame`` is not a complete, valid zipccl frame, or if ``out=``
+    cannot receive them.
     """
     if is_device_array(frame):
         from .codec import gpu
@@ -90,10 +108,11 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     bits, header = _host_codec(backend).decode(frame)
     if out is None:
         return as_bf16(bits)
-    dst = host_bits(out, dtype="bfloat16" if np.asarray(out).dtype == np.uint16 else None)
-    if dst.shape != bits.shape and dst.size != bits.size:
+    dst = host_out_bits(out, dtype="bfloat16" if getattr(out, "dtype", None) == np.uint16 else None)
+    if dst.size != bits.size:
         raise ValueError(f"out= has {dst.size} elements; the frame holds {bits.size}")
-    dst.reshape(-1)[:] = bits.reshape(-1)
+    # Element i of the frame goes to element i of out in C order, whatever out's strides.
+    dst[...] = bits.reshape(dst.shape)
     return out
 
 

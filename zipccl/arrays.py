@@ -74,6 +74,44 @@ def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)
 
 
+def host_out_bits(out, *, dtype: str | None = None) -> np.ndarray:
+    """A writable uint16 view of the memory of the host array ``out``, strides included.
+
+    What is written into the view lands in ``out`` itself: for a NumPy array of any
+    layout (the view keeps its strides), or a contiguous CPU torch tensor. Raises
+    TypeError for a non-BF16 dtype and ValueError when no such view exists (a
+    read-only array, a non-contiguous torch tensor).
+
+    >>> import ml_dtypes, numpy as np
+    >>> out = np.zeros(6, dtype=ml_dtypes.bfloat16)
+    >>> host_out_bits(out[::2])[:] = 16256  # 1.0
+    >>> out.astype(np.float32).tolist()
+    [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    """
+    if dtype is not None and dtype not in _BF16_NAMES:
+        raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
+    torch = _torch_of(out)
+    if torch is not None:
+        if out.is_cuda:
+            raise TypeError("a host frame decodes into a host tensor; out= is on a CUDA device")
+        _check_bf16(out.dtype, dtype, "torch tensor")
+        if not out.is_contiguous():
+            raise ValueError("out= must be a contiguous torch tensor (or a NumPy array of any "
+                             "layout); this one is not contiguous")
+        t = out.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        return t.numpy().view(np.uint16)
+    if is_device_array(out):
+        raise TypeError("a host frame decodes into a host array; out= lives on a CUDA device")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out= must be a NumPy array or a torch tensor, got {type(out).__name__}")
+    _check_bf16(out.dtype, dtype, "NumPy array")
+    if not out.flags.writeable:
+        raise ValueError("out= is read-only")
+    return out.view(np.uint16)  # same item size: a view for every layout
+
+
 def as_bf16(bits: np.ndarray) -> np.ndarray:
     """View uint16 bit patterns as an ``ml_dtypes.bfloat16`` array (no copy)."""
     return np.asarray(bits).view(BF16)
