@@ -43,6 +43,26 @@ def _check_bf16(dtype_obj, dtype: str | None, what: str) -> None:
     raise TypeError(f"zipccl compresses BF16 tensors; got a {what} of dtype {name}{hint}")
 
 
+def _host_torch(x, dtype: str | None, needs: str):
+    """torch if ``x`` is a BF16 CPU torch tensor, None if it is no torch tensor; raises
+    TypeError for a bad ``dtype=``, a CUDA tensor (``needs`` says why) or a non-BF16 one."""
+    if dtype is not None and dtype not in _BF16_NAMES:
+        raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
+    torch = _torch_of(x)
+    if torch is not None:
+        if x.is_cuda:
+            raise TypeError(f"{needs}; this torch tensor is on a CUDA device")
+        _check_bf16(x.dtype, dtype, "torch tensor")
+    return torch
+
+
+def _torch_bits(t, torch) -> np.ndarray:
+    """The uint16 view of a contiguous CPU tensor's memory."""
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().view(np.uint16)
+
+
 def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
     """The BF16 bit patterns of a host array as a C-contiguous uint16 array of the same shape.
 
@@ -55,17 +75,9 @@ def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
     >>> host_bits(np.array([1.0, -2.0], dtype=ml_dtypes.bfloat16))
     array([16256, 49152], dtype=uint16)
     """
-    if dtype is not None and dtype not in _BF16_NAMES:
-        raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
-    torch = _torch_of(x)
+    torch = _host_torch(x, dtype, "host_bits needs a host tensor")
     if torch is not None:
-        if x.is_cuda:
-            raise TypeError("host_bits needs a host tensor; this torch tensor is on a CUDA device")
-        _check_bf16(x.dtype, dtype, "torch tensor")
-        t = x.detach().contiguous()
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)
-        return t.numpy().view(np.uint16)
+        return _torch_bits(x.detach().contiguous(), torch)
     if is_device_array(x):
         raise TypeError("host_bits needs a host array; this one lives on a CUDA device")
     arr = np.asarray(x)
@@ -88,20 +100,12 @@ def host_out_bits(out, *, dtype: str | None = None) -> np.ndarray:
     >>> out.astype(np.float32).tolist()
     [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
     """
-    if dtype is not None and dtype not in _BF16_NAMES:
-        raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
-    torch = _torch_of(out)
+    torch = _host_torch(out, dtype, "a host frame decodes into a host tensor")
     if torch is not None:
-        if out.is_cuda:
-            raise TypeError("a host frame decodes into a host tensor; out= is on a CUDA device")
-        _check_bf16(out.dtype, dtype, "torch tensor")
         if not out.is_contiguous():
             raise ValueError("out= must be a contiguous torch tensor (or a NumPy array of any "
                              "layout); this one is not contiguous")
-        t = out.detach()
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)
-        return t.numpy().view(np.uint16)
+        return _torch_bits(out.detach(), torch)
     if is_device_array(out):
         raise TypeError("a host frame decodes into a host array; out= lives on a CUDA device")
     if not isinstance(out, np.ndarray):
