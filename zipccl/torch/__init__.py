@@ -1,0 +1,40 @@
+"""zipccl in PyTorch: torch.distributed-shaped functions, FSDP2 comms, a DDP hook, Megatron drop-ins.
+
+Importing ``zipccl`` never imports torch; importing ``zipccl.torch`` does. Bytes
+move over a torch ``ProcessGroup`` (``transport.ProcessGroupTransport``: NCCL on
+GPUs, gloo on CPUs), so a ``torchrun`` job needs no MPI.
+
+- ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
+  ``all_reduce``: torch.distributed's signatures and results, BF16 compressed as
+  the ``policy`` ("auto" | "always" | "never" | a ``zipccl.comm.Policy``) says;
+- ``compress_fsdp(model, policy=...)``: FSDP2 in one line (``ZipAllGather``,
+  ``ZipReduceScatter``), ``hooks.stats`` counts calls and bytes;
+- ``ddp_comm_hook`` with ``DDPCommState``: DDP's gradient all-reduce;
+- ``MegatronComm``: Megatron-LM's all-gather / reduce-scatter functions.
+
+What is bit-identical to torch.distributed and what zipccl guarantees instead:
+``zipccl.torch.functional``'s docstring and docs/TORCH.md.
+"""
+
+from .ddp import DDPCommState, ddp_comm_hook
+from .fsdp import FSDPHooks, ZipAllGather, ZipReduceScatter, compress_fsdp
+from .functional import (
+    Collectives,
+    ReduceOp,
+    Stats,
+    all_gather_into_tensor,
+    all_gather_single,
+    all_reduce,
+    all_to_all_single,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+)
+from .megatron import MegatronComm
+from .transport import GroupAgreement, ProcessGroupTransport
+
+__all__ = [
+    "Collectives", "DDPCommState", "FSDPHooks", "GroupAgreement", "MegatronComm",
+    "ProcessGroupTransport", "ReduceOp", "Stats", "ZipAllGather", "ZipReduceScatter",
+    "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all_single",
+    "compress_fsdp", "ddp_comm_hook", "reduce_scatter_single", "reduce_scatter_tensor",
+]

@@ -1,0 +1,436 @@
+"""torch.distributed-shaped collectives that move BF16 tensors compressed, bit-exact.
+
+``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single`` and
+``all_reduce`` take torch.distributed's arguments in torch.distributed's order
+and return what it returns (``None``, or a ``Work`` with ``async_op=True``).
+BF16 tensors go compressed or native as the policy decides; any other dtype,
+and any reduction other than SUM / AVG, goes to torch.distributed's own
+function unchanged. Adopting them is one import::
+
+    from zipccl.torch import all_gather_into_tensor   # instead of torch.distributed's
+
+What the results are, bit for bit:
+
+- all-gather and all-to-all: exactly torch.distributed's (they move bits);
+- SUM reductions: ``zipccl.comm.collectives.reduce_sum_bf16`` of the ranks'
+  inputs -- FP32 accumulation in rank order, one round-to-nearest-even to BF16,
+  NaN -> 0x7FC0. On 2 ranks that is the correctly rounded sum, which is what
+  gloo (c10::BFloat16 arithmetic) and NCCL compute too; on more ranks NCCL and
+  gloo round after every ring step, in an order that depends on the chunk, so
+  results can differ in the last bit (zipccl's is the more accurate);
+- AVG: that sum, then divided by the group size in FP32 and rounded to BF16
+  once more (nearest even, NaN -> 0x7FC0) -- what gloo computes. Exact for a
+  power-of-two group unless the average is subnormal. NCCL's AVG
+  pre-multiplies each input by BF16(1/p) and sums; on 2 ranks both give the
+  correctly rounded (a + b) / 2 except where a/2 or b/2 underflows (inputs
+  below 2^-125) or a + b overflows.
+
+The compressed path runs synchronously on the host for CPU tensors, and in
+order on torch's current stream for CUDA tensors (CuPy and the GPU codec). With
+``async_op=True`` it returns a ``Work`` that is already complete (CPU) or
+ordered on the current stream (CUDA). Each call checks its own arguments as
+torch.distributed does (a mismatch between ranks is the caller's bug, as there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..comm.collectives import (
+    CANONICAL_NAN,
+    ExchangeStats,
+    HostEngine,
+    all_gather_bf16,
+    all_reduce_bf16,
+    all_to_all_bf16,
+    reduce_scatter_bf16,
+)
+from ..comm.policy import Policy
+from . import transport as _tr
+from .transport import GroupAgreement, ProcessGroupTransport, resolve_group
+
+ReduceOp = dist.ReduceOp
+
+
+@dataclass
+class Stats:
+    """What a set of calls moved, counted on this rank: bytes it sent, raw vs on the wire."""
+
+    calls: int = 0
+    compressed_calls: int = 0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+
+    def add(self, compressed: bool, ex: ExchangeStats) -> None:
+        self.calls += 1
+        self.compressed_calls += int(compressed)
+        self.raw_bytes += int(ex.raw_bytes)
+        self.wire_bytes += int(ex.wire_bytes)
+
+    @property
+    def ratio(self) -> float:
+        """wire / raw bytes (1.0 when nothing was sent)."""
+        return self.wire_bytes / self.raw_bytes if self.raw_bytes else 1.0
+
+    def reset(self) -> None:
+        self.calls = self.compressed_calls = self.raw_bytes = self.wire_bytes = 0
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "compressed_calls": self.compressed_calls,
+                "raw_bytes": self.raw_bytes, "wire_bytes": self.wire_bytes}
+
+
+def _done_work(result: torch.Tensor | None = None):
+    """A torch.distributed ``Work`` that is complete (CPU) or ordered on the current stream (CUDA)."""
+    devices = [result.device] if result is not None and result.is_cuda else []
+    fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+    fut.set_result([result] if result is not None else [])
+    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+    return make(fut) if make is not None else _Handle(fut)
+
+
+class _Handle:
+    """Stand-in for ``Work`` where torch cannot wrap a future (``wait``, ``is_completed``, ``get_future``)."""
+
+    def __init__(self, fut):
+        self._fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self):
+        return self._fut
+
+
+def _op_name(op) -> str | None:
+    """"sum" / "avg" for the reductions zipccl computes itself, None for any other."""
+    for name, ref in (("sum", ReduceOp.SUM), ("avg", ReduceOp.AVG)):
+        try:
+            if op == ref:
+                return name
+        except (TypeError, RuntimeError):
+            return None
+    return None
+
+
+def _divide_bf16(t: torch.Tensor, p: int) -> None:
+    """In place: t = BF16(FP32(t) / p), round to nearest even, NaN -> 0x7FC0 (as the stated sum).
+
+    Written out in integer ops rather than ``Tensor.div_``: ATen's vectorised BF16
+    conversion writes NaN as 0xFFFF and its scalar one as 0x7FC0, so a NaN's bits would
+    depend on where it sits in the tensor. The same ops run on CPU and GPU.
+    """
+    f = t.float().div_(p)
+    u = f.view(torch.int32)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # arithmetic shift: the low 16 bits are the BF16 bits
+    r = torch.where(torch.isnan(f), torch.full_like(r, CANONICAL_NAN), r)
+    t.view(torch.int16).copy_(r.to(torch.int16))
+
+
+def _check(t: torch.Tensor, role: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{role} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"{role} must be contiguous (as torch.distributed requires)")
+
+
+def _check_pair(big: torch.Tensor, big_role: str, small: torch.Tensor, small_role: str, p: int) -> None:
+    """Both contiguous tensors of one dtype, ``big`` holding p x ``small``'s elements."""
+    _check(big, big_role)
+    _check(small, small_role)
+    if big.numel() != p * small.numel() or big.dtype != small.dtype:
+        raise ValueError(f"{big_role} must hold {p} x {small.numel()} elements of {small.dtype} "
+                         f"({p} ranks, {small_role} of {small.numel()}); got {big.numel()} of {big.dtype}")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+class Collectives:
+    """The four collectives with one configuration and one ``stats`` counter.
+
+    >>> # in a torch.distributed job (gloo on CPU, NCCL on GPU):
+    >>> # zc = Collectives(policy="always")
+    >>> # zc.all_gather_into_tensor(out, x)          # like dist.all_gather_into_tensor(out, x)
+    >>> # zc.stats.compressed_calls, zc.stats.wire_bytes / zc.stats.raw_bytes
+
+    ``policy``: "auto" (BF16 messages of at least ``min_compress_bytes`` per rank on a
+    GPU; host tensors stay native unless ``compress_host``), "always", "never", or a
+    ``zipccl.comm.Policy`` (e.g. with a calibrated profile). ``chunk_bytes``: BF16
+    bytes per message per pipeline round (0: the two-phase exchange in one round).
+    """
+
+    def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = 0,
+                 checksum: bool = False, min_compress_bytes: int = 1 << 20,
+                 compress_host: bool = False):
+        self.policy = policy if isinstance(policy, Policy) else \
+            Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
+        if chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
+        from .. import format as fmt
+
+        self.chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
+        self.checksum = bool(checksum)
+        self.stats = Stats()
+        self.last_decision = None
+        self._host: HostEngine | None = None
+        self._device: dict[int, object] = {}
+        self._routes: dict[tuple, tuple] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _route(self, group, t: torch.Tensor):
+        """(engine, transport, agree, stream) for tensors on ``t``'s device over ``group``."""
+        key = (group, t.device)
+        route = self._routes.get(key)
+        if route is None:
+            route = (ProcessGroupTransport(group, t.device), GroupAgreement(group, t.device))
+            self._routes[key] = route
+        tr, agree = route
+        if not t.is_cuda:
+            if self._host is None:
+                self._host = HostEngine(checksum=self.checksum)
+            return self._host, tr, agree, None
+        idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        eng = self._device.get(idx)
+        if eng is None:
+            import cupy
+
+            from ..comm.pipeline import DeviceEngine
+
+            with cupy.cuda.Device(idx):
+                eng = self._device[idx] = DeviceEngine(checksum=self.checksum)
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+        eng.set_stream(stream)
+        return eng, tr, agree, stream
+
+    @staticmethod
+    def _bits(t: torch.Tensor):
+        """A 1-D uint16 engine array (NumPy or CuPy) sharing ``t``'s memory."""
+        v = t.detach().reshape(-1).view(torch.int16)
+        if v.is_cuda:
+            import cupy
+
+            return cupy.asarray(v).view(cupy.uint16)
+        return v.numpy().view(np.uint16)
+
+    def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int):
+        d = self.policy.decide(op, nbytes, bf16=t.dtype == torch.bfloat16, device=t.is_cuda, world=p)
+        self.last_decision = d
+        return d
+
+    def _native(self, call, raw: int, async_op: bool):
+        work = call()
+        self.stats.add(False, ExchangeStats(raw, raw))
+        return work if async_op else None
+
+    # -- the collectives --------------------------------------------------------------------
+    def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                               group=None, async_op: bool = False):
+        """output = concatenation over ranks (rank order) of every rank's ``input_tensor``.
+
+        Same arguments and result as ``torch.distributed.all_gather_into_tensor``;
+        ``input_tensor`` may be this rank's slice of ``output_tensor`` (in place, as FSDP2 calls it).
+        """
+        group = resolve_group(group)
+        p = dist.get_world_size(group)
+        _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", p)
+        n = input_tensor.numel()
+        d = self._decide("all_gather", n * input_tensor.element_size(), input_tensor, p)
+        if not d.compress:
+            raw = n * input_tensor.element_size() * (p - 1)
+            return self._native(lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
+                                raw, async_op)
+        eng, tr, agree, stream = self._route(group, input_tensor)
+        send = input_tensor
+        own = output_tensor.reshape(-1)[tr.rank * n:(tr.rank + 1) * n]
+        if _overlaps(send, output_tensor) and send.data_ptr() != own.data_ptr():
+            send = send.clone()  # partial overlap: only the in-place slot is safe to read while writing
+        ex = all_gather_bf16(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
+                             compress=True, stream=stream, chunk=self.chunk)
+        self.stats.add(True, ex)
+        return _done_work(output_tensor) if async_op else None
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
+                              group=None, async_op: bool = False):
+        """output = reduction over ranks of block ``rank`` of every rank's ``input``.
+
+        Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16 SUM / AVG
+        compressed: the reduction stated in this module's docstring.
+        """
+        group = resolve_group(group)
+        p = dist.get_world_size(group)
+        _check_pair(input, "input", output, "output", p)
+        m = output.numel()
+        name = _op_name(op)
+        d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p)
+        if not d.compress or name is None:
+            raw = (p - 1) * m * input.element_size()
+            return self._native(lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
+                                raw, async_op)
+        eng, tr, agree, stream = self._route(group, input)
+        send = input.clone() if _overlaps(input, output) else input
+        ex = reduce_scatter_bf16(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
+                                 compress=True, stream=stream, chunk=self.chunk)
+        if name == "avg":
+            _divide_bf16(output, p)
+        self.stats.add(True, ex)
+        return _done_work(output) if async_op else None
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op: bool = False):
+        """Rank i's block j of ``input`` becomes rank j's block i of ``output``.
+
+        Same arguments as ``torch.distributed.all_to_all_single``: split sizes count
+        rows of dim 0; without them both tensors split into equal blocks.
+        """
+        group = resolve_group(group)
+        _check(output, "output")
+        _check(input, "input")
+        p = dist.get_world_size(group)
+        if output.dtype != input.dtype:
+            raise ValueError(f"output is {output.dtype} but input is {input.dtype}")
+
+        def counts(t: torch.Tensor, splits, role: str) -> list[int]:
+            rows = t.shape[0] if t.dim() else 1
+            per_row = t.numel() // rows if rows else 0
+            if splits is None:
+                if rows % p:
+                    raise ValueError(f"{role}: {rows} rows do not split into {p} equal blocks")
+                return [rows // p * per_row] * p
+            splits = [int(s) for s in splits]
+            if len(splits) != p or sum(splits) != rows or min(splits) < 0:
+                raise ValueError(f"{role} split sizes {splits} do not cover its {rows} rows on {p} ranks")
+            return [s * per_row for s in splits]
+
+        sc = counts(input, input_split_sizes, "input")
+        rc = counts(output, output_split_sizes, "output")
+        uneven = input_split_sizes is not None or output_split_sizes is not None
+        nbytes = input.numel() * input.element_size()
+        if uneven and input.dtype == torch.bfloat16 and self.policy.mode == "auto":
+            nbytes = self._agreed_max(group, input, [nbytes])[0]  # every rank decides alike
+        d = self._decide("all_to_all", nbytes, input, p)
+        if not d.compress:
+            raw = (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
+            return self._native(lambda: dist.all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
+                raw, async_op)
+        eng, tr, agree, stream = self._route(group, input)
+        send = input.clone() if _overlaps(input, output) else input
+        largest = None
+        if self.chunk and p > 2:
+            local = max([c for j, c in enumerate(sc) if j != tr.rank]
+                        + [c for j, c in enumerate(rc) if j != tr.rank] + [0])
+            largest = self._agreed_max(group, input, [local])[0]
+        ex = all_to_all_bf16(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
+                             compress=True, stream=stream, chunk=self.chunk, max_count=largest)
+        self.stats.add(True, ex)
+        return _done_work(output) if async_op else None
+
+    def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+        """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
+
+        Same arguments as ``torch.distributed.all_reduce``. BF16 SUM / AVG compressed:
+        reduce-scatter of near-equal shards (the stated reduction), then all-gather.
+        """
+        group = resolve_group(group)
+        _check(tensor, "tensor")
+        p = dist.get_world_size(group)
+        name = _op_name(op)
+        d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p)
+        if not d.compress or name is None:
+            raw = 2 * tensor.numel() * tensor.element_size() * (p - 1) // max(p, 1)
+            return self._native(lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+                                raw, async_op)
+        eng, tr, agree, stream = self._route(group, tensor)
+        ex = all_reduce_bf16(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
+                             chunk=self.chunk)
+        if name == "avg":
+            _divide_bf16(tensor, p)
+        self.stats.add(True, ex)
+        return _done_work(tensor) if async_op else None
+
+    @staticmethod
+    def _agreed_max(group, like: torch.Tensor, values: list[int]) -> list[int]:
+        """Element-wise maximum over the group's ranks of a few ints (one small all-reduce)."""
+        t = torch.tensor(values, dtype=torch.int64, device=like.device)
+        dist.all_reduce(t, op=ReduceOp.MAX, group=group)
+        return [int(v) for v in t.tolist()]
+
+
+_DEFAULTS: dict[object, Collectives] = {}
+
+
+def _default(policy) -> Collectives:
+    """The shared ``Collectives`` of the module-level functions, one per policy."""
+    key = policy if isinstance(policy, str) else id(policy)
+    c = _DEFAULTS.get(key)
+    if c is None or (not isinstance(policy, str) and c.policy is not policy):
+        c = _DEFAULTS[key] = Collectives(policy)
+    return c
+
+
+def _with_stats(c: Collectives, stats: Stats | None, call):
+    """Run ``call`` and add what it moved to ``stats`` as well."""
+    if stats is None:
+        return call()
+    before = c.stats.as_dict()
+    try:
+        return call()
+    finally:
+        after = c.stats.as_dict()
+        stats.calls += after["calls"] - before["calls"]
+        stats.compressed_calls += after["compressed_calls"] - before["compressed_calls"]
+        stats.raw_bytes += after["raw_bytes"] - before["raw_bytes"]
+        stats.wire_bytes += after["wire_bytes"] - before["wire_bytes"]
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, *,
+                           policy: str | Policy = "auto", stats: Stats | None = None):
+    """``torch.distributed.all_gather_into_tensor``, BF16 compressed as ``policy`` says.
+
+    ``stats``: a ``Stats`` to count this call in. See ``Collectives``.
+    """
+    c = _default(policy)
+    return _with_stats(c, stats, lambda: c.all_gather_into_tensor(output_tensor, input_tensor, group,
+                                                                  async_op))
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
+                          policy: str | Policy = "auto", stats: Stats | None = None):
+    """``torch.distributed.reduce_scatter_tensor``, BF16 SUM / AVG compressed as ``policy`` says."""
+    c = _default(policy)
+    return _with_stats(c, stats, lambda: c.reduce_scatter_tensor(output, input, op, group, async_op))
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False, *, policy: str | Policy = "auto",
+                      stats: Stats | None = None):
+    """``torch.distributed.all_to_all_single``, BF16 compressed as ``policy`` says."""
+    c = _default(policy)
+    return _with_stats(c, stats, lambda: c.all_to_all_single(output, input, output_split_sizes,
+                                                             input_split_sizes, group, async_op))
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
+               policy: str | Policy = "auto", stats: Stats | None = None):
+    """``torch.distributed.all_reduce``, BF16 SUM / AVG compressed as ``policy`` says."""
+    c = _default(policy)
+    return _with_stats(c, stats, lambda: c.all_reduce(tensor, op, group, async_op))
+
+
+# torch 2.13's names for the first two
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor

@@ -1,0 +1,253 @@
+"""The byte mover over a ``torch.distributed`` ProcessGroup: a torchrun job needs no MPI.
+
+``ProcessGroupTransport`` fills the same small interface as the MPI and NCCL
+transports (``zipccl.comm.transport.Transport``): ``alltoallv`` and
+``allgather`` of bytes, native ``reduce_scatter`` / ``allreduce`` of typed
+buffers, ``close``. It moves the engine's buffers (NumPy arrays for host data,
+CuPy arrays for device data) with the group's own collectives, viewed as torch
+tensors without copies: NCCL on GPUs, gloo on CPUs.
+
+Ordering on a GPU: torch.distributed orders each collective after the work
+already queued on torch's *current* stream and, with ``async_op=False``, makes
+that stream wait for the collective. The compressed collectives pass the stream
+the bytes must follow (the caller's stream, or the pipeline's transfer stream);
+the transport makes it torch's current stream for the duration of the call, so
+encode -> transfer -> decode stay in order without a host synchronisation.
+
+``GroupAgreement`` is the ``agree`` callable the collectives need (every rank
+raises the same ``CollectiveError`` if any rank reports a problem): one small
+MAX all-reduce on the group, the messages travel only on failure.
+
+This module imports torch: it is loaded only by ``zipccl.torch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..comm.collectives import CollectiveError
+from ..comm.transport import Transport
+
+_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN}
+
+
+def resolve_group(group):
+    """``group`` itself, or the default (world) group for None."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    return group
+
+
+def as_torch(arr, dtype: str | None = None) -> torch.Tensor:
+    """A torch view (no copy) of an engine buffer: NumPy -> CPU tensor, CuPy -> CUDA tensor.
+
+    ``dtype="bfloat16"`` reads a uint16 buffer as torch.bfloat16.
+    """
+    if isinstance(arr, torch.Tensor):
+        t = arr
+    elif isinstance(arr, np.ndarray):
+        a = arr
+        if a.dtype == np.uint16:
+            a = a.view(np.int16)  # torch's 16-bit integer with the widest support
+        t = torch.from_numpy(a)
+    else:  # a CUDA array (CuPy): __cuda_array_interface__, zero-copy
+        t = torch.as_tensor(arr, device=torch.device("cuda", torch.cuda.current_device()))
+        if t.dtype == torch.uint16:
+            t = t.view(torch.int16)
+    if dtype == "bfloat16":
+        t = t.view(torch.bfloat16)
+    return t
+
+
+class _StreamScope:
+    """Makes the CUDA stream ``stream`` (a raw handle, CuPy or torch stream) torch's current one."""
+
+    _cache: dict[int, torch.cuda.Stream] = {}
+
+    def __init__(self, stream, device: bool):
+        self._ctx = None
+        if device and stream is not None:
+            from ..comm.transport import stream_ptr
+
+            ptr = stream_ptr(stream)
+            if ptr != torch.cuda.current_stream().cuda_stream:
+                s = self._cache.get(ptr)
+                if s is None:
+                    s = self._cache[ptr] = torch.cuda.ExternalStream(ptr)
+                self._ctx = torch.cuda.stream(s)
+
+    def __enter__(self):
+        if self._ctx is not None:
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            return self._ctx.__exit__(*exc)
+        return None
+
+
+def _span(counts: Sequence[int], displs: Sequence[int]) -> tuple[int, int] | None:
+    """(first byte, total) if the regions lie back to back in rank order, else None."""
+    regions = [(int(d), int(c)) for c, d in zip(counts, displs, strict=True) if int(c)]
+    if not regions:
+        return 0, 0
+    pos = regions[0][0]
+    for d, c in regions:
+        if d != pos:
+            return None
+        pos += c
+    return regions[0][0], pos - regions[0][0]
+
+
+class ProcessGroupTransport(Transport):
+    """Bytes over a torch ProcessGroup (see the module docstring).
+
+    A ``Transport`` without an mpi4py communicator: its control exchanges (frame
+    lengths, flags, error messages) go over the same group too.
+
+    >>> # inside an initialised torch.distributed job:
+    >>> # tr = ProcessGroupTransport(group, torch.device("cpu"))
+    >>> # tr.allgather(send_bytes, recv_bytes)   # NumPy (host) or CuPy (device) uint8 arrays
+    """
+
+    name = "torch"
+    moves_device = True
+
+    def __init__(self, group=None, device: torch.device | str = "cpu"):
+        self.comm = None
+        self.group = resolve_group(group)
+        self.device = torch.device(device)
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+
+    @property
+    def _cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def alltoallv(self, send, scounts: Sequence[int], sdispls: Sequence[int], recv,
+                  rcounts: Sequence[int], rdispls: Sequence[int], stream=None) -> None:
+        """Rank i sends scounts[j] bytes at send[sdispls[j]:] to j, receives rcounts[j] at recv[rdispls[j]:].
+
+        One ``all_to_all_single`` with split sizes. Regions lying back to back are
+        passed as views; otherwise they are packed into (and unpacked from) a
+        contiguous staging tensor. Only the named receive regions are written.
+        """
+        s8, r8 = as_torch(send).view(torch.uint8), as_torch(recv).view(torch.uint8)
+        sc, rc = [int(c) for c in scounts], [int(c) for c in rcounts]
+        with _StreamScope(stream, self._cuda):
+            sspan, rspan = _span(sc, sdispls), _span(rc, rdispls)
+            if sspan is not None:
+                inp = s8[sspan[0]:sspan[0] + sspan[1]]
+            else:
+                inp = torch.cat([s8[int(d):int(d) + c] for c, d in zip(sc, sdispls, strict=True)])
+            if rspan is not None:
+                out = r8[rspan[0]:rspan[0] + rspan[1]]
+            else:
+                out = torch.empty(sum(rc), dtype=torch.uint8, device=r8.device)
+            dist.all_to_all_single(out, inp, rc, sc, group=self.group)
+            if rspan is None:
+                pos = 0
+                for c, d in zip(rc, rdispls, strict=True):
+                    if c:
+                        r8[int(d):int(d) + c].copy_(out[pos:pos + c])
+                    pos += c
+
+    def allgather(self, send, recv, stream=None) -> None:
+        """Equal blocks: recv = concatenation over ranks of every rank's ``send`` bytes."""
+        with _StreamScope(stream, self._cuda):
+            all_gather_single(as_torch(recv).view(torch.uint8), as_torch(send).view(torch.uint8),
+                              self.group)
+
+    def reduce_scatter(self, send, recv, op: str, stream=None, dtype: str | None = None) -> None:
+        """The group's own typed reduce-scatter (BF16 included: the backend's reduction)."""
+        with _StreamScope(stream, self._cuda):
+            reduce_scatter_single(as_torch(recv, dtype), as_torch(send, dtype), _OPS[op], self.group)
+
+    def allreduce(self, buf, op: str, stream=None, dtype: str | None = None) -> None:
+        """The group's own typed in-place all-reduce."""
+        with _StreamScope(stream, self._cuda):
+            dist.all_reduce(as_torch(buf, dtype), op=_OPS[op], group=self.group)
+
+    def close(self) -> None:
+        """Nothing to release: the group belongs to the caller."""
+
+    # -- control exchanges: small host ints and, on failure, objects, over the same group -------
+    def _ints(self, a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+
+    def exchange_lengths(self, rows, *, reduce: bool) -> np.ndarray:
+        """One round's frame lengths and error flags (the pipelined exchange's host exchange).
+
+        ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of each.
+        Otherwise ``rows[j]`` is [length of the frame for rank j, flag]; returns row i =
+        what rank i sent here.
+        """
+        t = self._ints(rows)
+        if reduce:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            return t.cpu().numpy()
+        out = torch.empty_like(t)
+        dist.all_to_all_single(out, t, group=self.group)
+        return out.cpu().numpy()
+
+    def allgather_ints(self, row: np.ndarray, table: np.ndarray) -> None:
+        """table[i] = rank i's ``row`` (int64; ``table`` is (size, row.size))."""
+        out = torch.empty(table.size, dtype=torch.int64, device=self.device)
+        all_gather_single(out, self._ints(row).reshape(-1), self.group)
+        table[...] = out.cpu().numpy().reshape(table.shape)
+
+    def allgather_objects(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def any_flag(self, flag: bool) -> bool:
+        """True on every rank if any rank passes True (one small MAX all-reduce)."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+
+class GroupAgreement:
+    """``agree(err)``: raises the same CollectiveError on every rank of ``group`` if any rank has ``err``.
+
+    One 4-byte MAX all-reduce when all is well (on the group's device: the host for
+    gloo, the current GPU for NCCL).
+    """
+
+    def __init__(self, group=None, device: torch.device | str = "cpu"):
+        self.group = resolve_group(group)
+        self.device = torch.device(device)
+        self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    def __call__(self, err: str | None, op: str = "collective") -> None:
+        self._flag.fill_(1 if err else 0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
+        if int(self._flag.item()):
+            errs: list = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(errs, err, group=self.group)
+            bad = [(r, e) for r, e in enumerate(errs) if e]
+            raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+
+
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
+# warn); torch 2.11 on the GPU machines has only the old ones.
+_AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group, async_op: bool = False):
+    """torch.distributed's own all-gather into one tensor, under whichever name this torch has."""
+    return _AG(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op, group, async_op: bool = False):
+    """torch.distributed's own reduce-scatter of one tensor, under whichever name this torch has."""
+    return _RS(output, input, op=op, group=group, async_op=async_op)
