@@ -1,0 +1,95 @@
+"""zipccl.torch on 2 gloo ranks (CPU): every function against torch.distributed, bit for bit;
+FSDP2 and DDP training with and without zipccl; the end-to-end script at toy size.
+
+The ranks run once per session (``tests/torchdist/ranks.py``: two plain processes, the
+checks in one go, a few seconds); each test below reads its own check from both ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "torchdist"))
+
+
+def _need_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("torch is not installed: `make install` installs the CPU wheel")
+        pytest.skip("torch is not installed (make install)")
+
+
+COLLECTIVE_CHECKS = [
+    f"{name}/{kind}" for kind in ("gauss", "corpus") for name in (
+        "all_gather", "all_gather_in_place", "all_gather_chunked",
+        *[f"{op}{label}_{red}_{ref}" for red in ("sum", "avg")
+          for op, label in (("reduce_scatter", ""), ("reduce_scatter", "_chunked"), ("all_reduce", ""))
+          for ref in ("stated", "vs_torch")],
+        "all_to_all", "all_to_all_uneven")
+] + ["compressed_calls_counted", "passthrough_fp32_and_max", "never_is_native", "async_work",
+     "megatron", "agreement", "import_zipccl_without_torch"]
+TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always"]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    _need_torch()
+    import ranks
+
+    out = tmp_path_factory.mktemp("torch_ranks")
+    ranks.launch(str(out), 2)
+    return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
+
+
+def _assert_check(results, name):
+    for r, res in enumerate(results):
+        assert name in res, f"rank {r} did not run {name}: {sorted(k for k in res if '/' not in k)}"
+        assert res[name]["ok"], f"rank {r}: {name}: {res[name]['detail']}"
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_CHECKS)
+def test_collective_matches(rank_results, name):
+    _assert_check(rank_results, name)
+
+
+@pytest.mark.parametrize("name", TRAINING_CHECKS)
+def test_training_bit_identical(rank_results, name):
+    """FSDP2 (bf16 params and reductions) and DDP (bf16 model): losses and parameters of every
+    rank equal the run without zipccl, bit for bit; "always" compressed some calls."""
+    _assert_check(rank_results, name)
+
+
+def test_no_unexpected_failures(rank_results):
+    for r, res in enumerate(rank_results):
+        bad = {k: v["detail"] for k, v in res.items() if not v["ok"]}
+        assert not bad, f"rank {r}: {bad}"
+
+
+def test_train_e2e_toy(tmp_path):
+    """experiments/train_e2e.py under torchrun on 2 CPU ranks (gloo), toy model: both modes run,
+    the losses of every step are the same bits, the compressed run compressed."""
+    _need_torch()
+    out = tmp_path / "e2e.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(ROOT, "experiments", "train_e2e.py"), "--toy", "--steps", "2",
+           "--modes", "native,always", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning")
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-4000:] + run.stdout[-1000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    steps = {m: [r for r in recs if r["kind"] == "step" and r["mode"] == m] for m in ("native", "always")}
+    assert [len(v) for v in steps.values()] == [2, 2]
+    assert [r["loss_bits"] for r in steps["native"]] == [r["loss_bits"] for r in steps["always"]]
+    summary = {r["mode"]: r for r in recs if r["kind"] == "summary"}
+    assert summary["always"]["compressed_calls"] > 0 and summary["native"]["compressed_calls"] == 0
+    assert summary["always"]["params_bits_equal_native"] is True
+    assert summary["always"]["wire_bytes"] < summary["always"]["raw_bytes"]

@@ -1,0 +1,348 @@
+"""Two gloo ranks on the CPU run every zipccl.torch check once; tests/test_torch.py reads the results.
+
+``python tests/torchdist/ranks.py OUT_DIR [NPROC]`` starts the ranks (``launch``); each
+runs the checks below in the same order and writes ``OUT_DIR/rank<r>.json``:
+``{check: {"ok": bool, "detail": str}}``. A check compares bit patterns (uint16 or uint32
+views), never values. Every rank derives every rank's inputs from seeds, so
+each can compute the expected result of a reduction itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for conftest's generators
+
+
+def bits(t) -> np.ndarray:
+    """The bit patterns of a tensor (16- or 32-bit), as a NumPy array."""
+    import torch
+
+    t = t.detach().contiguous().reshape(-1).cpu()
+    if t.element_size() == 2:
+        return t.view(torch.int16).numpy().view(np.uint16).copy()
+    if t.element_size() == 4:
+        return t.view(torch.int32).numpy().view(np.uint32).copy()
+    return t.view(torch.uint8).numpy().copy()
+
+
+def bf16(u16: np.ndarray):
+    """A BF16 tensor holding exactly the bit patterns ``u16``."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(u16, dtype=np.uint16).view(np.int16).copy()).view(
+        torch.bfloat16)
+
+
+def rank_input(kind: str, n: int, r: int) -> np.ndarray:
+    from conftest import edge_corpus, gaussian_bits
+
+    if kind == "gauss":
+        return gaussian_bits(n, sigma=0.02 * (r + 1), seed=100 + r)
+    c = edge_corpus()
+    return np.roll(np.resize(c, n), 37 * r)  # each rank its own alignment of the corpus
+
+
+def avg_bits(summed: np.ndarray, p: int) -> np.ndarray:
+    """zipccl's AVG from its stated sum, in NumPy: BF16(FP32(sum) / p), NaN -> 0x7FC0."""
+    from zipccl.comm.collectives import bf16_bits_to_f32, f32_to_bf16_bits
+
+    with np.errstate(invalid="ignore"):
+        return f32_to_bf16_bits(bf16_bits_to_f32(summed) / np.float32(p))
+
+
+def first_diff(a: np.ndarray, b: np.ndarray) -> str:
+    if a.shape != b.shape:
+        return f"shapes {a.shape} vs {b.shape}"
+    bad = np.flatnonzero(a != b)
+    if not bad.size:
+        return "equal"
+    i = int(bad[0])
+    return f"{bad.size} of {a.size} differ; first at {i}: {a[i]:#06x} vs {b[i]:#06x}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+def check_collectives(rank: int, p: int, res: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+    from zipccl.comm.collectives import reduce_sum_bf16
+
+    def record(name: str, a: np.ndarray, b: np.ndarray) -> None:
+        res[name] = {"ok": bool(a.shape == b.shape and np.array_equal(a, b)), "detail": first_diff(a, b)}
+
+    def record_nan_rule(name: str, ours: np.ndarray, torch_bits: np.ndarray) -> None:
+        # torch's BF16 division writes NaN as 0xFFFF (vectorised loop) or 0x7FC0 (scalar tail),
+        # by position; zipccl always 0x7FC0. Every other element must be the same bits.
+        nan = (torch_bits & 0x7F80) == 0x7F80
+        nan &= (torch_bits & 0x007F) != 0
+        a, b = ours.copy(), torch_bits.copy()
+        b[nan] = 0x7FC0
+        res[name] = {"ok": bool(np.array_equal(a, b)),
+                     "detail": f"{first_diff(a, b)} ({int(nan.sum())} NaNs in torch's result)"}
+
+    always = zt.Collectives("always")
+    chunked = zt.Collectives("always", chunk_bytes=8192)  # many pipeline rounds of 4096 elements
+    never = zt.Collectives("never")
+    for kind, n in (("gauss", 5003), ("corpus", 9118)):
+        x = bf16(rank_input(kind, n, rank))
+        # all-gather: out of place, in place (FSDP2's call), chunked; torch's own as reference
+        ref = torch.empty(p * n, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(ref, x)
+        out = torch.empty_like(ref)
+        always.all_gather_into_tensor(out, x)
+        record(f"all_gather/{kind}", bits(out), bits(ref))
+        out = torch.zeros_like(ref)
+        out[rank * n:(rank + 1) * n].copy_(x)
+        always.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        record(f"all_gather_in_place/{kind}", bits(out), bits(ref))
+        out = torch.empty_like(ref)
+        chunked.all_gather_into_tensor(out, x)
+        record(f"all_gather_chunked/{kind}", bits(out), bits(ref))
+
+        # reductions: zipccl's stated reduction of every rank's input (derived from seeds here)
+        m = n // p
+        full = np.stack([rank_input(kind, n, r)[:p * m] for r in range(p)])
+        mine = full[:, rank * m:(rank + 1) * m]
+        stated = np.empty(m, dtype=np.uint16)
+        reduce_sum_bf16(np.ascontiguousarray(mine), stated)
+        xs = bf16(full[rank])
+        for opname, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+            ref = torch.empty(m, dtype=torch.bfloat16)
+            dist.reduce_scatter_tensor(ref, xs.clone(), op=op)
+            for label, coll in (("", always), ("_chunked", chunked)):
+                out = torch.empty(m, dtype=torch.bfloat16)
+                coll.reduce_scatter_tensor(out, xs, op)
+                expect = stated if opname == "sum" else avg_bits(stated, p)
+                record(f"reduce_scatter{label}_{opname}_stated/{kind}", bits(out), expect)
+                (record if opname == "sum" else record_nan_rule)(
+                    f"reduce_scatter{label}_{opname}_vs_torch/{kind}", bits(out), bits(ref))
+            # all-reduce: near-equal shards of the whole buffer, then the same reduction
+            buf, ref = xs.clone(), xs.clone()
+            dist.all_reduce(ref, op=op)
+            always.all_reduce(buf, op)
+            allstated = np.empty(p * m, dtype=np.uint16)
+            reduce_sum_bf16(np.ascontiguousarray(full), allstated)
+            expect = allstated if opname == "sum" else avg_bits(allstated, p)
+            record(f"all_reduce_{opname}_stated/{kind}", bits(buf), expect)
+            (record if opname == "sum" else record_nan_rule)(
+                f"all_reduce_{opname}_vs_torch/{kind}", bits(buf), bits(ref))
+
+        # all-to-all: equal blocks and uneven row splits (2-D tensors: splits count rows)
+        rows = 2 * p * 7
+        x2 = bf16(rank_input(kind, rows * 33, rank)).reshape(rows, 33)
+        ref, out = torch.empty_like(x2), torch.empty_like(x2)
+        dist.all_to_all_single(ref, x2)
+        always.all_to_all_single(out, x2)
+        record(f"all_to_all/{kind}", bits(out), bits(ref))
+        split = [[(3 * s + 1 + r) for s in range(p)] for r in range(p)]  # rank r sends split[r][s]
+        for r in range(p):
+            split[r][-1] = rows - sum(split[r][:-1])
+        recv = [split[r][rank] for r in range(p)]
+        ref = torch.empty(sum(recv), 33, dtype=torch.bfloat16)
+        out = torch.empty_like(ref)
+        dist.all_to_all_single(ref, x2, recv, split[rank])
+        always.all_to_all_single(out, x2, recv, split[rank])
+        record(f"all_to_all_uneven/{kind}", bits(out), bits(ref))
+
+    res["compressed_calls_counted"] = {"ok": always.stats.compressed_calls == always.stats.calls > 0
+                                       and always.stats.wire_bytes < always.stats.raw_bytes,
+                                       "detail": str(always.stats)}
+
+    # other dtypes and other ops pass through torch.distributed's own collective
+    f = torch.arange(12, dtype=torch.float32) * (rank + 1)
+    ref, out = f.clone(), f.clone()
+    dist.all_reduce(ref)
+    before = always.stats.compressed_calls
+    always.all_reduce(out)
+    xm = bf16(rank_input("gauss", 64, rank))
+    ref_max, out_max = xm.clone(), xm.clone()
+    dist.all_reduce(ref_max, op=dist.ReduceOp.MAX)
+    always.all_reduce(out_max, op=dist.ReduceOp.MAX)
+    ok = np.array_equal(bits(out), bits(ref)) and np.array_equal(bits(out_max), bits(ref_max))
+    after = always.stats.compressed_calls
+    res["passthrough_fp32_and_max"] = {"ok": bool(ok and after == before),
+                                       "detail": f"compressed_calls {before} -> {after}"}
+
+    # policy="never" is torch.distributed itself
+    x = bf16(rank_input("gauss", 4096, rank))
+    ref, out = torch.empty(p * 4096, dtype=torch.bfloat16), torch.empty(p * 4096, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(ref, x)
+    never.all_gather_into_tensor(out, x)
+    res["never_is_native"] = {"ok": bool(np.array_equal(bits(out), bits(ref))
+                                         and never.stats.compressed_calls == 0 and never.stats.calls == 1),
+                              "detail": str(never.stats)}
+
+    # async_op=True: a Work whose wait() returns, result already in place; module-level functions
+    out = torch.empty(p * 4096, dtype=torch.bfloat16)
+    stats = zt.Stats()
+    work = zt.all_gather_into_tensor(out, x, async_op=True, policy="always", stats=stats)
+    waited = work.wait()
+    res["async_work"] = {"ok": bool(isinstance(work, dist.Work) and waited
+                                    and np.array_equal(bits(out), bits(ref)) and stats.compressed_calls == 1),
+                         "detail": f"{type(work).__name__} wait={waited} {stats}"}
+
+    # Megatron-shaped: handle with .wait() even for async_op=False
+    mc = zt.MegatronComm(policy="always")
+    out = torch.empty(p * 4096, dtype=torch.bfloat16)
+    h = mc.all_gather(out, x, group=None, async_op=False)
+    h.wait()
+    xs = bf16(rank_input("gauss", p * 1000, rank))
+    rs, rs_ref = torch.empty(1000, dtype=torch.bfloat16), torch.empty(1000, dtype=torch.bfloat16)
+    mc.reduce_scatter(rs, xs, op=dist.ReduceOp.SUM, group=None, async_op=True).wait()
+    dist.reduce_scatter_tensor(rs_ref, xs)
+    ok = np.array_equal(bits(out), bits(ref)) and np.array_equal(bits(rs), bits(rs_ref))
+    res["megatron"] = {"ok": bool(ok and mc.stats.compressed_calls == 2), "detail": str(mc.stats)}
+
+    # agreement: a problem on one rank raises the same error on every rank
+    agree = zt.GroupAgreement(None, "cpu")
+    try:
+        agree("bad frame" if rank == 1 else None)
+        res["agreement"] = {"ok": False, "detail": "no error raised"}
+    except Exception as e:  # noqa: BLE001
+        res["agreement"] = {"ok": type(e).__name__ == "CollectiveError" and "rank 1: bad frame" in str(e),
+                            "detail": str(e)}
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.GELU(), torch.nn.Linear(96, 96),
+                               torch.nn.GELU(), torch.nn.Linear(96, 8))
+
+
+def _batch(rank: int, step: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 48, generator=g), torch.randn(16, 8, generator=g)
+
+
+def train_fsdp(rank: int, variant: str, steps: int = 4):
+    """Losses (fp32 bits) and local parameter shards (fp32 bits) after ``steps`` AdamW steps."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import zipccl.torch as zt
+
+    model = _model(7)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    hooks = zt.compress_fsdp(model, policy=variant) if variant != "native" else None
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    params = np.concatenate([bits(p.to_local()) for p in model.parameters()])
+    return np.concatenate([bits(v.reshape(1)) for v in losses]), params, hooks
+
+
+def train_ddp(rank: int, variant: str, steps: int = 4):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zipccl.torch as zt
+
+    model = _model(11).to(torch.bfloat16)
+    ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
+    state = None
+    if variant != "native":
+        state = zt.DDPCommState(policy=variant)
+        ddp.register_comm_hook(state, zt.ddp_comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(ddp(x.bfloat16()).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    params = np.concatenate([bits(p) for p in ddp.parameters()])
+    return np.concatenate([bits(v.reshape(1)) for v in losses]), params, state
+
+
+def check_training(rank: int, p: int, res: dict) -> None:
+    for name, train in (("fsdp", train_fsdp), ("ddp", train_ddp)):
+        base_l, base_p, _ = train(rank, "native")
+        for variant in ("never", "always"):
+            loss, params, hooks = train(rank, variant)
+            st = hooks.stats
+            want = st.compressed_calls > 0 if variant == "always" else st.compressed_calls == 0
+            res[f"{name}_{variant}"] = {
+                "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p) and want
+                           and st.calls > 0),
+                "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+
+
+def main(rank: int, p: int, out_dir: str) -> None:
+    import zipccl  # noqa: F401 -- before torch: does it load torch?
+    import zipccl.comm  # noqa: F401
+
+    res: dict = {}
+    lazy = "torch" not in sys.modules and "zipccl.torch" not in sys.modules
+    res["import_zipccl_without_torch"] = {"ok": lazy, "detail": f"import zipccl loaded torch: {not lazy}"}
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=p)
+    for check in (check_collectives, check_training):
+        try:
+            check(rank, p, res)
+        except Exception:  # noqa: BLE001 -- reported per check, the test says which
+            res[check.__name__] = {"ok": False, "detail": traceback.format_exc()}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    dist.destroy_process_group()
+
+
+def launch(out_dir: str, nproc: int = 2, timeout: float = 240.0) -> None:
+    """Start ``nproc`` ranks of this script (plain processes: the parent never imports torch)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore::FutureWarning")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), out_dir, str(nproc), str(r)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(nproc)]
+    try:
+        for pr in procs:
+            out, _ = pr.communicate(timeout=timeout)
+            if pr.returncode:
+                raise RuntimeError(f"a rank exited with {pr.returncode}:\n{out[-4000:]}")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+
+
+if __name__ == "__main__":
+    out, nproc = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    if len(sys.argv) > 3:
+        main(int(sys.argv[3]), nproc, out)
+    else:
+        launch(out, nproc)
