@@ -35,6 +35,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_gpu.jsonl"
 LAUNCHES = 2000
+BURST = 64  # launches per timed burst: far below the launch queue, so the host never waits
+
+
+def host_us(call, bursts: int = 30, sync=None) -> float:
+    """Median host µs of one call, over bursts of BURST calls that start on an idle GPU."""
+    ts = []
+    for _ in range(bursts):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(BURST):
+            call()
+        ts.append((time.perf_counter() - t0) / BURST)
+    return float(np.median(ts)) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,14 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{route}: wrong result")
             for _ in range(50):
                 call()
+            us = host_us(call, sync=stream.synchronize)
             stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(LAUNCHES):
-                call()
-            host = (time.perf_counter() - t0) / LAUNCHES
-            stream.synchronize()
-            rows.append((route, host * 1e6))
-            fh.write(json.dumps({**info, "route": route, "host_us_per_launch": host * 1e6}) + "\n")
+            rows.append((route, us))
+            fh.write(json.dumps({**info, "route": route, "host_us_per_launch": us}) + "\n")
         # graph replay of 100 direct launches
         stream.begin_capture()
         for _ in range(100):
@@ -155,16 +165,32 @@ def main(argv: list[str] | None = None) -> int:
         for what, call in parts.items():
             for _ in range(20):
                 call()
+            us = host_us(call, bursts=10, sync=stream.synchronize)
             stream.synchronize()
-            reps = 200
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                call()
-            host = (time.perf_counter() - t0) / reps
-            stream.synchronize()
-            rows.append((what, host * 1e6))
+            rows.append((what, us))
             fh.write(json.dumps({**info, "route": what, "size_bytes": 2 * m,
-                                 "host_us_per_call": host * 1e6}) + "\n")
+                                 "host_us_per_call": us}) + "\n")
+        # the same codec call through cuda.bindings' cuLaunchKernel instead of ctypes
+        via_ctypes = lr._LAUNCH
+        lr._LAUNCH = lambda f, gx, gy, gz, bx, by, bz, sh, st, p, ex: driver.cuLaunchKernel(
+            f, gx, gy, gz, bx, by, bz, sh, st, p, 0)[0]
+        us = host_us(parts["encode_into"], bursts=10, sync=stream.synchronize)
+        lr._LAUNCH = via_ctypes
+        rows.append(("encode_into (bindings)", us))
+        fh.write(json.dumps({**info, "route": "encode_into (bindings)", "size_bytes": 2 * m,
+                             "host_us_per_call": us}) + "\n")
+        # where the host time of the synchronising calls goes
+        import cProfile
+        import pstats
+        for what in ("encode_into", "compress (sync)", "decompress (sync)"):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                parts[what]()
+            prof.disable()
+            stream.synchronize()
+            print(f"--- profile of 200 x {what}")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
     print(f"{info['machine']}")
     print(f"{'route / call':>22} {'host us':>9}")
     for route, us in rows:

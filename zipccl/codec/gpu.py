@@ -54,15 +54,22 @@ from ..codebook import SAMPLE_SIZE, Codebook
 _ALIGN = 16
 
 
+_MODULES: list = []
+
+
 def _kernels():
-    # zipccl.kernels imports numba.cuda: only when a GPU codec call happens
-    from ..kernels import _common, decode, encode, runtime, stats
-    return _common, encode, decode, runtime, stats
+    """(_common, encode, decode, runtime, stats): zipccl.kernels imports numba.cuda, so only
+    when a GPU codec call happens (imported once; later calls are a list lookup)."""
+    if not _MODULES:
+        from ..kernels import _common, decode, encode, launch, runtime, stats
+        _MODULES.extend(((_common, encode, decode, runtime, stats), launch))
+    return _MODULES[0]
 
 
 def _launch():
-    from ..kernels import launch
-    return launch
+    if not _MODULES:
+        _kernels()
+    return _MODULES[1]
 
 
 def _common_slots() -> int:
@@ -98,7 +105,11 @@ def _bits_view(x, dtype: str | None):
         raise TypeError(f"zipccl compresses BF16 tensors; got a torch tensor of dtype {x.dtype}"
                         + (" (pass dtype=\"bfloat16\" to read 16-bit integers as BF16)"
                            if x.dtype in (torch.int16, torch.uint16) else ""))
-    _, _, dt, shape = _kernels()[3].interface(x)
+    cupy = _cupy_of(x)
+    if cupy is not None:
+        dt, shape = x.dtype, x.shape
+    else:
+        _, _, dt, shape = _kernels()[3].interface(x)
     if dt.kind in "ui" and dt.itemsize == 2:
         if dtype not in ("bfloat16", "bf16"):
             raise TypeError(f"zipccl compresses BF16 tensors; got a device array of dtype {dt} "
@@ -468,8 +479,11 @@ def _empty_like_framework(like, nbytes_or_shape, kind: str):
         return torch.empty(nbytes_or_shape, dtype=dt, device=like.device)
     cupy = _cupy_of(like)
     if cupy is not None:
+        dt = np.uint8 if kind == "u8" else np.uint16
+        if like.device.id == cupy.cuda.runtime.getDevice():
+            return cupy.empty(nbytes_or_shape, dtype=dt)
         with cupy.cuda.Device(like.device.id):
-            return cupy.empty(nbytes_or_shape, dtype=np.uint8 if kind == "u8" else np.uint16)
+            return cupy.empty(nbytes_or_shape, dtype=dt)
     runtime = _kernels()[3]
     if runtime.SIMULATOR:
         return np.empty(nbytes_or_shape, dtype=np.uint8 if kind == "u8" else np.uint16)

@@ -368,12 +368,10 @@ class DeviceEngine:
         self._stream.wait_event(d_done)
         if not self._dec_used:
             return None
-        from ..kernels import _common  # the decoder's sticky error word (ORed over its calls)
-
         bits = 0
         retired, self._dec_retired = self._dec_retired, []
         for ws in (*retired, self._dec_ws):
-            bits |= int(ws._slots(self._dec)[_common.WS_ERR_STICKY])  # synchronises
+            bits |= ws.sticky_error(self._dec)  # ORed over its calls; synchronises
         if bits:
             self._dec_ws = None  # a fresh (zeroed) workspace for the next call
             return f"corrupted zipccl frame: {self.gpu.Workspace.describe(bits)}"

@@ -39,34 +39,50 @@ from . import launch as launch_route
 from ._common import WS_CODEBOOK
 from .compat import load16
 
-SUM_TPB = 256
 HIST_TPB = 256
 HIST_MAX_BLOCKS = 2 if compat.SIMULATOR else 1024
 
 
+SUM_TPB = 256
+SAMPLE_MAX = 4096  # values a one-block sample kernel holds in shared memory (codebook.SAMPLE_SIZE)
+# threads of the sample kernels: all load, SUM_TPB of them sum (SUM_TPB under the simulator,
+# where every thread is a Python thread)
+LOAD_TPB = SUM_TPB if compat.SIMULATOR else 1024
+
+
 @cuda.jit(device=True)
-def _sample_sums(x16, stride, count, scale, hist, with_hist, ssum, cnt):
-    """Block-wide: ssum[0] = the sum of squares of the finite sampled values in
-    ``codebook._rms``'s order, cnt[0] = how many; with ``with_hist``, hist[e] counts
-    exponent e over the whole sample (hist zeroed and synchronised by the caller)."""
-    tid = cuda.threadIdx.x
-    s = 0.0
-    c = np.int64(0)
-    i = np.int64(tid)
+def _load_sample(x16, stride, count, samp):
+    """Block-wide gather of the strided sample into shared memory (count <= SAMPLE_MAX):
+    every load is issued at once, instead of one dependent load after another."""
+    i = np.int64(cuda.threadIdx.x)
     while i < count:
-        b = np.int64(x16[i * stride])
-        e = (b >> 7) & 0xFF
-        if with_hist:
-            cuda.atomic.add(hist, e, 1)
-        if e != 255:
-            m = b & 0x7F
-            if e > 0:
-                m += 128
-            s += float(m * m) * scale[e]  # exact: m * 2^(e - 134) squared
-            c += 1
-        i += SUM_TPB
-    ssum[tid] = s
-    cnt[tid] = c
+        samp[i] = x16[i * stride]
+        i += LOAD_TPB
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _sample_sums(samp, count, scale, ssum, cnt):
+    """ssum[0] = the sum of squares of the finite values of the shared sample in
+    ``codebook._rms``'s order (thread j < SUM_TPB adds values j, j + 256, ... in turn,
+    then a halving tree), cnt[0] = how many."""
+    tid = cuda.threadIdx.x
+    if tid < SUM_TPB:
+        s = 0.0
+        c = np.int64(0)
+        i = np.int64(tid)
+        while i < count:
+            b = np.int64(samp[i])
+            e = (b >> 7) & 0xFF
+            if e != 255:
+                m = b & 0x7F
+                if e > 0:
+                    m += 128
+                s += float(m * m) * scale[e]  # exact: m * 2^(e - 134) squared
+                c += 1
+            i += SUM_TPB
+        ssum[tid] = s
+        cnt[tid] = c
     cuda.syncthreads()
     h = SUM_TPB // 2
     while h > 0:
@@ -80,9 +96,11 @@ def _sample_sums(x16, stride, count, scale, hist, with_hist, ssum, cnt):
 @cuda.jit
 def sample_sumsq(x16, stride, count, scale, out):
     """out[0] = sum of squares of the finite sampled values, out[1] = how many (one block)."""
+    samp = cuda.shared.array(SAMPLE_MAX, dtype=np.uint16)
     ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
     cnt = cuda.shared.array(SUM_TPB, dtype=np.int64)
-    _sample_sums(x16, stride, count, scale, cnt, False, ssum, cnt)
+    _load_sample(x16, stride, count, samp)
+    _sample_sums(samp, count, scale, ssum, cnt)
     if cuda.threadIdx.x == 0:
         out[0] = ssum[0]
         out[1] = float(cnt[0])
@@ -129,7 +147,9 @@ def launch_sumsq(x16, n: int, samples: int, scale, out, stream) -> None:
     """Enqueue the strided-sample sum of squares of the n values of x16 into out[0:2]
     (``scale``: ``SQUARE_SCALE`` on the device)."""
     stride, count = _sample_shape(n, samples)
-    sample_sumsq[1, SUM_TPB, stream](x16, stride, count, scale, out)
+    if count > SAMPLE_MAX:
+        raise ValueError(f"the device sample holds at most {SAMPLE_MAX} values, not {count}")
+    sample_sumsq[1, LOAD_TPB, stream](x16, stride, count, scale, out)
 
 
 def launch_gather(x16, n: int, samples: int, out, stream) -> int:
@@ -149,52 +169,59 @@ def launch_histogram(x32, x16, n: int, hist, stream) -> None:
 # square of a BF16 value of biased exponent e with integer significand m: m^2 * SQUARE_SCALE[e]
 # (exact float64 powers of two; exponent 0 holds subnormals, scaled as exponent 1)
 SQUARE_SCALE = np.array([math.ldexp(1.0, 2 * (max(e, 1) - 134)) for e in range(256)], dtype=np.float64)
-CB_TPB = SUM_TPB
-assert CB_TPB == 256 == RMS_LANES, "one thread per exponent bin and per partial sum"
+assert SUM_TPB == 256 == RMS_LANES, "one thread per exponent bin and per partial sum"
 
 
 @cuda.jit
 def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws):
     """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one block)."""
+    samp = cuda.shared.array(SAMPLE_MAX, dtype=np.uint16)
     hist = cuda.shared.array(256, dtype=np.int64)
-    ssum = cuda.shared.array(CB_TPB, dtype=np.float64)
-    key = cuda.shared.array(CB_TPB, dtype=np.int64)
+    ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
+    key = cuda.shared.array(SUM_TPB, dtype=np.int64)
     top = cuda.shared.array(8, dtype=np.int64)
+    found = cuda.shared.array(1, dtype=np.int64)
     tid = cuda.threadIdx.x
-    hist[tid] = 0
-    cuda.syncthreads()
-    _sample_sums(x16, stride, count, scale, hist, True, ssum, key)
+    if tid < 256:
+        hist[tid] = 0
+    if tid == 0:
+        found[0] = 0
+    _load_sample(x16, stride, count, samp)
+    i = np.int64(tid)
+    while i < count:
+        cuda.atomic.add(hist, (np.int64(samp[i]) >> 7) & 0xFF, 1)
+        i += LOAD_TPB
+    _sample_sums(samp, count, scale, ssum, key)
     total = ssum[0]
     finite = key[0]
+    sigma = 0.0
+    if finite > 0:
+        sigma = math.sqrt(total / finite)
+    # the window: the last threshold <= sigma (sigma 0 keeps the window at exponent 0)
+    if sigma > 0.0:
+        t = np.int64(tid)
+        while t < n_thr:
+            if thr[t] <= sigma and (t + 1 == n_thr or thr[t + 1] > sigma):
+                found[0] = starts[t]
+            t += LOAD_TPB
     cuda.syncthreads()
     taken = False
-    for r in range(7):
-        key[tid] = -1 if taken else hist[tid] * 256 + (255 - tid)
+    for r in range(7):  # the sample's top-7: count descending, then exponent ascending
+        if tid < 256:
+            key[tid] = -1 if taken else hist[tid] * 256 + (255 - tid)
         cuda.syncthreads()
-        h = CB_TPB // 2
+        h = SUM_TPB // 2
         while h > 0:
             if tid < h and key[tid + h] > key[tid]:
                 key[tid] = key[tid + h]
             cuda.syncthreads()
             h //= 2
-        if 255 - (key[0] & 255) == tid:
+        if tid < 256 and 255 - (key[0] & 255) == tid:
             taken = True
             top[r] = tid
         cuda.syncthreads()
     if tid == 0:
-        start = np.int64(0)
-        if finite > 0:
-            sigma = math.sqrt(total / finite)
-            if sigma > 0.0:
-                lo = np.int64(0)
-                hi = n_thr
-                while hi - lo > 1:  # last threshold <= sigma
-                    mid = (lo + hi) >> 1
-                    if thr[mid] <= sigma:
-                        lo = mid
-                    else:
-                        hi = mid
-                start = starts[lo]
+        start = found[0]
         n_sigma = np.int64(0)
         n_top = np.int64(0)
         for r in range(7):
@@ -214,13 +241,15 @@ def codebook_args(n: int, samples: int) -> tuple[int, int, int]:
     """(stride, count, fallback threshold) of the sample of n values: the rule
     ``n_top - n_sigma > FALLBACK_MARGIN * count`` on integers is ``> floor(margin * count)``."""
     stride, count = _sample_shape(n, samples)
+    if count > SAMPLE_MAX:
+        raise ValueError(f"the device sample holds at most {SAMPLE_MAX} values, not {count}")
     return stride, count, int(math.floor(FALLBACK_MARGIN * count))
 
 
 def launch_codebook(x16, n: int, samples: int, scale, thr, starts, ws, stream) -> None:
     """Enqueue ``choose_codebook`` (Numba's dispatcher: the simulator's route)."""
     stride, count, threshold = codebook_args(n, samples)
-    choose_codebook[1, CB_TPB, stream](x16, stride, count, threshold, scale, thr, starts, thr.size, ws)
+    choose_codebook[1, LOAD_TPB, stream](x16, stride, count, threshold, scale, thr, starts, thr.size, ws)
 
 
 _A = launch_route.array
@@ -244,4 +273,4 @@ class CodebookPlan:
                                                      (st_ptr, st_n), thr_n, (ws_ptr, ws_count)))
 
     def launch(self, stream: int) -> None:
-        launch_route.launch(self.function, 1, CB_TPB, stream, self.params)
+        launch_route.launch(self.function, 1, LOAD_TPB, stream, self.params)
