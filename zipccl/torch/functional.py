@@ -202,15 +202,15 @@ class Collectives:
             if self._host is None:
                 self._host = HostEngine(checksum=self.checksum)
             return self._host, tr, agree, None
+        import cupy
+
         idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        cupy.cuda.Device(idx).use()  # CuPy keeps its own current device: the engine works on t's
         eng = self._device.get(idx)
         if eng is None:
-            import cupy
-
             from ..comm.pipeline import DeviceEngine
 
-            with cupy.cuda.Device(idx):
-                eng = self._device[idx] = DeviceEngine(checksum=self.checksum)
+            eng = self._device[idx] = DeviceEngine(checksum=self.checksum)
         stream = torch.cuda.current_stream(t.device).cuda_stream
         eng.set_stream(stream)
         return eng, tr, agree, stream

@@ -56,7 +56,7 @@ def as_torch(arr, dtype: str | None = None) -> torch.Tensor:
             a = a.view(np.int16)  # torch's 16-bit integer with the widest support
         t = torch.from_numpy(a)
     else:  # a CUDA array (CuPy): __cuda_array_interface__, zero-copy
-        t = torch.as_tensor(arr, device=torch.device("cuda", torch.cuda.current_device()))
+        t = torch.as_tensor(arr, device=torch.device("cuda", arr.device.id))
         if t.dtype == torch.uint16:
             t = t.view(torch.int16)
     if dtype == "bfloat16":
