@@ -36,7 +36,7 @@ COLLECTIVE_CHECKS = [
           for ref in ("stated", "vs_torch")],
         "all_to_all", "all_to_all_uneven")
 ] + ["compressed_calls_counted", "passthrough_fp32_and_max", "never_is_native", "async_work",
-     "megatron", "agreement", "import_zipccl_without_torch"]
+     "megatron", "transport_alltoallv_gaps", "agreement", "import_zipccl_without_torch"]
 TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always"]
 
 
