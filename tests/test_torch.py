@@ -37,7 +37,7 @@ COLLECTIVE_CHECKS = [
         "all_to_all", "all_to_all_uneven")
 ] + ["compressed_calls_counted", "passthrough_fp32_and_max", "never_is_native", "async_work",
      "megatron", "transport_alltoallv_gaps", "agreement", "import_zipccl_without_torch"]
-TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always"]
+TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp_fp32_reduce"]
 
 
 @pytest.fixture(scope="module")

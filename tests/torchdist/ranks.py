@@ -243,7 +243,7 @@ def _batch(rank: int, step: int):
     return torch.randn(16, 48, generator=g), torch.randn(16, 8, generator=g)
 
 
-def train_fsdp(rank: int, variant: str, steps: int = 4):
+def train_fsdp(rank: int, variant: str, steps: int = 4, reduce_dtype=None):
     """Losses (fp32 bits) and local parameter shards (fp32 bits) after ``steps`` AdamW steps."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -251,7 +251,7 @@ def train_fsdp(rank: int, variant: str, steps: int = 4):
     import zipccl.torch as zt
 
     model = _model(7)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.bfloat16)
     for layer in model:
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mp_policy=mp)
@@ -308,6 +308,19 @@ def check_training(rank: int, p: int, res: dict) -> None:
                 "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
 
 
+def check_fsdp_fp32_reduce(rank: int, p: int, res: dict) -> None:
+    """FP32 reduce buffers pass through natively; the BF16 all-gathers are still compressed."""
+    import torch
+
+    base_l, base_p, _ = train_fsdp(rank, "native", reduce_dtype=torch.float32)
+    loss, params, hooks = train_fsdp(rank, "always", reduce_dtype=torch.float32)
+    st = hooks.stats
+    res["fsdp_fp32_reduce"] = {
+        "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
+                   and 0 < st.compressed_calls < st.calls),
+        "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+
+
 def main(rank: int, p: int, out_dir: str) -> None:
     import zipccl  # noqa: F401 -- before torch: does it load torch?
     import zipccl.comm  # noqa: F401
@@ -320,7 +333,7 @@ def main(rank: int, p: int, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=p)
-    for check in (check_collectives, check_training):
+    for check in (check_collectives, check_training, check_fsdp_fp32_reduce):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which
