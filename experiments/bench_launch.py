@@ -170,14 +170,27 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((what, us))
             fh.write(json.dumps({**info, "route": what, "size_bytes": 2 * m,
                                  "host_us_per_call": us}) + "\n")
-        # the same codec call through cuda.bindings' cuLaunchKernel instead of ctypes
-        via_ctypes = lr._LAUNCH
-        lr._LAUNCH = lambda f, gx, gy, gz, bx, by, bz, sh, st, p, ex: driver.cuLaunchKernel(
-            f, gx, gy, gz, bx, by, bz, sh, st, p, 0)[0]
+        # device time of the on-device codebook choice (events over back-to-back launches)
+        ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
+        xp = int(x.data.ptr)
+        for _ in range(10):
+            gpu._choose(xp, m, ws, s)
+        ev0.record(stream)
+        for _ in range(200):
+            gpu._choose(xp, m, ws, s)
+        ev1.record(stream)
+        ev1.synchronize()
+        us = cp.cuda.get_elapsed_time(ev0, ev1) * 1e3 / 200
+        rows.append(("choose_codebook (device)", us))
+        fh.write(json.dumps({**info, "route": "choose_codebook device us", "size_bytes": 2 * m,
+                             "device_us_per_call": us}) + "\n")
+        # the same codec call through libcuda's cuLaunchKernel by ctypes instead of cuda.bindings
+        via_bindings = lr._LAUNCH
+        lr._LAUNCH = raw_launch
         us = host_us(parts["encode_into"], bursts=10, sync=stream.synchronize)
-        lr._LAUNCH = via_ctypes
-        rows.append(("encode_into (bindings)", us))
-        fh.write(json.dumps({**info, "route": "encode_into (bindings)", "size_bytes": 2 * m,
+        lr._LAUNCH = via_bindings
+        rows.append(("encode_into (ctypes)", us))
+        fh.write(json.dumps({**info, "route": "encode_into (ctypes)", "size_bytes": 2 * m,
                              "host_us_per_call": us}) + "\n")
         # where the host time of the synchronising calls goes
         import cProfile
@@ -190,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
             stream.synchronize()
             print(f"--- profile of 200 x {what}")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     print(f"{info['machine']}")
     print(f"{'route / call':>22} {'host us':>9}")
     for route, us in rows:

@@ -233,8 +233,11 @@ _WORKSPACES: dict[tuple[int, int], Workspace] = {}
 
 
 def _stream_key(stream) -> int:
+    """The CUDA stream handle of ``stream`` as an int (None / 0: the legacy default stream)."""
     if stream is None:
         return 0
+    if type(stream) is int:
+        return stream
     for attr in ("ptr", "cuda_stream"):
         if hasattr(stream, attr):
             return int(getattr(stream, attr))
@@ -280,9 +283,13 @@ _CODEBOOK_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["codebook"]
 _FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]
 
 
-# Plans of the lean launch route, keyed by everything a launch's parameters depend on
-# (device, buffer pointers and sizes, workspace, codebook, flags, shape). A plan holds
-# its workspace, so a workspace's memory is never reused while a plan points at it.
+# Plans of the lean launch route, keyed by what a launch's grid and parameters depend on
+# besides the buffers' addresses (sizes, workspace and so device, codebook, flags, shape): a call
+# retargets the plan at its buffers (a few slot writes) and launches it. A plan holds its
+# workspace, so a workspace's memory is never reused while a plan points at it. Plans are
+# shared by every caller of the same key: a call retargets and launches without yielding,
+# so calls from one thread at a time (or on different workspaces) never see each other's
+# pointers.
 _PLANS: dict[tuple, object] = {}
 _MAX_PLANS = 4096
 
@@ -305,32 +312,32 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
 
     No synchronisation, no allocation when ``workspace`` is given. See the module
     docstring for the buffer rules and where the frame length is. The first call
-    with a buffer set builds its plan (checks, packed kernel parameters); later
-    calls with the same buffers, workspace, codebook and flags only launch.
+    with a new (size, workspace, codebook, flags) builds its plan (checks, packed kernel
+    parameters); later calls only point it at their buffers and launch.
     """
     if type(codebook) is not Codebook and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
-    _encode(bits, out, codebook.exponents, stream, checksum, shape, workspace)
-
-
-def _encode(bits, out, exponents: tuple[int, ...] | None, stream, checksum: bool, shape,
-            workspace: Workspace | None) -> None:
-    """``encode_into`` with the codebook as its exponents, or None for the one that
-    ``stats.choose_codebook`` left in the workspace."""
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
-        return _encode_into_numba(bits, out, exponents, stream, checksum, shape, workspace)
-    launch = _launch()
+    if _kernels()[3].SIMULATOR:
+        return _encode_into_numba(bits, out, codebook.exponents, stream, checksum, shape, workspace)
     x_ptr, n = _values(bits)
     o_ptr, nbytes = _frame_buffer(out)
-    ws = workspace if workspace is not None else default_workspace(stream, n)
-    device = launch.current_device()
-    key = (0, device, x_ptr, n, o_ptr, nbytes, ws.ptr, exponents, bool(checksum), shape)
+    s = _stream_key(stream)
+    ws = workspace if workspace is not None else default_workspace(s, n)
+    _encode(x_ptr, n, o_ptr, nbytes, codebook.exponents, s, checksum, shape, ws)
+
+
+def _encode(x_ptr: int, n: int, o_ptr: int, nbytes: int, exponents: tuple[int, ...] | None,
+            s: int, checksum: bool, shape, ws: Workspace) -> None:
+    """Launch the encoder's plan on stream handle ``s``; ``exponents=None``: the codebook
+    that ``stats.choose_codebook`` left in the workspace."""
+    device = ws.device  # the workspace's device is the call's (a workspace serves one device)
+    key = (0, n, nbytes, ws.ptr, exponents, bool(checksum), shape)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _remember(key, _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum,
                                            shape))
-    plan.launch(_stream_key(stream))
+    plan.retarget(x_ptr, o_ptr)
+    plan.launch(s)
 
 
 def _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum, shape):
@@ -373,21 +380,25 @@ def decode_into(frame, out, stream=None, workspace: Workspace | None = None) -> 
     """Decode the frame at the start of ``frame`` into ``out`` (n BF16 values on the device).
 
     No synchronisation; errors go to the workspace (``Workspace.last_error``). Plans
-    are cached per buffer set, as in ``encode_into``.
+    are cached as in ``encode_into``.
     """
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _kernels()[3].SIMULATOR:
         return _decode_into_numba(frame, out, stream, workspace)
-    launch = _launch()
     f_ptr, nbytes = _frame_buffer(frame)
     o_ptr, n = _values(out)
-    ws = workspace if workspace is not None else default_workspace(stream, n)
-    device = launch.current_device()
-    key = (1, device, f_ptr, nbytes, o_ptr, n, ws.ptr)
+    s = _stream_key(stream)
+    ws = workspace if workspace is not None else default_workspace(s, n)
+    _decode(f_ptr, nbytes, o_ptr, n, s, ws)
+
+
+def _decode(f_ptr: int, nbytes: int, o_ptr: int, n: int, s: int, ws: Workspace) -> None:
+    device = ws.device
+    key = (1, nbytes, n, ws.ptr)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _remember(key, _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws))
-    plan.launch(_stream_key(stream))
+    plan.retarget(f_ptr, o_ptr)
+    plan.launch(s)
 
 
 def _check_frame_bytes(nbytes: int) -> None:
@@ -505,31 +516,35 @@ def _default_stream_for(x, stream):
 def _choose_on_device(xb, n: int, ws: Workspace, stream) -> None:
     """Enqueue ``stats.choose_codebook``: the default codebook of ``xb``, into ``ws``."""
     _, _, _, runtime, stats = _kernels()
-    tables = runtime.codebook_tables()
     if runtime.SIMULATOR:
-        stats.launch_codebook(runtime.view(xb, n, np.uint16), n, SAMPLE_SIZE, *tables, ws.array,
-                              runtime.stream(stream))
+        stats.launch_codebook(runtime.view(xb, n, np.uint16), n, SAMPLE_SIZE, *runtime.codebook_tables(),
+                              ws.array, runtime.stream(stream))
         return
+    _choose(_values(xb)[0], n, ws, _stream_key(stream))
+
+
+def _choose(x_ptr: int, n: int, ws: Workspace, s: int) -> None:
     launch = _launch()
-    x_ptr, _ = _values(xb)
-    device = launch.current_device()
-    key = (2, device, x_ptr, n, ws.ptr)
+    device = ws.device
+    key = (2, n, ws.ptr)
     plan = _PLANS.get(key)
     if plan is None:
-        ptrs = tuple((launch.device_pointer(t), t.size) for t in tables)
+        _, _, _, runtime, stats = _kernels()
+        ptrs = tuple((launch.device_pointer(t), t.size) for t in runtime.codebook_tables())
         plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count)
         plan.keep = ws
         plan = _remember(key, plan)
-    plan.launch(_stream_key(stream))
+    plan.retarget(x_ptr)
+    plan.launch(s)
 
 
-def _read_bytes(buf, nbytes: int, stream) -> np.ndarray:
-    """The first ``nbytes`` bytes of a device buffer on the host (waits for ``stream``)."""
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
-        return runtime.host_bytes(buf, nbytes, runtime.stream(stream))
-    ptr, _ = _frame_buffer(buf)
-    return _launch().pinned().read(ptr, nbytes, _stream_key(stream))
+@lru_cache(maxsize=256)
+def _raw_size(n: int) -> int:
+    return fmt.Layout.for_count(n).raw_size
+
+
+def _flat(buf):
+    return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
 def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
@@ -550,26 +565,44 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
     xb, shape = _bits_view(x, dtype)
     stream = _default_stream_for(x, stream)
-    _, n = _u16(xb) if _kernels()[3].SIMULATOR else _values(xb)
     if codebook is None and sigma is not None:
         codebook = Codebook.from_sigma(sigma)
+    exponents = None if codebook is None else codebook.exponents
+    if _kernels()[3].SIMULATOR:
+        return _compress_numba(x, xb, shape, exponents, checksum, out, stream)
+    x_ptr, n = _values(xb)
+    raw_size = _raw_size(n)
+    buf = out if out is not None else _empty_like_framework(x, raw_size, "u8")
+    o_ptr, nbytes = _frame_buffer(buf)
+    if nbytes < raw_size:
+        raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
+                         f"(max_compressed_size({n}))")
+    s = _stream_key(stream)
+    ws = default_workspace(s, n)
+    if exponents is None:
+        _choose(x_ptr, n, ws, s)
+    _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
+    flen = int(_launch().pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
+    return _flat(buf)[:flen]
+
+
+def _compress_numba(x, xb, shape, exponents, checksum, out, stream):
+    """``compress`` through Numba's dispatcher (the CUDA simulator's route)."""
+    runtime = _kernels()[3]
+    _, n = _u16(xb)
     lay = fmt.Layout.for_count(n)
     buf = out if out is not None else _empty_like_framework(x, lay.raw_size, "u8")
-    _, buf_nbytes = _u8(buf) if _kernels()[3].SIMULATOR else _frame_buffer(buf)
+    _, buf_nbytes = _u8(buf)
     if buf_nbytes < lay.raw_size:
         raise ValueError(f"out= holds {buf_nbytes} bytes; this frame may need {lay.raw_size} "
                          f"(max_compressed_size({n}))")
     ws = default_workspace(stream, n)
-    if codebook is None:
+    if exponents is None:
         _choose_on_device(xb, n, ws, stream)
-        exponents = None
-    else:
-        exponents = codebook.exponents
-    _encode(xb, buf, exponents, stream, checksum, shape, ws)
-    head = _read_bytes(buf, _FRAME_LEN_AT + 8, stream)
+    _encode_into_numba(xb, buf, exponents, stream, checksum, shape, ws)
+    head = runtime.host_bytes(buf, _FRAME_LEN_AT + 8, runtime.stream(stream))
     flen = int(head[_FRAME_LEN_AT:_FRAME_LEN_AT + 8].view("<i8")[0])
-    flat = buf.reshape(-1) if hasattr(buf, "reshape") else buf
-    return flat[:flen]
+    return _flat(buf)[:flen]
 
 
 def decompress(frame, out=None, stream=None):
@@ -582,30 +615,40 @@ def decompress(frame, out=None, stream=None):
     to read the header that sizes the output.
     """
     runtime = _kernels()[3]
-    fb, nbytes = _u8(frame) if runtime.SIMULATOR else (frame, _frame_buffer(frame)[1])
     stream = _default_stream_for(frame, stream)
+    if runtime.SIMULATOR:
+        fb, nbytes = _u8(frame)
+        read = lambda k: runtime.host_bytes(fb, k, runtime.stream(stream))  # noqa: E731
+    else:
+        f_ptr, nbytes = _frame_buffer(frame)
+        s = _stream_key(stream)
+        pinned = _launch().pinned()
+        read = lambda k: pinned.read(f_ptr, k, s)  # noqa: E731
     _check_frame_bytes(nbytes)
     if out is None:
-        h = fmt.parse_header(_read_bytes(fb, fmt.HEADER_SIZE, stream), buffer_len=nbytes)
+        h = fmt.parse_header(read(fmt.HEADER_SIZE), buffer_len=nbytes)
         dst = _empty_like_framework(frame, h.shape if h.shape else (1,), "bf16")
         result = dst if h.shape else dst.reshape(())
         n = h.n
     else:
-        dst = out
-        result = out
+        dst = result = out
         n = None
-    ob, n_out = _u16(dst) if runtime.SIMULATOR else (dst, _values(dst)[1])
+    if runtime.SIMULATOR:
+        ob, n_out = _u16(dst)
+    else:
+        o_ptr, n_out = _values(dst)
     if n is not None and n_out != n:
         raise ValueError(f"out= has {n_out} elements; the frame holds {n}")
-    ws = default_workspace(stream, n_out)
-    decode_into(fb, ob, stream=stream, workspace=ws)
+    if runtime.SIMULATOR:
+        ws = default_workspace(stream, n_out)
+        _decode_into_numba(fb, ob, stream, ws)
+    else:
+        ws = default_workspace(s, n_out)
+        _decode(f_ptr, nbytes, o_ptr, n_out, s, ws)
     err = ws.last_error(stream)
     if err:
         if n is None:  # say what is wrong in the header's own words when it is the header
-            try:
-                h = fmt.parse_header(_read_bytes(fb, fmt.HEADER_SIZE, stream), buffer_len=nbytes)
-            except ValueError as e:
-                raise ValueError(str(e)) from None
+            h = fmt.parse_header(read(fmt.HEADER_SIZE), buffer_len=nbytes)
             if h.n != n_out:
                 raise ValueError(f"out= has {n_out} elements; the frame holds {h.n}")
         raise ValueError(f"corrupted zipccl frame: {Workspace.describe(err)}")

@@ -551,7 +551,22 @@ class Plan:
         self.p_finish = launch_route.Params(FINISH, (*frame, (ws_ptr, ws_count), lt, crc_zero,
                                                      (crc_ptr, crc_count)))
 
+    def retarget(self, f_ptr: int, out_ptr: int) -> None:
+        """Point the plan at other buffers of the same sizes (the frame, the values)."""
+        for p in ((self.p_tiles, self.p_finish) if self.tiles is not None else (self.p_finish,)):
+            for slot in _F_SLOTS:
+                p.set(slot, f_ptr)
+        if self.tiles is not None:
+            for slot in _OUT_SLOTS:
+                self.p_tiles.set(slot, out_ptr)
+
     def launch(self, stream: int) -> None:
         if self.tiles is not None:
             launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
         launch_route.launch(self.finish, 1, TPB, stream, self.p_finish)
+
+
+# both kernels start with the frame (f8, f32, f64); the tile kernel then takes (out32, out16)
+_F_SLOTS = (TILES.data_slot(0), TILES.data_slot(1), TILES.data_slot(2))
+_OUT_SLOTS = (TILES.data_slot(3), TILES.data_slot(4))
+assert _F_SLOTS == tuple(FINISH.data_slot(i) for i in range(3))

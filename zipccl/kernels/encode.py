@@ -567,7 +567,21 @@ class Plan:
         self.p_finish = launch_route.Params(FINISH, (*bufs, lt, hdr, crc_base, (crc_ptr, crc_count),
                                                      force_raw, do_cs, tiles, 1 if cb64 < 0 else 0))
 
+    def retarget(self, x_ptr: int, out_ptr: int) -> None:
+        """Point the plan at other buffers of the same sizes (the values, the frame)."""
+        for p in ((self.p_tiles, self.p_finish) if self.tiles is not None else (self.p_finish,)):
+            for slot in _X_SLOTS:
+                p.set(slot, x_ptr)
+            for slot in _OUT_SLOTS:
+                p.set(slot, out_ptr)
+
     def launch(self, stream: int) -> None:
         if self.tiles is not None:
             launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
         launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)
+
+
+# both kernels take (x32, x16, out8, out32, out64, ...): the same slots in both
+_X_SLOTS = (TILES.data_slot(0), TILES.data_slot(1))
+_OUT_SLOTS = (TILES.data_slot(2), TILES.data_slot(3), TILES.data_slot(4))
+assert _X_SLOTS + _OUT_SLOTS == tuple(FINISH.data_slot(i) for i in range(5))

@@ -50,10 +50,16 @@ def int_tuple(k: int) -> types.UniTuple:
     return types.UniTuple(types.int64, k)
 
 
-def _driver():
-    from cuda.bindings import driver
+_DRIVER: list = []
 
-    return driver
+
+def _driver():
+    """cuda.bindings' driver module (imported on first use, then a list lookup)."""
+    if not _DRIVER:
+        from cuda.bindings import driver
+
+        _DRIVER.append(driver)
+    return _DRIVER[0]
 
 
 def check(result, what: str):
@@ -91,6 +97,12 @@ class Kernel:
         self.argtypes = tuple(argtypes)
         self.slots = _slots(self.argtypes)
         self._funcs: dict[int, int] = {}
+
+    def data_slot(self, arg: int) -> int:
+        """The parameter slot of the data pointer of array argument number ``arg``."""
+        if not isinstance(self.argtypes[arg], types.Array):
+            raise TypeError(f"argument {arg} of {self.dispatcher.__name__} is not an array")
+        return _slots(self.argtypes[:arg]) + 4
 
     def function(self, device: int) -> int:
         """The CUfunction handle (as an int) on ``device``; compiles and loads on first use."""
@@ -141,8 +153,9 @@ class Params:
         self.address = int(self.ptrs.ctypes.data)
 
     def set(self, slot: int, value: int) -> None:
-        """Change one scalar slot in place (the pointer array stays valid)."""
-        self.vals[slot] = int(value) & _U64
+        """Change one slot in place (the pointer array stays valid). A launch copies the
+        parameters, so a slot may change as soon as the launch that used it returns."""
+        self.vals[slot] = value
 
 
 def _pack(argtypes, values, flat: list[int]) -> None:

@@ -176,7 +176,7 @@ assert SUM_TPB == 256 == RMS_LANES, "one thread per exponent bin and per partial
 def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws):
     """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one block)."""
     samp = cuda.shared.array(SAMPLE_MAX, dtype=np.uint16)
-    hist = cuda.shared.array(256, dtype=np.int64)
+    hist = cuda.shared.array(256, dtype=np.int32)  # 32-bit: native shared-memory atomics
     ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
     key = cuda.shared.array(SUM_TPB, dtype=np.int64)
     top = cuda.shared.array(8, dtype=np.int64)
@@ -208,7 +208,7 @@ def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws
     taken = False
     for r in range(7):  # the sample's top-7: count descending, then exponent ascending
         if tid < 256:
-            key[tid] = -1 if taken else hist[tid] * 256 + (255 - tid)
+            key[tid] = -1 if taken else np.int64(hist[tid]) * 256 + (255 - tid)
         cuda.syncthreads()
         h = SUM_TPB // 2
         while h > 0:
@@ -225,8 +225,8 @@ def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws
         n_sigma = np.int64(0)
         n_top = np.int64(0)
         for r in range(7):
-            n_sigma += hist[start + r]
-            n_top += hist[top[r]]
+            n_sigma += np.int64(hist[start + r])
+            n_top += np.int64(hist[top[r]])
         cb = np.int64(0)
         if count > 0 and n_top - n_sigma > threshold:
             for r in range(7):
@@ -272,5 +272,12 @@ class CodebookPlan:
                                                      (scale_ptr, scale_n), (thr_ptr, thr_n),
                                                      (st_ptr, st_n), thr_n, (ws_ptr, ws_count)))
 
+    def retarget(self, x_ptr: int) -> None:
+        """Point the plan at other values of the same count."""
+        self.params.set(_CB_X_SLOT, x_ptr)
+
     def launch(self, stream: int) -> None:
         launch_route.launch(self.function, 1, LOAD_TPB, stream, self.params)
+
+
+_CB_X_SLOT = CODEBOOK.data_slot(0)
