@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -170,3 +171,73 @@ def test_reference_codec_picks_nearest_measured_size():
     assert cm.reference_codec("dietgpu", 16 * MIB).encode_gbps == 172
     assert cm.reference_codec("dietgpu", 300 * MIB).decode_gbps == 963
     assert cm.reference_codec("nvcomp-ans").ratio == 0.685
+
+
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("op", cm.OPS)
+def test_link_from_fits_predicts_the_fitted_times(op, p):
+    alpha, beta = 3e-5, 40.0
+    link = cm.link_from_fits("l", {op: (alpha, beta)}, nranks=p)
+    for m in (MIB, 256 * MIB):
+        assert cm.native_time(op, m, p, link) == pytest.approx(alpha + m / (beta * 1e9), rel=1e-12)
+        terms = cm.native_terms(op, m, p, link)
+        assert terms["latency"] == pytest.approx(alpha, rel=1e-12)
+        assert sum(terms.values()) == pytest.approx(cm.native_time(op, m, p, link), rel=1e-12)
+
+
+def test_exchange_wire_is_all_gather_on_two_ranks_and_send_recv_beyond():
+    link = cm.Link("l", 25.0, 1e-5, per_op={"all_gather": 25.0, "all_to_all": 20.0})
+    two, four = cm.exchange_wire(link, 2), cm.exchange_wire(link, 4)
+    assert two.bw("all_to_all") == two.bw("reduce_scatter") == 25.0 and two.latency == 0.0
+    assert four.bw("all_to_all") == 20.0 and four.bw("all_gather") == 25.0
+
+
+EX_LINK, EX_CODEC = cm.Link("shm", 25.0, 2e-5), cm.Codec("c", 2000.0, 1500.0, 0.7, reduce_gbps=800.0)
+EX_WIRE = cm.exchange_wire(EX_LINK, 2)  # no latency: the rounds' fixed costs are the exchange's
+
+
+def test_exchange_time_counts_rounds_fixed_costs_and_overlap():
+    m = 1 << 30
+    serial = cm.Exchange(fixed_s=5e-4, round_s=1e-3, chunk_bytes=64 * MIB, overlap=False)
+    t, k, st = cm.exchange_time("all_gather", m, 2, EX_WIRE, EX_CODEC, serial)
+    assert k == 16 and st["host"] == pytest.approx(16e-3) and st["fixed"] == 5e-4
+    assert t == pytest.approx(sum(st.values()), rel=1e-12)  # one round after another
+    assert st["transfer"] == pytest.approx(0.7 * m / 25e9, rel=1e-12)
+    over = dataclasses.replace(serial, overlap=True)
+    t2, k2, st2 = cm.exchange_time("all_gather", m, 2, EX_WIRE, EX_CODEC, over)
+    assert st2 == st and k2 == k
+    assert max(st.values()) < t2 < t  # rounds overlap: more than the slowest stage, less than all
+    one = cm.Exchange(fixed_s=5e-4, round_s=1e-3)  # no chunking: one round
+    assert cm.exchange_time("all_gather", m, 2, EX_WIRE, EX_CODEC, one)[1] == 1
+
+
+def test_exchange_time_reduces_on_the_decode_stream_and_all_reduce_pays_fixed_once():
+    ex = cm.Exchange(fixed_s=5e-4, round_s=1e-4, chunk_bytes=16 * MIB)
+    m, p = 256 * MIB, 2
+    _, _, rs = cm.exchange_time("reduce_scatter", m, p, EX_WIRE, EX_CODEC, ex)
+    assert "reduce" not in rs and rs["decode+reduce"] == pytest.approx(
+        (p - 1) * m / 1500e9 + p * m / 800e9, rel=1e-12)
+    t, _, st = cm.exchange_time("all_reduce", m, p, EX_WIRE, EX_CODEC, ex)
+    t_rs = cm.exchange_time("reduce_scatter", m / p, p, EX_WIRE, EX_CODEC, ex)[0]
+    t_ag = cm.exchange_time("all_gather", m / p, p, EX_WIRE, EX_CODEC, ex)[0]
+    assert t == pytest.approx(t_rs + t_ag - ex.fixed_s, rel=1e-12)
+    assert st["fixed"] == ex.fixed_s and "rs.host" in st and "ag.decode" in st
+    assert cm.exchange_time("all_gather", m, 1, EX_WIRE, EX_CODEC, ex)[0] == 0.0
+
+
+def test_predict_with_an_exchange_uses_its_rounds_and_the_frames_link():
+    ex = cm.Exchange(fixed_s=1e-3, round_s=2e-4, chunk_bytes=64 * MIB)
+    pred = cm.predict("all_to_all", 1 << 30, 2, EX_LINK, EX_CODEC, chunks=3, exchange=ex)
+    t, k, st = cm.exchange_time("all_to_all", 1 << 30, 2, EX_WIRE, EX_CODEC, ex)
+    assert (pred.compressed_s, pred.rounds, dict(pred.stages)) == (t, k, st) and k == 8
+    assert pred.native_s == cm.native_time("all_to_all", 1 << 30, 2, EX_LINK)
+    assert sum(pred.native_stages.values()) == pytest.approx(pred.native_s, rel=1e-12)
+    assert "latency" in pred.terms() and "transfer" in pred.terms()
+
+
+def test_fit_offset_recovers_a_constant_and_never_goes_negative():
+    model = [1e-3, 4e-3, 16e-3]
+    assert cm.fit_offset([x + 7e-4 for x in model], model) == pytest.approx(7e-4, rel=1e-9)
+    assert cm.fit_offset([x * 0.5 for x in model], model) == 0.0
+    with pytest.raises(ValueError):
+        cm.fit_offset([], [])

@@ -34,6 +34,12 @@ until the per-chunk fixed costs win. The model assumes the codec and the
 transfer do not slow each other down (on a GPU they share memory bandwidth,
 which is small next to HBM at these link speeds).
 
+The same model, given an ``Exchange``, predicts zipccl's own compressed path as
+``zipccl.comm.collectives`` runs it and as ``Communicator.calibrate`` measures it:
+a fixed cost per call, then rounds of one chunk each whose stages (host work
+per round, encode, transfer on a ``wire`` link, decode with any reduction on the
+decode stream) overlap. The adaptive policy (``zipccl.comm.policy``) uses it.
+
 >>> link = Link("shm", bandwidth=25.0, latency=20e-6)
 >>> codec = Codec("zipccl", encode_gbps=2000.0, decode_gbps=2000.0, ratio=0.70)
 >>> p = predict("all_gather", 64 << 20, 2, link, codec)
@@ -133,11 +139,42 @@ class Codec:
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """How zipccl's compressed path runs, as ``Communicator.calibrate`` measures it.
+
+    A call costs ``fixed_s`` once, then ``rounds(message)`` rounds of at most
+    ``chunk_bytes`` of every message each (0: one round); every round has a host
+    stage of ``round_s`` (reading frame lengths, posting the transfer) beside the
+    encode, transfer and decode stages. With ``overlap`` (device streams) the
+    rounds' stages overlap (``pipelined``); without (host codec) they run one after
+    another.
+
+    >>> Exchange(chunk_bytes=64 << 20).rounds(1 << 30), Exchange().rounds(1 << 30)
+    (16, 1)
+    """
+
+    fixed_s: float = 0.0  # per call
+    round_s: float = 0.0  # host work per round
+    chunk_bytes: int = 0  # bytes of one message moved per round; 0: the whole message in one round
+    overlap: bool = True
+
+    def __post_init__(self):
+        if self.fixed_s < 0 or self.round_s < 0 or self.chunk_bytes < 0:
+            raise ValueError(f"exchange costs and chunk must be >= 0, got {self}")
+
+    def rounds(self, message_bytes: float) -> int:
+        """Rounds a message of ``message_bytes`` (one peer's share) is cut into."""
+        return max(1, math.ceil(message_bytes / self.chunk_bytes)) if self.chunk_bytes else 1
+
+
+@dataclass(frozen=True)
 class Prediction:
     """Predicted times of one collective, native and compressed, and the better choice.
 
-    ``stages`` holds the compressed path's per-stage totals (seconds, unpipelined),
-    which is what ``explain`` prints.
+    ``native_stages`` splits the native time into its latency and bandwidth terms;
+    ``stages`` holds the compressed path's per-stage totals (seconds, not
+    overlapped; with an ``Exchange`` also its "fixed" cost per call and the "host"
+    work of its rounds), which is what ``explain`` prints.
     """
 
     op: str
@@ -150,6 +187,7 @@ class Prediction:
     method: str  # how the compressed path runs (e.g. "all_to_all" for reduce_scatter)
     chunks: int
     stages: Mapping[str, float]
+    native_stages: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -157,9 +195,22 @@ class Prediction:
         return self.native_s / self.compressed_s
 
     @property
+    def rounds(self) -> int:
+        """The compressed path's pipeline rounds (``chunks``)."""
+        return self.chunks
+
+    @property
     def choice(self) -> str:
         """"compressed" when it is predicted faster, else "native"."""
         return "compressed" if self.compressed_s < self.native_s else "native"
+
+    def terms(self) -> str:
+        """Both predicted times in ms with the terms they add up from."""
+        nat = " + ".join(f"{k} {v * 1e3:.3f}" for k, v in self.native_stages.items())
+        st = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in self.stages.items())
+        k = f"{self.chunks} round{'s' if self.chunks > 1 else ''}"
+        return (f"native {self.native_s * 1e3:.3f} ms" + (f" ({nat})" if nat else "")
+                + f", compressed {self.compressed_s * 1e3:.3f} ms ({k}; stage totals ms: {st})")
 
     def explain(self) -> str:
         """One readable line: both times, the stages of the compressed path, the choice."""
@@ -170,21 +221,41 @@ class Prediction:
                 f"[stages ms: {st}] -> {self.choice} ({self.speedup:.2f}x)")
 
 
+def ring_terms(op: str, nranks: int) -> tuple[float, float]:
+    """(latency steps, bandwidth factor) of the native ring: time = steps * alpha + factor * m / B.
+
+    >>> ring_terms("all_gather", 4), ring_terms("all_reduce", 2)
+    ((3, 3), (2, 1.0))
+    """
+    _check_op(op)
+    p = nranks
+    if op in ("all_gather", "reduce_scatter"):
+        return p - 1, p - 1
+    if op == "all_to_all":
+        return p - 1, (p - 1) / p
+    return 2 * (p - 1), 2 * (p - 1) / p
+
+
+def native_terms(op: str, nbytes: float, nranks: int, link: Link) -> dict[str, float]:
+    """The native time's two terms in seconds: {"latency": steps * alpha, "bandwidth": factor * m / B}.
+
+    >>> native_terms("all_to_all", 25e9, 2, Link("l", 25.0, 1e-5))
+    {'latency': 1e-05, 'bandwidth': 0.5}
+    """
+    _check_op(op)
+    if nranks <= 1:
+        return {"latency": 0.0, "bandwidth": 0.0}
+    steps, factor = ring_terms(op, nranks)
+    return {"latency": steps * link.lat(op), "bandwidth": factor * float(nbytes) / (link.bw(op) * GB)}
+
+
 def native_time(op: str, nbytes: float, nranks: int, link: Link) -> float:
     """Seconds for the uncompressed ring collective (see the module docstring).
 
     >>> native_time("all_gather", 25e9, 2, Link("l", 25.0))  # one step of 25 GB at 25 GB/s
     1.0
     """
-    _check_op(op)
-    p, m, b, a = nranks, float(nbytes), link.bw(op) * GB, link.lat(op)
-    if p <= 1:
-        return 0.0
-    if op in ("all_gather", "reduce_scatter"):
-        return (p - 1) * (a + m / b)
-    if op == "all_to_all":
-        return (p - 1) * a + (p - 1) / p * m / b
-    return 2 * (p - 1) * a + 2 * (p - 1) / p * m / b
+    return sum(native_terms(op, nbytes, nranks, link).values())
 
 
 def pipelined(stages: Sequence[tuple[float, float]], chunks: int) -> float:
@@ -281,21 +352,91 @@ def best_chunks(op: str, nbytes: float, nranks: int, link: Link, codec: Codec, *
     return 1 + min(range(len(times)), key=times.__getitem__)
 
 
+def exchange_wire(link: Link, nranks: int) -> Link:
+    """The link zipccl's frames cross, from the native ``link``.
+
+    All-gather's frames move as an all-gather; on two ranks every round of every
+    operation is one frame each way, also an all-gather; on more ranks the other
+    operations' frames move as grouped send/recv, at all-to-all's bandwidth. The
+    latency is zero: a round's fixed costs are the ``Exchange``'s.
+
+    >>> nv = Link("nv", 250.0, per_op={"all_gather": 250.0, "all_to_all": 230.0})
+    >>> exchange_wire(nv, 2).bw("all_to_all"), exchange_wire(nv, 4).bw("all_to_all")
+    (250.0, 230.0)
+    """
+    gather = link.bw("all_gather")
+    pairs = gather if nranks == 2 else link.bw("all_to_all")
+    return Link(f"{link.name} frames", gather, 0.0,
+                per_op={"all_gather": gather, "all_to_all": pairs, "reduce_scatter": pairs,
+                        "all_reduce": pairs})
+
+
+def _exchange_part(op: str, nbytes: float, p: int, wire: Link, codec: Codec,
+                   ex: Exchange) -> tuple[float, int, dict[str, float]]:
+    """(seconds without the per-call cost, rounds, stage totals) of one compressed exchange."""
+    message = nbytes / p if op == "all_to_all" else nbytes  # what one peer receives
+    k = ex.rounds(message)
+    st = _stages(op, nbytes, p, wire, codec, "all_to_all")
+    if "reduce" in st:  # the reduction runs on the decode stream as each round is decoded
+        (fd, wd), (fr, wr) = st.pop("decode"), st.pop("reduce")
+        st["decode+reduce"] = (fd + fr, wd + wr)
+    st = {"host": (ex.round_s, 0.0), **st}
+    t = pipelined(list(st.values()), k) if ex.overlap else sum(k * f + w for f, w in st.values())
+    return t, k, {name: k * f + w for name, (f, w) in st.items()}
+
+
+def exchange_time(op: str, nbytes: float, nranks: int, wire: Link, codec: Codec,
+                  exchange: Exchange) -> tuple[float, int, dict[str, float]]:
+    """(seconds, rounds, stage totals) of zipccl's compressed path for ``op`` on ``nbytes`` per rank.
+
+    Reduce-scatter runs as an all-to-all of frames and a reduction on the decode
+    stream; all-reduce as that reduce-scatter of the buffer, then an all-gather of
+    one piece, each pipelined on its own, the per-call cost counted once.
+
+    >>> ex = Exchange(fixed_s=1e-3)  # one round
+    >>> t, k, st = exchange_time("all_gather", 25e9, 2, Link("w", 25.0), Codec("free", 1e9, 1e9, 0.5), ex)
+    >>> round(t, 4), k, list(st)
+    (0.501, 1, ['fixed', 'host', 'encode', 'transfer', 'decode'])
+    """
+    _check_op(op)
+    p = nranks
+    if p <= 1:
+        return 0.0, 1, {}
+    parts = ([("rs.", "reduce_scatter", nbytes / p), ("ag.", "all_gather", nbytes / p)]
+             if op == "all_reduce" else [("", op, nbytes)])
+    total, rounds, stages = exchange.fixed_s, 1, {"fixed": exchange.fixed_s}
+    for prefix, sub, size in parts:
+        t, k, st = _exchange_part(sub, size, p, wire, codec, exchange)
+        total, rounds = total + t, max(rounds, k)
+        stages |= {prefix + name: v for name, v in st.items()}
+    return total, rounds, stages
+
+
 def predict(op: str, nbytes: int, nranks: int, link: Link, codec: Codec, *,
-            chunks: int | None = 1, method: str | None = None, max_chunks: int = 64) -> Prediction:
+            chunks: int | None = 1, method: str | None = None, max_chunks: int = 64,
+            exchange: Exchange | None = None, wire: Link | None = None) -> Prediction:
     """Native and compressed times of one collective; ``chunks=None`` picks the best chunk count.
+
+    With ``exchange`` the compressed path is zipccl's (``exchange_time``): its frames
+    cross ``wire`` (default ``exchange_wire(link)``), its rounds come from the
+    exchange, and ``chunks`` and ``method`` are not used.
 
     >>> p = predict("all_gather", 64 << 20, 2, Link("nvlink", 284.0, 10e-6),
     ...             Codec("dietgpu", 804.0, 1024.0, 0.674))
     >>> p.choice
     'native'
     """
-    k = best_chunks(op, nbytes, nranks, link, codec, max_chunks=max_chunks, method=method) \
-        if chunks is None else int(chunks)
-    t, meth, stages = _best(op, nbytes, nranks, link, codec, k, method)
+    if exchange is not None:
+        wire = exchange_wire(link, nranks) if wire is None else wire
+        t, k, stages = exchange_time(op, nbytes, nranks, wire, codec, exchange)
+        meth = {"reduce_scatter": "all_to_all", "all_reduce": "rs:all_to_all+ag"}.get(op, "-")
+    else:
+        k = best_chunks(op, nbytes, nranks, link, codec, max_chunks=max_chunks, method=method) \
+            if chunks is None else int(chunks)
+        t, meth, stages = _best(op, nbytes, nranks, link, codec, k, method)
     return Prediction(op=op, nbytes=int(nbytes), nranks=nranks, link=link.name, codec=codec.name,
                       native_s=native_time(op, nbytes, nranks, link), compressed_s=t, method=meth,
-                      chunks=k, stages=stages)
+                      chunks=k, stages=stages, native_stages=native_terms(op, nbytes, nranks, link))
 
 
 def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: float, *,
@@ -366,6 +507,46 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
     if slope <= 0:
         raise ValueError("time does not grow with size; cannot fit a bandwidth")
     return alpha, 1.0 / slope / GB
+
+
+def fit_offset(seconds: Sequence[float], model: Sequence[float]) -> float:
+    """The constant c >= 0 for which ``model + c`` best fits ``seconds`` in relative squared error.
+
+    The compressed path's per-call cost, fitted on calls of real sizes once the
+    size-dependent terms (``model``) are known.
+
+    >>> round(fit_offset([2e-3, 11e-3], [1e-3, 10e-3]) * 1e3, 6)
+    1.0
+    """
+    ys, ms = [float(y) for y in seconds], [float(m) for m in model]
+    if len(ys) != len(ms) or not ys or min(ys) <= 0:
+        raise ValueError("need at least one pair of (measured > 0, modelled) times of equal count")
+    w = [1.0 / (y * y) for y in ys]
+    return max(0.0, sum(wi * (y - m) for wi, y, m in zip(w, ys, ms, strict=True)) / sum(w))
+
+
+def link_from_fits(name: str, fits: Mapping[str, tuple[float, float]], nranks: int = 2) -> Link:
+    """A ``Link`` from per-op fits of ``seconds = alpha + m / (beta * 1e9)`` (``fit_alpha_beta``).
+
+    ``m`` is the per-rank size (``metrics.nccl_tests_size``'s convention); each fit
+    is turned into the ring form of ``native_time`` (``ring_terms``), so that the
+    link predicts exactly the fitted times. The default bandwidth is all_gather's
+    (or the first op's).
+
+    >>> link = link_from_fits("l", {"all_to_all": (2e-5, 50.0)}, nranks=2)
+    >>> link.bw("all_to_all"), round(native_time("all_to_all", 50e9, 2, link), 6)
+    (25.0, 1.00002)
+    """
+    if not fits:
+        raise ValueError("need the fit of at least one op")
+    per_op, lats = {}, {}
+    for op, (alpha, beta) in fits.items():
+        steps, factor = ring_terms(op, nranks)
+        if not steps:  # one rank: no ring (native_time is 0); keep the fit as it is
+            steps = factor = 1
+        per_op[op], lats[op] = float(beta) * factor, float(alpha) / steps
+    default = per_op.get("all_gather", next(iter(per_op.values())))
+    return Link(name, default, min(lats.values()), per_op=per_op, per_op_latency=lats)
 
 
 def link_from_busbw(name: str, op_busbw: Mapping[str, Mapping[int, float]], nranks: int = 2) -> Link:
