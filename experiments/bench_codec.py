@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu.encode_into(bits[i], frames[i], cb, stream, checksum=False, workspace=ws)
             gpu.encode_into(bits[i], frames_cs[i], cb, stream, checksum=True, workspace=ws)
         stream.synchronize()
-        flen = int(cp.asnumpy(frames[0][24:32]).view("<i8")[0])
-        flen_cs = int(cp.asnumpy(frames_cs[0][24:32]).view("<i8")[0])
+        flen = int(cp.asnumpy(frames[0][fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8]).view("<i8")[0])
+        flen_cs = int(cp.asnumpy(frames_cs[0][fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8]).view("<i8")[0])
         codec = reference if n <= 32 * MiB else cpu
         want = codec.encode(host0, cb, None, False)
         want_cs = codec.encode(host0, cb, None, True)

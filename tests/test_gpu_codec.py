@@ -43,7 +43,7 @@ def _gpu_frame(cp, bits_host, cb, checksum=True):
     n = bits_host.size
     buf = cp.full(fmt.max_compressed_size(n) + 256, 0xAB, dtype=cp.uint8)
     gpu.encode_into(cp.asarray(bits_host), buf, cb, checksum=checksum)
-    flen = int(cp.asnumpy(buf[24:32]).view("<i8")[0])
+    flen = int(cp.asnumpy(buf[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8]).view("<i8")[0])
     host = cp.asnumpy(buf)
     assert np.all(host[flen:] == 0xAB), "encoder wrote past its frame"
     return host[:flen]

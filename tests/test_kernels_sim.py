@@ -50,7 +50,7 @@ def _encode(bits, cb, checksum=True, shape=None):
     n = bits.size
     buf = np.full(fmt.max_compressed_size(n) + 256, CANARY, np.uint8)
     gpu.encode_into(bits, buf, cb, checksum=checksum, shape=shape)
-    flen = int(buf[24:32].view("<i8")[0])
+    flen = int(buf[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8].view("<i8")[0])
     assert np.all(buf[flen:] == CANARY), "encoder wrote past the end of its frame"
     return buf[:flen].copy()
 

@@ -68,6 +68,11 @@ HEADER_FIELDS = (
 _HEADER_STRUCT = struct.Struct("<4sBBHQQQQ7sBII8QII")
 assert _HEADER_STRUCT.size == HEADER_SIZE
 assert [f[2] for f in HEADER_FIELDS] == [0, 4, 5, 6, 8, 16, 24, 32, 40, 47, 48, 52, 56, 120, 124]
+# byte offsets of the fields a device reads or writes in place (the frame length is an int64 LE)
+OFFSET = {name: at for name, _, at in HEADER_FIELDS}
+FRAME_LEN_AT = OFFSET["frame_len"]
+N_ESCAPES_AT = OFFSET["n_escapes"]
+CODEBOOK_AT = OFFSET["codebook"]
 
 
 def align(nbytes: int) -> int:

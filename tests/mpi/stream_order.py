@@ -254,6 +254,9 @@ class Workspace:
     def last_error(self, stream=None) -> int:
         return int(self._slots(stream)[_common.WS_ERR_LAST])
 
+    def sticky_error(self, stream=None) -> int:
+        return int(self._slots(stream)[_common.WS_ERR_STICKY])
+
     @staticmethod
     def describe(bits: int) -> str:
         return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"

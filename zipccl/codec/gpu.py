@@ -279,8 +279,8 @@ def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...] | None)
     return words, zlib.crc32(bytes(raw[:fmt.HEADER_SIZE - 4])), cb64
 
 
-_CODEBOOK_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["codebook"]
-_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]
+_CODEBOOK_AT = fmt.CODEBOOK_AT
+_FRAME_LEN_AT = fmt.FRAME_LEN_AT
 
 
 # Plans of the lean launch route, keyed by what a launch's grid and parameters depend on

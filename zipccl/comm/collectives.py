@@ -385,7 +385,7 @@ def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
 # The pipelined exchange (large messages): chunks, one frame per piece, streams overlapping
 # --------------------------------------------------------------------------------------------
 
-_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]  # int64 LE in the header
+_FRAME_LEN_AT = fmt.FRAME_LEN_AT  # int64 LE in the header
 
 
 def chunk_count(max_count: int, chunk: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
 
-_FRAME_LEN_AT = dict((f[0], f[2]) for f in fmt.HEADER_FIELDS)["frame_len"]  # int64 LE in the header
+_FRAME_LEN_AT = fmt.FRAME_LEN_AT  # int64 LE in the header
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
 
