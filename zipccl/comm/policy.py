@@ -3,32 +3,34 @@
 Compression pays only when moving the saved bytes takes longer than coding them,
 which depends on the link, the codec's speed and the message size. This module
 makes that choice in one place so it is inspectable (``explain``), loggable
-(``logging.getLogger("zipccl.policy")`` at DEBUG) and forceable
-(``mode="always" | "never"``).
+(``logging.getLogger("zipccl.policy")`` at DEBUG, once per new decision) and
+forceable (``mode="always" | "never"``).
 
 ``mode="auto"`` follows a measured ``Profile`` when it has one
 (``Communicator.calibrate``). The profile holds *components*, each measured on
-its own, and the cost model (``zipccl.costmodel``: ``fit_alpha_beta``,
-``pipelined``) composes them into predicted times:
+its own, and the cost model (``zipccl.costmodel``) composes them into predicted
+times at any size:
 
 - native: per operation, ``alpha + bytes / beta`` fitted to the native
-  collective's measured times;
-- compressed: the pipelined exchange as it is implemented
-  (``collectives.chunked_exchange``): a fixed cost per call, then ``rounds``
-  rounds whose stages (host work per round, encode, transfer, decode [+ reduce])
-  overlap, ``sum(stage) + (rounds - 1) * max(stage)``; encode / decode / reduce
-  throughputs and the ratio come from timing the codec alone, the transfer from
-  the native all-gather (two ranks, or all-gather: frames move as an all-gather)
-  or all-to-all fit on the compressed bytes, the per-round and per-call fixed
-  costs from compressed calls on tiny messages.
+  collective's measured times (``fit_alpha_beta``, as a ``Link``:
+  ``link_from_fits``);
+- compressed: zipccl's pipelined exchange (``costmodel.exchange_time``): a fixed
+  cost per call, then rounds whose stages (host work per round, encode, transfer,
+  decode [+ reduce]) overlap. Encode / decode / reduce throughputs and the ratio
+  come from timing the codec alone, the transfer from the native all-gather (two
+  ranks, or all-gather: frames move as an all-gather) or all-to-all fit on the
+  compressed bytes, the per-round cost from compressed calls on tiny messages, and
+  the per-call cost is fitted to the compressed calls measured at real sizes
+  (``fit_offset``; the tiny calls' value where there are none).
 
-It compresses only where it is sure: inside the calibrated size range, when the
-model predicts the compressed path at least ``margin`` faster, and when the
-compressed path was also measured faster at the calibrated sizes on both sides of
-the message size. Anywhere else (outside the range, no profile for the op,
-measurements disagreeing with the model) it stays native. Without a profile it
-falls back to a size threshold: BF16 messages of at least ``min_bytes`` per rank
-on a GPU are compressed; host arrays stay native unless ``compress_host=True``.
+Every term is a latency or a bandwidth, so the model extrapolates beyond the
+calibrated sizes: "auto" compresses wherever the compressed path is predicted
+faster by more than ``margin``, inside the calibrated range or not, and
+``explain`` prints both predicted times with their terms (and says when the size
+lies outside the calibrated range). Decisions are cached per (op, size): after
+the first call of a size, deciding is one dict lookup. Without a profile it falls
+back to a size threshold: BF16 messages of at least ``min_bytes`` per rank on a
+GPU are compressed; host arrays stay native unless ``compress_host=True``.
 
 Every rank must reach the same decision, so ``decide`` is a pure function of
 values all ranks agree on (they are checked collectively before it is called,
@@ -36,17 +38,17 @@ and a profile is computed from the maximum over ranks of each measurement).
 
 Sizes follow the ``nbytes`` the communicator decides on: the send buffer of
 all-gather and reduce-scatter, the buffer of all-reduce, the mean send buffer of
-all-to-all.
+all-to-all. (``costmodel`` counts reduce-scatter by its output, ``nbytes / p``.)
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 
-from ..costmodel import pipelined
+from .. import costmodel as cm
+from ..costmodel import Prediction
 
 MODES = ("auto", "always", "never")
 OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -72,23 +74,6 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """Predicted times of both paths of one call and the compressed path's stages (seconds)."""
-
-    op: str
-    nbytes: int
-    native_s: float
-    compressed_s: float
-    rounds: int
-    stages: dict  # per-stage totals of the compressed path, plus "fixed"
-
-    def describe(self) -> str:
-        st = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in self.stages.items())
-        return (f"predicted native {self.native_s * 1e3:.3f} ms, compressed {self.compressed_s * 1e3:.3f} ms"
-                f" ({self.rounds} round{'s' if self.rounds > 1 else ''}; stage totals ms: {st})")
-
-
-@dataclass(frozen=True)
 class Profile:
     """What ``Communicator.calibrate`` measured, and the cost model that composes it.
 
@@ -96,9 +81,10 @@ class Profile:
     - ``codec``: ``encode_gbps``, ``decode_gbps``, ``reduce_gbps`` (GB/s of BF16 input)
       and ``ratio`` (frame bytes / raw bytes) of the codec alone;
     - ``round_s[op]``, ``fixed_s[op]``: the compressed path's fixed cost per pipeline round
-      and per call (from compressed calls on tiny messages);
+      and per call (from compressed calls on tiny messages; the model refits the per-call
+      cost to the compressed calls in ``measured`` where there are any);
     - ``measured[op][path] = [[bytes, s], ...]``: every calibration point, native and
-      compressed, used to check the model and to bound where it may compress;
+      compressed; the compressed ones fix the per-call cost the model uses;
     - ``chunk``: elements per pipeline round; ``overlap``: whether rounds overlap (device
       streams) or run one after another (host); ``world``: ranks; ``key``: what was measured
       (device or host, transport, ranks, machine), so a cached profile is reused only there.
@@ -111,7 +97,7 @@ class Profile:
     ...                                         "compressed": [[1 << 20, 9e-4], [1 << 30, 0.031]]}})
     >>> pr = prof.predict("all_gather", 1 << 30)
     >>> round(pr.native_s * 1e3, 2), round(pr.compressed_s * 1e3, 2), pr.rounds
-    (42.97, 30.73, 32)
+    (42.97, 31.0, 32)
     """
 
     key: str
@@ -123,61 +109,55 @@ class Profile:
     round_s: dict = field(default_factory=dict)
     fixed_s: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)
+    _models: dict = field(init=False, repr=False, compare=False)  # per op: (link, codec, exchange)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_models", {})
 
     def sizes(self, op: str) -> list[int]:
         """The calibrated sizes of ``op`` (bytes, ascending)."""
         return sorted({int(b) for b, _ in self.measured.get(op, {}).get("native", [])})
 
-    def predict(self, op: str, nbytes: int) -> Prediction | None:
-        """Both paths' predicted times for ``op`` on ``nbytes``, or None if ``op`` is not profiled."""
-        if op not in self.native or op not in self.fixed_s or not self.codec:
-            return None
-        a, b = self.native[op]
-        tn = a + nbytes / (b * 1e9)
-        p = self.world
-        if op == "all_reduce":  # reduce-scatter of the buffer, then all-gather of one shard
-            parts = [("reduce_scatter", nbytes), ("all_gather", nbytes / p)]
-        else:
-            parts = [(op, nbytes)]
-        total, stages, rounds = self.fixed_s[op], {"fixed": self.fixed_s[op]}, 0
-        for sub, size in parts:
-            k, st = self._stages(sub, size, self.round_s[op])
-            if self.overlap:
-                total += pipelined([(fixed, work) for fixed, work in st.values()], k)
-            else:
-                total += sum(k * fixed + work for fixed, work in st.values())
-            rounds = max(rounds, k)
-            for name, (fixed, work) in st.items():
-                stages[name] = stages.get(name, 0.0) + k * fixed + work
-        return Prediction(op, int(nbytes), tn, total, rounds, stages)
+    def _per_rank(self, op: str, nbytes: float) -> float:
+        """The policy's size of ``op`` in the cost model's convention (reduce-scatter: its output)."""
+        return nbytes / self.world if op == "reduce_scatter" else nbytes
 
-    def _stages(self, op: str, nbytes: float, round_s: float) -> tuple[int, dict]:
-        """(rounds, {stage: (fixed per round, total work)}) of one exchange of the pipelined path."""
-        p, c = self.world, self.codec
-        enc, dec, red, r = (c["encode_gbps"] * 1e9, c["decode_gbps"] * 1e9, c["reduce_gbps"] * 1e9,
-                            c["ratio"])
-        gather_bw = self.native["all_gather"][1] * 1e9 if "all_gather" in self.native else None
-        pairs_bw = self.native["all_to_all"][1] * 1e9 if "all_to_all" in self.native else None
-        if op == "all_gather":  # nbytes = own piece; one frame to every peer, all-gather
-            msg, e, d, wire, bw = nbytes, nbytes, (p - 1) * nbytes, r * nbytes, gather_bw
-            extra = 0.0
-        elif op == "all_to_all":  # nbytes = whole send buffer; messages of nbytes / p
-            msg = nbytes / p
-            e = d = (p - 1) * msg
-            wire, bw = (r * msg, gather_bw) if p == 2 else (r * nbytes, pairs_bw)
-            extra = 0.0
-        elif op == "reduce_scatter":  # nbytes = send buffer = p pieces of the output size
-            msg = nbytes / p
-            e = d = (p - 1) * msg
-            wire, bw = (r * msg, gather_bw) if p == 2 else (r * nbytes, pairs_bw)
-            extra = nbytes / red
-        else:
-            raise ValueError(f"no stage model for {op!r}")
-        if bw is None:  # the transfer's link was not measured: no prediction
-            bw = math.nan
-        rounds = max(1, math.ceil(msg / 2 / self.chunk)) if self.chunk else 1
-        return rounds, {"host": (round_s, 0.0), "encode": (0.0, e / enc), "transfer": (0.0, wire / bw),
-                        "decode": (0.0, d / dec + extra)}
+    def model(self, op: str) -> tuple[cm.Link, cm.Codec, cm.Exchange] | None:
+        """The cost model's (native link, codec, compressed exchange) for ``op``; None if not profiled."""
+        if op in self._models:
+            return self._models[op]
+        found = None
+        if op in self.native and op in self.fixed_s and op in self.round_s and self.codec:
+            p = self.world
+            # native fits are per policy size: reduce-scatter's is its send buffer of p outputs
+            fits = {o: (a, b / (p if o == "reduce_scatter" else 1)) for o, (a, b) in self.native.items()}
+            link = cm.link_from_fits(self.key, fits, p)
+            c = self.codec
+            codec = cm.Codec("zipccl", c["encode_gbps"], c["decode_gbps"], c["ratio"],
+                             reduce_gbps=c["reduce_gbps"])
+            ex = cm.Exchange(0.0, self.round_s[op], 2 * self.chunk, self.overlap)
+            pts = [(b, t) for b, t in self.measured.get(op, {}).get("compressed", []) if t > 0]
+            if pts:  # the per-call cost that the calls of real sizes show
+                model = [cm.predict(op, self._per_rank(op, b), p, link, codec, exchange=ex).compressed_s
+                         for b, _ in pts]
+                fixed = cm.fit_offset([t for _, t in pts], model)
+            else:
+                fixed = self.fixed_s[op]
+            found = (link, codec, cm.Exchange(fixed, self.round_s[op], 2 * self.chunk, self.overlap))
+        self._models[op] = found
+        return found
+
+    def predict(self, op: str, nbytes: int) -> Prediction | None:
+        """Both paths' predicted times for ``op`` on ``nbytes`` (policy sizes), or None if not profiled.
+
+        The prediction's own ``nbytes`` is the cost model's per-rank size (reduce-scatter:
+        ``nbytes / world``).
+        """
+        m = self.model(op)
+        if m is None:
+            return None
+        link, codec, ex = m
+        return cm.predict(op, self._per_rank(op, nbytes), self.world, link, codec, exchange=ex)
 
     def to_json(self) -> str:
         d = {"version": PROFILE_VERSION, "key": self.key, "world": self.world, "chunk": self.chunk,
@@ -212,7 +192,8 @@ class Policy:
     min_bytes: int = 1 << 20  # "auto" without a profile: smallest per-rank BF16 message compressed
     compress_host: bool = False  # "auto" without a profile: also compress host (NumPy) arrays
     profile: Profile | None = None  # measured components; "auto" follows them where they cover the op
-    margin: float = 0.05  # "auto" with a profile: compress only when predicted this much faster
+    margin: float = 0.02  # "auto" with a profile: compress only when predicted this much faster
+    # (near-ties stay native: the codec would take memory bandwidth for nothing)
     _memo: dict = field(init=False, repr=False, compare=False)  # decisions already made
 
     def __post_init__(self):
@@ -225,15 +206,19 @@ class Policy:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
     def decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
-        """Compressed or native for one call of ``op`` moving ``nbytes`` per rank."""
-        key = (op, int(nbytes), bool(bf16), bool(device), int(world))
+        """Compressed or native for one call of ``op`` moving ``nbytes`` per rank.
+
+        Made once per (op, size, dtype, place, ranks) and logged then; later calls with the
+        same arguments are one dict lookup.
+        """
+        key = (op, nbytes, bf16, device, world)
         d = self._memo.get(key)
         if d is None:
-            d = self._decide(op, nbytes, bf16=bf16, device=device, world=world)
+            d = self._decide(op, int(nbytes), bf16=bool(bf16), device=bool(device), world=int(world))
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[key] = d
-        log.debug("%s", d)
+            log.debug("%s", d)
         return d
 
     def _decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
@@ -263,29 +248,25 @@ class Policy:
         return d
 
     def _from_profile(self, op: str, nbytes: int, pred: Prediction) -> Decision:
-        prof = self.profile
-        sizes = prof.sizes(op)
+        """The cost model's choice, at any size: compressed when predicted ``margin`` faster."""
         tn, tc = pred.native_s, pred.compressed_s
-        times = {"native_s": tn, "compressed_s": tc}
-        text = pred.describe()
-        if not sizes or nbytes < sizes[0] or nbytes > sizes[-1]:
-            lo, hi = (sizes[0], sizes[-1]) if sizes else (0, 0)
-            return Decision(op, nbytes, False, f"{text}; outside the calibrated range "
-                                               f"{lo:,}-{hi:,} B: native", **times)
-        if not tc < (1.0 - self.margin) * tn:
-            return Decision(op, nbytes, False, f"{text}: native", **times)
-        # the measurements at the calibrated sizes around nbytes must agree with the model
-        meas = prof.measured[op]
-        nat, comp = dict((int(b), t) for b, t in meas["native"]), dict((int(b), t) for b, t in
-                                                                           meas["compressed"])
-        below = max(s for s in sizes if s <= nbytes)
-        above = min(s for s in sizes if s >= nbytes)
-        for s in {below, above}:
-            if s in comp and not comp[s] < nat[s]:
-                return Decision(op, nbytes, False, f"{text}; but at the calibrated {s:,} B the "
-                                                   f"compressed path measured slower: native", **times)
-        return Decision(op, nbytes, True, f"{text}: compressed", **times)
+        sizes = self.profile.sizes(op)
+        where = ""
+        if sizes and not sizes[0] <= nbytes <= sizes[-1]:
+            where = f"; extrapolated beyond the calibrated {sizes[0]:,}-{sizes[-1]:,} B"
+        if tc < (1.0 - self.margin) * tn:
+            verdict = "compressed"
+        elif tc < tn:
+            verdict = f"native (compressed faster by less than the {self.margin:.0%} margin)"
+        else:
+            verdict = "native"
+        return Decision(op, nbytes, verdict == "compressed", f"predicted {pred.terms()}{where}: {verdict}",
+                        native_s=tn, compressed_s=tc)
 
     def explain(self, op: str, nbytes: int, *, device: bool = True, world: int = 2) -> str:
-        """One line saying what ``op`` on ``nbytes`` BF16 bytes per rank would do, and why."""
+        """One line saying what ``op`` on ``nbytes`` BF16 bytes per rank would do, and why.
+
+        >>> Policy("auto", min_bytes=1 << 20).explain("all_gather", 4096)
+        'all_gather 4,096 B/rank -> native (below the 1,048,576-byte threshold)'
+        """
         return str(self.decide(op, nbytes, bf16=True, device=device, world=world))
