@@ -604,7 +604,7 @@ class Communicator:
         self.last_decision = d
         return d
 
-    def calibrate(self, *, device: bool = False, sizes=(1 << 20, 16 << 20, 64 << 20),
+    def calibrate(self, *, device: bool = False, sizes=(1 << 20, 16 << 20, 64 << 20, 256 << 20),
                   ops=OPS, repeat: int = 3, path: str | None = None, stream=None,
                   machine: str | None = None) -> Profile:
         """Measure the components of the cost model here and make ``policy="auto"`` follow it.
@@ -623,8 +623,9 @@ class Communicator:
           compressed calls on tiny messages in rounds of one escape block.
 
         The result (``policy.Profile``) predicts both paths' times with the cost model;
-        ``"auto"`` compresses only inside the calibrated range and where prediction and
-        measurements agree that it pays. All ranks hold the same numbers, so they decide
+        ``"auto"`` compresses wherever the fitted model predicts the compressed path faster,
+        beyond the calibrated sizes too (every term is a latency or a bandwidth); ``explain``
+        shows both times and their terms. All ranks hold the same numbers, so they decide
         alike. With ``path``, a profile saved there for the same device / transport /
         ranks / machine is loaded instead of measuring, and a newly measured one is saved.
         """
