@@ -1,12 +1,44 @@
-"""Shared test fixtures: the edge corpus and seeded generators.
+"""Shared test fixtures: the edge corpus, seeded generators and the CUDA simulator switch.
 
 Everything a test compares is a bit pattern (uint16), never a float.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+#: True in the interpreter that ``run_under_simulator`` starts (NUMBA_ENABLE_CUDASIM=1).
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+#: Marks a test that runs only under the simulator (outside, ``run_under_simulator`` runs it).
+simulator_only = pytest.mark.skipif(not SIMULATOR,
+                                    reason="runs in the simulator subprocess (test_under_simulator)")
+
+
+def run_under_simulator(test_file: str, timeout: float = 600) -> None:
+    """Run the tests of ``test_file`` in a new interpreter with Numba's CUDA simulator on.
+
+    The simulator must be switched on before numba.cuda is first imported, so it gets a
+    process of its own and the rest of the suite never sees it. GPU-marked tests are
+    deselected there. Fails with that run's output unless every selected test passed and
+    at least one ran (the caller itself is skipped there, so a skip is expected too).
+    """
+    if SIMULATOR:
+        pytest.skip("already under the simulator")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-m", "not gpu and not slow and not mpi", "-W", "ignore::RuntimeWarning",
+                        str(Path(test_file).resolve())],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and "skipped" in r.stdout and "failed" not in r.stdout, r.stdout
 
 
 def edge_corpus() -> np.ndarray:

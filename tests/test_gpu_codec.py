@@ -1,26 +1,47 @@
-"""The GPU codec on a real GPU: frames byte-identical to the reference, both ways.
+"""The GPU codec kernels: frames byte-identical to the reference, both ways, on every input.
 
-``pytest -m gpu``. Same checks as test_kernels_sim.py at full size: odd sizes,
-the edge corpus, all 65,536 bit patterns (as a RAW frame and, interleaved with
-Gaussian values, through the coded path), random data, corrupted frames (error
-bits, ValueError, no write outside the output), 1 GiB of data, CUDA graph
-replay of the no-sync entry points, and CuPy / torch / Numba arrays.
+Each check is written once and runs in two places (the ``dev`` fixture):
+
+- ``simulator``: Numba's CUDA simulator, NumPy arrays, small sizes (every simulated
+  CUDA block costs 128 Python threads). Part of ``make test``: the simulator must be
+  on before numba.cuda is first imported, so ``test_under_simulator`` re-runs this
+  module in a new interpreter with it (``conftest.run_under_simulator``) and these
+  cases are skipped in the main one.
+- ``gpu``: a real GPU, CuPy arrays, full sizes (all 65,536 bit patterns, a million
+  values). ``pytest -m gpu tests/test_gpu_codec.py``.
+
+Below them, GPU-only checks that have no simulator counterpart: 1 GiB of data, CUDA
+graph replay of the no-sync entry points, and torch / Numba / CuPy arrays through the
+top-level API.
 """
 
 from __future__ import annotations
 
-import os
+import warnings
 
 import numpy as np
 import pytest
-from conftest import edge_corpus, gaussian_bits
+from conftest import SIMULATOR, edge_corpus, gaussian_bits, run_under_simulator, simulator_only
 
-pytestmark = pytest.mark.gpu
+if SIMULATOR:
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
+
+from zipccl import format as fmt
+from zipccl.codebook import Codebook, estimate_sigma
+from zipccl.codec import gpu, reference
+from zipccl.kernels import _common
+
+CANARY = 0xAB
+GUARD = 0x5A5A
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+def test_under_simulator():
+    run_under_simulator(__file__, timeout=1200)
+
+
+def _cupy_with_a_device():
+    """CuPy, or a skip when this process cannot use a real GPU."""
+    if SIMULATOR:
         pytest.skip("needs a real GPU, not the simulator")
     cupy = pytest.importorskip("cupy")
     try:
@@ -31,108 +52,293 @@ def cp():
     return cupy
 
 
-def _mods():
-    from zipccl import format as fmt
-    from zipccl.codebook import Codebook
-    from zipccl.codec import gpu, reference
-    return fmt, Codebook, gpu, reference
+class Device:
+    """Where a check runs: its array module and how large its inputs are."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.simulated = name == "simulator"
+        self.xp = np if self.simulated else _cupy_with_a_device()
+
+    def size(self, small: int, full: int) -> int:
+        """``small`` under the simulator, ``full`` on a GPU."""
+        return small if self.simulated else full
+
+    def asarray(self, host: np.ndarray):
+        """A device copy of a host array (the simulator's device arrays are NumPy arrays)."""
+        return np.array(host, copy=True) if self.simulated else self.xp.asarray(host)
+
+    def to_host(self, a) -> np.ndarray:
+        return np.array(a, copy=True) if self.simulated else self.xp.asnumpy(a)
+
+    def full(self, n: int, value: int, dtype):
+        return self.xp.full(n, value, dtype=dtype)
 
 
-def _gpu_frame(cp, bits_host, cb, checksum=True):
-    fmt, _, gpu, _ = _mods()
-    n = bits_host.size
-    buf = cp.full(fmt.max_compressed_size(n) + 256, 0xAB, dtype=cp.uint8)
-    gpu.encode_into(cp.asarray(bits_host), buf, cb, checksum=checksum)
-    flen = int(cp.asnumpy(buf[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8]).view("<i8")[0])
-    host = cp.asnumpy(buf)
-    assert np.all(host[flen:] == 0xAB), "encoder wrote past its frame"
+@pytest.fixture(params=[pytest.param("simulator", marks=simulator_only),
+                        pytest.param("gpu", marks=pytest.mark.gpu)])
+def dev(request) -> Device:
+    return Device(request.param)
+
+
+# ---------------------------------------------------------------- encode, decode, compare
+
+
+def _encode(dev: Device, bits: np.ndarray, cb, checksum=True) -> np.ndarray:
+    """Device frame of bits (on the host), written into a poisoned buffer larger than needed."""
+    buf = dev.full(fmt.max_compressed_size(bits.size) + 256, CANARY, np.uint8)
+    gpu.encode_into(dev.asarray(bits), buf, cb, checksum=checksum)
+    host = dev.to_host(buf)
+    flen = int(host[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8].view("<i8")[0])
+    assert np.all(host[flen:] == CANARY), "encoder wrote past the end of its frame"
     return host[:flen]
 
 
-def _gpu_decode(cp, frame_host, n):
-    _, _, gpu, _ = _mods()
-    guard = cp.full(n + 64, 0x5A5A, dtype=cp.uint16)
+def _decode(dev: Device, frame: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """(values, error bits) of a device decode of a host frame into a guarded output."""
+    guard = dev.full(n + 64, GUARD, np.uint16)
     ws = gpu.Workspace(max(n, 1))
-    gpu.decode_into(cp.asarray(frame_host), guard[32:32 + n], workspace=ws)
+    gpu.decode_into(dev.asarray(frame), guard[32:32 + n], workspace=ws)
     err = ws.last_error()
-    g = cp.asnumpy(guard)
-    assert np.all(g[:32] == 0x5A5A) and np.all(g[32 + n:] == 0x5A5A), "decoder wrote outside its output"
+    g = dev.to_host(guard)
+    assert np.all(g[:32] == GUARD) and np.all(g[32 + n:] == GUARD), "decoder wrote outside its output"
     return g[32:32 + n], err
 
 
-def _roundtrip(cp, bits, cb, checksum=True):
-    fmt, _, _, reference = _mods()
+def _roundtrip(dev: Device, bits: np.ndarray, cb, checksum=True):
+    """Device frame == reference frame; reference frame -> device decoder and device frame ->
+    reference decoder both give back the same bits. Returns the frame's header."""
     ref = reference.encode(bits, cb, checksum=checksum)
-    got = _gpu_frame(cp, bits, cb, checksum)
+    got = _encode(dev, bits, cb, checksum)
     assert got.size == ref.size and np.array_equal(got, ref)
-    dec, err = _gpu_decode(cp, ref, bits.size)
-    assert err == 0 and np.array_equal(dec, bits)
+    dec, err = _decode(dev, ref, bits.size)
+    assert err == 0 and np.array_equal(dec.view(np.uint16), bits.view(np.uint16))
     back, _ = reference.decode(got)
-    assert np.array_equal(back.reshape(-1), bits)
-    return fmt.parse_header(ref)
+    assert np.array_equal(back.reshape(-1).view(np.uint16), bits.view(np.uint16))
+    h = fmt.parse_header(ref)
+    assert h.has_checksum == checksum
+    return h
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 31, 33, 100, 1000, 4095, 4096, 4097, 65537, 1_000_003])
-def test_sizes_match_reference(cp, n):
-    _, Codebook, _, _ = _mods()
-    _roundtrip(cp, gaussian_bits(n, seed=n), Codebook.from_sigma(0.02), checksum=n % 2 == 1)
+# ---------------------------------------------------------------- one check, two places
+
+SIM_SIZES = [0, 1, 9, 100, 1000, 4097]
+GPU_SIZES = [0, 1, 7, 8, 9, 31, 33, 100, 1000, 4095, 4096, 4097, 65537, 1_000_003]
 
 
-def test_edge_corpus(cp):
-    _, Codebook, _, _ = _mods()
+@pytest.mark.parametrize("checksum", [True, False])
+@pytest.mark.parametrize("dev, n", [pytest.param("simulator", n, id=f"simulator-{n}", marks=simulator_only)
+                                    for n in SIM_SIZES]
+                         + [pytest.param("gpu", n, id=f"gpu-{n}", marks=pytest.mark.gpu)
+                            for n in GPU_SIZES], indirect=["dev"])
+def test_sizes_match_reference(dev, n, checksum):
+    h = _roundtrip(dev, gaussian_bits(n, seed=n), Codebook.from_sigma(0.02), checksum)
+    if n >= 1000:
+        assert not h.raw and h.n_escapes > 0  # the coded path, escapes included
+
+
+def test_edge_corpus(dev):
     c = edge_corpus()
-    assert not _roundtrip(cp, c, Codebook.from_histogram(c, dtype="bfloat16")).raw
-    assert _roundtrip(cp, c, Codebook.from_sigma(0.02)).raw
+    assert not _roundtrip(dev, c, Codebook.from_histogram(c, dtype="bfloat16")).raw  # coded, escapes
+    assert _roundtrip(dev, c, Codebook.from_sigma(0.02)).raw  # nearly all escape: the RAW fallback
 
 
-def test_all_65536_bit_patterns(cp):
-    _, Codebook, _, _ = _mods()
-    pats = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    assert _roundtrip(cp, pats, Codebook.from_sigma(0.02)).raw  # 97% escapes: RAW
-    mix = np.empty(2 * pats.size, np.uint16)  # every pattern through the coded path
+def _corner_patterns() -> np.ndarray:
+    """All 256 exponents x 16 sign-mantissa bytes (the simulator's share of all 65,536)."""
+    sm = np.array([0x00, 0x01, 0x3F, 0x40, 0x7E, 0x7F, 0x55, 0x2A], np.uint16)
+    sm = np.concatenate([sm, sm | 0x80])
+    e = np.arange(256, dtype=np.uint16)
+    return (((sm[None, :] & 0x80) << 8) | (e[:, None] << 7) | (sm[None, :] & 0x7F)).reshape(-1)
+
+
+def test_bit_patterns_raw_and_coded(dev):
+    """Every exponent with several sign-mantissa bytes (on a GPU: every bit pattern), alone
+    (97% escapes: RAW) and between Gaussian values (the coded path, with both codebooks)."""
+    pats = _corner_patterns() if dev.simulated else np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    assert _roundtrip(dev, pats, Codebook.from_sigma(0.02)).raw
+    mix = np.empty(2 * pats.size, np.uint16)
     mix[0::2] = pats
     mix[1::2] = gaussian_bits(pats.size, seed=1)
     for cb in (Codebook.from_sigma(0.02), Codebook.from_histogram(mix, dtype="bfloat16")):
-        h = _roundtrip(cp, mix, cb)
-        assert not h.raw and h.n_escapes > 60000
+        h = _roundtrip(dev, mix, cb)
+        # 249 of every 256 exponents are outside any 7-entry codebook
+        assert not h.raw and h.n_escapes >= pats.size * 249 // 256
 
 
-def test_random_bits_raw(cp):
-    _, Codebook, _, _ = _mods()
-    bits = np.random.default_rng(3).integers(0, 1 << 16, 1 << 20, dtype=np.uint16)
-    assert _roundtrip(cp, bits, Codebook.from_sigma(0.02)).raw
+def test_random_bits_take_the_raw_fallback(dev):
+    bits = np.random.default_rng(3).integers(0, 1 << 16, dev.size(3001, 1 << 20), dtype=np.uint16)
+    assert _roundtrip(dev, bits, Codebook.from_sigma(0.02)).raw
 
 
-def test_corrupted_frames(cp):
-    fmt, Codebook, gpu, reference = _mods()
-    from zipccl.kernels import _common as c
+def test_workspace_is_reused_across_calls(dev):
+    ws = gpu.Workspace(8192)
+    cb = Codebook.from_sigma(0.02)
+    for seed in range(3):  # each call must see only its own status words
+        bits = gaussian_bits(4096 + 1000 * seed, seed=seed)
+        buf = dev.full(fmt.max_compressed_size(bits.size), 0, np.uint8)
+        gpu.encode_into(dev.asarray(bits), buf, cb, workspace=ws)
+        frame = dev.to_host(buf)[:ws.last_frame_len()]
+        assert np.array_equal(frame, reference.encode(bits, cb, checksum=False))
+    slots = ws._slots()
+    assert slots[_common.WS_EPOCH] == 3 and slots[_common.WS_TICKET] == 0
 
-    bits = gaussian_bits(100_000, seed=5)
+
+def _expect_rejected(dev: Device, frame: np.ndarray, n: int, bit: int,
+                     says: str = "corrupted|not a zipccl") -> None:
+    """The reference, the device decoder (error bit, no stray write) and decompress all refuse."""
+    with pytest.raises(ValueError):
+        reference.decode(frame)
+    _, err = _decode(dev, frame, n)
+    assert err & bit, f"error bits {err:#x}, expected {bit:#x}"
+    with pytest.raises(ValueError, match=says):
+        gpu.decompress(dev.asarray(frame))
+
+
+def test_corrupted_frames_are_rejected_without_stray_writes(dev):
+    n = dev.size(1000, 100_000)
+    bits = gaussian_bits(n, seed=dev.size(11, 5))
     frame = reference.encode(bits, Codebook.from_sigma(0.02))
-    lay = fmt.Layout.for_count(bits.size)
-    cases = [(0, c.ERR_HEADER), (60, c.ERR_HEADER_CRC), (lay.plane_offset(2) + 77, c.ERR_CHECKSUM),
-             (lay.escapes_offset + 9, c.ERR_CHECKSUM), (lay.sm_offset + 1234, c.ERR_CHECKSUM)]
-    for pos, bit in cases:
+    h = fmt.parse_header(frame)
+    assert not h.raw and h.n_escapes > 9
+    lay = fmt.Layout.for_count(n)
+    c = _common
+    cases = [(0, 0x01, c.ERR_HEADER), (0, 0x04, c.ERR_HEADER),  # magic
+             (60, 0x01, c.ERR_HEADER_CRC), (60, 0x04, c.ERR_HEADER_CRC),  # a shape byte: only the CRC
+             (lay.plane_offset(1) + 5, 0x10, c.ERR_CHECKSUM),  # one code bit
+             (lay.plane_offset(2) + 77, 0x04, c.ERR_CHECKSUM),
+             (lay.escapes_offset + 3, 0x01, c.ERR_CHECKSUM),  # one escaped exponent
+             (lay.escapes_offset + 9, 0x04, c.ERR_CHECKSUM),
+             (lay.sm_offset + 1234 % n, 0x04, c.ERR_CHECKSUM)]  # a sign-mantissa byte
+    for pos, mask, bit in cases:
         f = frame.copy()
-        f[pos] ^= 0x04
-        with pytest.raises(ValueError):
-            reference.decode(f)
-        _, err = _gpu_decode(cp, f, bits.size)
-        assert err & bit, (pos, err)
-        with pytest.raises(ValueError, match="corrupted|not a zipccl"):
-            gpu.decompress(cp.asarray(f))
+        f[pos] ^= mask
+        _expect_rejected(dev, f, n, bit)
     f = frame.copy()
-    f[lay.counts_offset + 4:lay.counts_offset + 8] = 255  # an impossible count
-    _, err = _gpu_decode(cp, f, bits.size)
-    assert err & c.ERR_COUNTS
-    _, err = _gpu_decode(cp, frame[:-1], bits.size)  # truncated
+    f[lay.counts_offset] = 200  # block 0 claims 200 escapes
+    _expect_rejected(dev, f, n, c.ERR_COUNTS)
+    f = frame.copy()
+    second = lay.counts_offset + 4 * min(1, lay.n_blocks - 1)
+    f[second:second + 4] = 255  # an impossible count
+    _expect_rejected(dev, f, n, c.ERR_COUNTS)
+    _expect_rejected(dev, frame[:-1].copy(), n, c.ERR_HEADER, says="truncated")
+    _, err = _decode(dev, frame, n + 1)  # output of the wrong size
     assert err & c.ERR_HEADER
-    with pytest.raises(ValueError, match="truncated"):
-        gpu.decompress(cp.asarray(frame[:-1]))
 
 
+def test_checksum_free_frame_with_bad_counts(dev):
+    """Without a checksum the escape counts still catch a flipped code bit."""
+    n = 1000
+    bits = gaussian_bits(n, seed=11)
+    frame = reference.encode(bits, Codebook.from_sigma(0.02), checksum=False)
+    lay = fmt.Layout.for_count(n)
+    planes = [reference.unpack_plane(frame[lay.plane_offset(k):lay.plane_offset(k) + 4 *
+                                     lay.plane_words].copy().view("<u4"), n) for k in range(3)]
+    assert all(p.size == n for p in planes)
+    # find an escape (code 0) and give it code 1: its block count no longer matches
+    i = int(np.flatnonzero((planes[0] | planes[1] | planes[2]) == 0)[0])
+    f = frame.copy()
+    f[lay.plane_offset(0) + i // 8] |= 1 << (i % 8)
+    with pytest.raises(ValueError):
+        reference.decode(f)
+    _, err = _decode(dev, f, n)
+    assert err & _common.ERR_COUNTS, f"error bits {err:#x}"
+
+
+def test_compress_and_decompress(dev):
+    rows = dev.size(50, 7)
+    bits = gaussian_bits(rows * dev.size(100, 17_637), seed=dev.size(2, 9))
+    x = dev.asarray(bits).reshape(rows, -1)
+    frame = gpu.compress(x, dtype="bfloat16")
+    ref = reference.encode(bits, Codebook.from_sample(bits), tuple(x.shape))
+    assert np.array_equal(dev.to_host(frame), ref)
+    y = gpu.decompress(frame)
+    assert tuple(y.shape) == tuple(x.shape)
+    assert np.array_equal(dev.to_host(y).reshape(-1), bits)
+    bad = dev.to_host(frame)
+    bad[fmt.Layout.for_count(bits.size).escapes_offset] ^= 4
+    with pytest.raises(ValueError, match="checksum"):
+        gpu.decompress(dev.asarray(bad))
+    with pytest.raises(ValueError, match="magic"):
+        gpu.decompress(dev.asarray(np.zeros(256, np.uint8)))
+
+
+def test_sigma_and_histogram_on_the_device(dev):
+    bits = gaussian_bits(dev.size(20000, 3_000_017), sigma=dev.size(0.013, 0.007), seed=dev.size(4, 2))
+    assert gpu.estimate_sigma(dev.asarray(bits)) == pytest.approx(estimate_sigma(bits), rel=1e-12)
+    assert gpu.sample_codebook(dev.asarray(bits)) == Codebook.from_sample(bits)
+    c = edge_corpus()
+    assert gpu.estimate_sigma(dev.asarray(c)) == pytest.approx(estimate_sigma(c), rel=1e-12)
+    assert gpu.histogram_codebook(dev.asarray(c)) == Codebook.from_histogram(c, dtype="bfloat16")
+    half_zero = gaussian_bits(dev.size(30000, 200_000), seed=9)
+    half_zero[1::2] = 0  # not Gaussian: from_sample falls back to the sample's top-7
+    assert gpu.sample_codebook(dev.asarray(half_zero)) == Codebook.from_sample(half_zero)
+
+
+def test_default_codebook_is_chosen_on_the_device_as_on_the_host(dev):
+    rng = np.random.default_rng(11)
+    if dev.simulated:
+        gaussians = [gaussian_bits(20000, sigma=0.013, seed=4)]
+    else:  # sigmas over 40 octaves
+        gaussians = [gaussian_bits(1_000_003, sigma=s, seed=i)
+                     for i, s in enumerate(np.exp2(rng.uniform(-30, 10, 24)))]
+    g = gaussians[0]
+    half_zero = gaussian_bits(dev.size(9000, 200_000), seed=9)
+    half_zero[1::2] = 0  # the sample's top-7 replaces the sigma window
+    nan_only = np.full(dev.size(300, 999), 0x7FC0, np.uint16)  # no finite value: sigma 0, window at 0
+    heavy = (g.astype(np.uint32) + (np.arange(g.size) % 5 == 0) * (40 << 7)).astype(np.uint16)
+    random_bits = rng.integers(0, 1 << 16, dev.size(3001, 70_001), dtype=np.uint16)
+    for bits in [*gaussians, half_zero, nan_only, heavy, edge_corpus(), random_bits,
+                 gaussian_bits(7, seed=1), np.zeros(0, np.uint16)]:
+        x = dev.asarray(bits)
+        ws = gpu.Workspace(max(bits.size, 1))
+        gpu._choose_on_device(x, bits.size, ws, None)
+        cb = int(ws._slots()[_common.WS_CODEBOOK])
+        got = tuple((cb >> (8 * i)) & 0xFF for i in range(7))
+        assert got == Codebook.from_sample(bits).exponents, bits[:8]
+        if not dev.simulated:  # (a simulated compress takes seconds; one follows the loop)
+            frame = gpu.compress(x, dtype="bfloat16")
+            assert np.array_equal(dev.to_host(frame),
+                                  reference.encode(bits, Codebook.from_sample(bits)))
+    frame = gpu.compress(dev.asarray(half_zero), dtype="bfloat16", checksum=False)
+    assert np.array_equal(dev.to_host(frame),
+                          reference.encode(half_zero, Codebook.from_sample(half_zero), None, False))
+
+
+def test_misaligned_buffers_and_untyped_values_are_refused(dev):
+    bits = gaussian_bits(1000, seed=9)
+    frame = dev.full(fmt.max_compressed_size(bits.size), 0, np.uint8)
+    with pytest.raises(ValueError, match="aligned"):
+        gpu.encode_into(dev.asarray(bits)[1:], frame, Codebook.from_sigma(0.02))
+    with pytest.raises(TypeError):
+        gpu.compress(dev.asarray(bits))  # uint16 without dtype="bfloat16"
+
+
+# ---------------------------------------------------------------- host-only tables
+
+
+def test_header_crc_table_reproduces_zlib():
+    import zlib
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        msg = rng.integers(0, 256, 124, dtype=np.uint8)
+        bits = np.unpackbits(msg, bitorder="little").astype(bool)
+        crc = _common.CRC_ZERO
+        for t in _common.CRC_TABLE[bits]:
+            crc ^= int(t)
+        assert crc == zlib.crc32(msg.tobytes())
+
+
+# ---------------------------------------------------------------- a real GPU only
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return _cupy_with_a_device()
+
+
+@pytest.mark.gpu
 def test_one_gib(cp):
-    fmt, Codebook, gpu, _ = _mods()
     from zipccl.codec import cpu
 
     n = 1 << 29  # 1 GiB of BF16
@@ -153,9 +359,9 @@ def test_one_gib(cp):
     assert int(cp.count_nonzero(out != bits)) == 0
 
 
+@pytest.mark.gpu
 def test_graph_replay_with_new_data(cp):
     """The no-sync entry points inside a CUDA graph: the workspace state lives on the device."""
-    fmt, Codebook, gpu, reference = _mods()
     n = 300_001
     cb = Codebook.from_sigma(0.02)
     src = cp.zeros(n, cp.uint16)
@@ -182,9 +388,10 @@ def test_graph_replay_with_new_data(cp):
             assert np.array_equal(cp.asnumpy(out), bits) and ws.last_error(s) == 0
 
 
-def test_convenience_api_cupy_torch_numba(cp):
+@pytest.mark.gpu
+def test_top_level_api_on_cupy_torch_numba(cp):
     import zipccl
-    fmt, Codebook, gpu, reference = _mods()
+
     bits = gaussian_bits(7 * 17_637, seed=9)
     x = cp.asarray(bits).reshape(7, -1)
     frame = zipccl.compress(x, dtype="bfloat16")
@@ -194,9 +401,6 @@ def test_convenience_api_cupy_torch_numba(cp):
     assert isinstance(y, cp.ndarray) and np.array_equal(cp.asnumpy(y).reshape(-1), bits)
     with pytest.raises(TypeError):
         zipccl.compress(x)  # uint16 without dtype="bfloat16"
-    with pytest.raises(ValueError, match="aligned"):
-        gpu.encode_into(cp.asarray(bits)[1:], cp.zeros(fmt.max_compressed_size(bits.size), cp.uint8),
-                        Codebook.from_sigma(0.02))
     torch = pytest.importorskip("torch")
     t = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).cuda()
     ft = zipccl.compress(t)
@@ -208,35 +412,3 @@ def test_convenience_api_cupy_torch_numba(cp):
     xn = cuda.to_device(bits)
     fn = gpu.compress(xn, sigma=0.02, dtype="bfloat16")
     assert np.array_equal(fn.copy_to_host(), reference.encode(bits, Codebook.from_sigma(0.02)))
-
-
-def test_device_statistics_match_host(cp):
-    _, Codebook, gpu, _ = _mods()
-    from zipccl.codebook import estimate_sigma
-
-    bits = gaussian_bits(3_000_017, sigma=0.007, seed=2)
-    assert gpu.estimate_sigma(cp.asarray(bits)) == pytest.approx(estimate_sigma(bits), rel=1e-12)
-    assert gpu.sample_codebook(cp.asarray(bits)) == Codebook.from_sample(bits)
-    c = edge_corpus()
-    assert gpu.histogram_codebook(cp.asarray(c)) == Codebook.from_histogram(c, dtype="bfloat16")
-
-
-def test_default_codebook_chosen_on_the_device_equals_the_hosts(cp):
-    _, Codebook, gpu, reference = _mods()
-    from zipccl.kernels._common import WS_CODEBOOK
-
-    rng = np.random.default_rng(11)
-    cases = [gaussian_bits(1_000_003, sigma=s, seed=i) for i, s in
-             enumerate(np.exp2(rng.uniform(-30, 10, 24)))]
-    half_zero = gaussian_bits(200_000, seed=9)
-    half_zero[1::2] = 0
-    cases += [half_zero, edge_corpus(), np.full(999, 0x7FC0, np.uint16), rng.integers(0, 1 << 16, 70_001,
-                                                                                      dtype=np.uint16)]
-    for bits in cases:
-        x = cp.asarray(bits)
-        ws = gpu.Workspace(bits.size)
-        gpu._choose_on_device(x, bits.size, ws, None)
-        cb = int(ws._slots()[WS_CODEBOOK])
-        assert tuple((cb >> (8 * i)) & 0xFF for i in range(7)) == Codebook.from_sample(bits).exponents
-        frame = gpu.compress(x, dtype="bfloat16")
-        assert np.array_equal(cp.asnumpy(frame), reference.encode(bits, Codebook.from_sample(bits)))

@@ -12,8 +12,9 @@ negative index would silently wrap around in NumPy, so this module also makes th
 simulator's in-kernel arrays reject negative indices. The frames here are built so
 that every check the decoder relies on is exercised with the payload it guards
 being garbage, and every frame buffer is exactly as long as the frame claims (or
-shorter), so any read past it is caught. Like ``test_kernels_sim.py`` it re-runs
-itself in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``.
+shorter), so any read past it is caught. Like the simulator half of
+``test_gpu_codec.py`` it re-runs itself in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``
+(``conftest.run_under_simulator``).
 
 The other way a device collective reads garbage is a race between its streams (a
 decode before the transfer that fills its buffer has finished, a buffer zeroed or
@@ -24,22 +25,17 @@ hand-off checked for happens-before (see that file).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import gaussian_bits
-
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-sim = pytest.mark.skipif(not SIM, reason="runs in the simulator subprocess (test_under_simulator)")
+from conftest import SIMULATOR, gaussian_bits, run_under_simulator, simulator_only
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(SIM, reason="runs outside the simulator")
+@pytest.mark.skipif(SIMULATOR, reason="runs outside the simulator")
 def test_stream_order():
     """Every cross-stream buffer hand-off of the device collectives is ordered by an event or
     a host wait (pipelined and two-phase, growing messages, no host sync between calls)."""
@@ -51,18 +47,11 @@ def test_stream_order():
     assert "no race on 2 ranks" in r.stdout and "negative control caught" in r.stdout
 
 
-@pytest.mark.skipif(SIM, reason="already under the simulator")
 def test_under_simulator():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-W", "ignore::RuntimeWarning", str(Path(__file__).resolve())],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout and "skipped" in r.stdout  # the wrapper itself is skipped there
+    run_under_simulator(__file__, timeout=600)
 
 
-if SIM:
+if SIMULATOR:
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
     from numba.cuda.simulator.cudadrv import devicearray as _sim_arrays
 
@@ -127,7 +116,7 @@ def _rejected(frame: np.ndarray, n: int) -> int:
     return err
 
 
-@sim
+@simulator_only
 def test_valid_header_over_garbage_payloads():
     """Header fields all consistent (so every block decodes), payload random: counts, code
     planes and escapes disagree in every way; with and without the payload checksum."""
@@ -140,7 +129,7 @@ def test_valid_header_over_garbage_payloads():
         assert err & (_common.ERR_COUNTS | _common.ERR_TOTAL | _common.ERR_CHECKSUM)
 
 
-@sim
+@simulator_only
 def test_corrupted_real_frame_regions():
     """A real frame with one section overwritten: counts at their maximum, every code an
     escape (each escape read lands past the escape section), escape bytes random."""
@@ -155,7 +144,7 @@ def test_corrupted_real_frame_regions():
     assert _rejected(f, N) & (_common.ERR_ESCAPE_RANGE | _common.ERR_COUNTS)
 
 
-@sim
+@simulator_only
 def test_frames_that_lie_about_their_length():
     """A header whose lengths do not fit the buffer or the layout writes nothing and reads
     nothing past the buffer: truncated transfers, a huge escape count, a RAW flag on a
@@ -179,7 +168,7 @@ def test_frames_that_lie_about_their_length():
     assert _rejected(_garbage(rng, 2 * fmt.HEADER_SIZE), n) & _common.ERR_HEADER
 
 
-@sim
+@simulator_only
 def test_raw_frames_of_garbage():
     """A RAW frame is a copy: without a checksum garbage is (correctly) taken as data, with
     one it is caught; a tail that is not a whole 16-byte group is copied value by value."""
@@ -193,7 +182,7 @@ def test_raw_frames_of_garbage():
         & _common.ERR_CHECKSUM
 
 
-@sim
+@simulator_only
 def test_short_buffers_raise_before_launching():
     out = np.zeros(N, np.uint16)
     with pytest.raises(ValueError, match="shorter than"):
