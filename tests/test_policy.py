@@ -29,6 +29,12 @@ CASES = {
     # the NVLink run with "auto" timed native only; "always" comes from the run a minute before
     "nvlink": ("2026-11-30T04:31:23", ["2026-11-30T04:31:23", "2026-11-30T04:30:21"]),
 }
+# runs calibrated with each time the least of 3 measurements (Profile.best_of = 3: the model
+# is anchored to them); their records predate the profile's best_of field
+STEADY = {
+    "shm-steady": ("2026-11-30T21:23:07", ["2026-11-30T21:23:07"]),
+    "nvlink-steady": ("2026-11-30T21:23:28", ["2026-11-30T21:23:28"]),
+}
 
 
 def _records() -> list[dict]:
@@ -37,12 +43,14 @@ def _records() -> list[dict]:
 
 def _case(name: str) -> tuple[Profile, dict[tuple[str, int], dict[str, float]]]:
     """The calibrated profile of a case and the measured seconds {(op, policy bytes): {path: s}}."""
-    cal_run, runs = CASES[name]
+    cal_run, runs = {**CASES, **STEADY}[name]
     link = name.split("-")[0]
     recs = _records()
     cal = [r for r in recs if r.get("bench") == "collectives_calibration" and r.get("run") == cal_run]
     assert len(cal) == 1, f"calibration record of run {cal_run} not in {RECORDS}"
     prof = Profile.from_json(json.dumps(cal[0]["profile"]))
+    if name in STEADY:
+        prof = dataclasses.replace(prof, best_of=3)
     times: dict[tuple[str, int], dict[str, float]] = {}
     for r in recs:
         if r.get("bench") == "collectives" and r.get("run") in runs and r["link"] == link \
@@ -50,7 +58,7 @@ def _case(name: str) -> tuple[Profile, dict[tuple[str, int], dict[str, float]]]:
             nbytes = r["per_rank_bytes"] * (prof.world if r["op"] == "reduce_scatter" else 1)
             times.setdefault((r["op"], nbytes), {})[r["variant"]] = r["time_s"]
     times = {k: v for k, v in times.items() if len(v) == 2}
-    assert len(times) == 16, f"{name}: expected 4 ops x 4 sizes timed both ways, found {sorted(times)}"
+    assert len(times) >= 16, f"{name}: expected >= 4 ops x 4 sizes timed both ways, found {sorted(times)}"
     return prof, times
 
 
@@ -83,7 +91,7 @@ def _misses(policy: Policy, times: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [*CASES, *STEADY])
 def test_auto_takes_the_faster_path_on_committed_measurements(name):
     prof, times = _case(name)
     assert _misses(Policy("auto", profile=prof), times) == []

@@ -188,6 +188,9 @@ class Prediction:
     chunks: int
     stages: Mapping[str, float]
     native_stages: Mapping[str, float] = field(default_factory=dict)
+    # measured / modelled time at the nearest calibrated size, per path, already applied to
+    # native_s / compressed_s (empty: the model alone). Stage terms stay the model's.
+    anchor: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -209,8 +212,13 @@ class Prediction:
         nat = " + ".join(f"{k} {v * 1e3:.3f}" for k, v in self.native_stages.items())
         st = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in self.stages.items())
         k = f"{self.chunks} round{'s' if self.chunks > 1 else ''}"
+        anchor = ""
+        if self.anchor:
+            anchor = ("; model scaled to the nearest measured size: "
+                      + ", ".join(f"{p} x{f:.2f}" for p, f in self.anchor.items()))
         return (f"native {self.native_s * 1e3:.3f} ms" + (f" ({nat})" if nat else "")
-                + f", compressed {self.compressed_s * 1e3:.3f} ms ({k}; stage totals ms: {st})")
+                + f", compressed {self.compressed_s * 1e3:.3f} ms ({k}; stage totals ms: {st})"
+                + anchor)
 
     def explain(self) -> str:
         """One readable line: both times, the stages of the compressed path, the choice."""

@@ -95,6 +95,7 @@ from .transport import REDUCE_OPS, MPITransport, Transport, cupy_stream, stream_
 
 BACKENDS = ("auto", "nccl", "mpi")
 VERIFY = ("first", "always")
+CALIBRATION_BEST_OF = 3  # each calibration time is the least of this many measurements
 DEFAULT_CHUNK_BYTES = 64 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
 MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
 MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
@@ -662,14 +663,15 @@ class Communicator:
 
         def timed(call) -> float:
             """Seconds per call: the mean of ``repeat`` calls back to back (slowest rank), the
-            least of 3 such measurements after 2 warm-up calls. One measurement alone was seen
-            up to 3.5x off on NVLink at 1 GiB (the native path timed 6.2 ms against 1.8 ms in a
-            steady loop), and that made the model prefer compression where it loses."""
+            least of CALIBRATION_BEST_OF such measurements after 2 warm-up calls. One
+            measurement alone was seen up to 3.5x off on NVLink at 1 GiB (the native path timed
+            6.2 ms against 1.8 ms in a steady loop), and that made the model prefer
+            compression where it loses."""
             best = float("inf")
             call()
             call()
             sync()
-            for _ in range(3):
+            for _ in range(CALIBRATION_BEST_OF):
                 self.comm.Barrier()
                 t0 = MPI.Wtime()
                 for _ in range(repeat):
@@ -735,7 +737,8 @@ class Communicator:
         finally:
             self._force = None
             self.chunk = saved_chunk
-        prof = Profile(key, p, self.chunk, bool(device), native, codec, round_s, fixed_s, measured)
+        prof = Profile(key, p, self.chunk, bool(device), native, codec, round_s, fixed_s, measured,
+                       best_of=CALIBRATION_BEST_OF)
         self.policy = dataclasses.replace(self.policy, profile=prof)
         if path is not None and self.rank == 0:
             with open(path, "w") as f:
