@@ -172,9 +172,9 @@ def test_window_table_is_window_start_at_every_breakpoint_and_at_random_sigma():
 
 
 def test_rms_has_a_fixed_summation_order_close_to_the_mean():
-    from zipccl.codebook import _rms
-
     from conftest import gaussian_bits
+
+    from zipccl.codebook import _rms
 
     bits = gaussian_bits(4096, sigma=0.02, seed=3)
     v = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
