@@ -308,6 +308,9 @@ def main(argv=None) -> None:
     ap.add_argument("--chunk-bytes", type=int, default=0)
     ap.add_argument("--toy", action="store_true", help="a tiny model on the CPU (gloo): a smoke test")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU even if a GPU is present")
+    ap.add_argument("--nondeterministic", action="store_true",
+                    help="allow torch's nondeterministic kernels (by default deterministic algorithms and "
+                         "the math attention backend, so that two runs of one mode give the same bits)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "train_e2e.jsonl"))
     args = ap.parse_args(argv)
@@ -327,6 +330,17 @@ def main(argv=None) -> None:
     cfg = Config(**kw)
 
     use_cuda = torch.cuda.is_available() and not (args.cpu or args.toy)
+    if not args.nondeterministic:
+        # without this, two native runs already differ from step 1 on (seen on 2 x H200: the
+        # attention and embedding backward kernels accumulate with atomics), and no comparison
+        # of losses between modes can mean anything
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        if use_cuda:
+            torch.backends.cuda.enable_flash_sdp(False)
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            torch.backends.cuda.enable_math_sdp(True)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local)
@@ -346,6 +360,7 @@ def main(argv=None) -> None:
             "link": ("shared memory (NCCL_P2P_DISABLE=1)" if os.environ.get("NCCL_P2P_DISABLE") == "1"
                      else "default") if use_cuda else "gloo (CPU)",
             "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
+            "deterministic": not args.nondeterministic,
             "text_bytes": int(data.size), "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
