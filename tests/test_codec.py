@@ -585,3 +585,43 @@ def test_max_compressed_size():
     assert zipccl.max_compressed_size(1 << 20) == fmt.HEADER_SIZE + (2 << 20)
     with pytest.raises(ValueError, match=">= 0"):
         zipccl.max_compressed_size(-1)
+
+
+@pytest.mark.parametrize("n", [1.9, 12.0, "12", True, None])
+def test_max_compressed_size_rejects_counts_that_are_not_integers(n):
+    for f in (zipccl.max_compressed_size, fmt.max_compressed_size):
+        with pytest.raises(TypeError, match="integer"):
+            f(n)
+    assert zipccl.max_compressed_size(np.int64(12)) == zipccl.max_compressed_size(12)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_signalling_nans_round_trip_without_warnings(codec):
+    """sNaN bit patterns (quiet bit clear) are data like any other: exact, and no RuntimeWarning."""
+    import warnings
+
+    snan = [0x7F81, 0xFF81, 0x7FBF, 0xFFBF, 0x7F80, 0xFF80, 0x7FC1]
+    bits = np.array(snan * 700 + [0x3F80, 0x3C00, 0x0001] * 50, dtype=np.uint16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frame = zipccl.compress(bits, dtype="bfloat16", backend=codec.__name__.rsplit(".", 1)[-1])
+        assert same_bits(zipccl.decompress(frame), bits)
+        assert Codebook.from_sample(bits).exponents  # the sigma estimate ignores them quietly
+        assert same_bits(codec.decode(codec.encode(bits, SIGMA_CB, bits.shape, True))[0], bits)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_decompress_reads_strided_frames(frames, backend):
+    """A frame held in a strided buffer (every other byte) decodes to the same tensor."""
+    frame = frames["compressed"]
+    expect = reference.decode(frame)[0]
+    spread = np.repeat(frame, 2)
+    for buf in (spread[::2], memoryview(spread)[::2], memoryview(spread.tobytes())[::2]):
+        assert same_bits(zipccl.decompress(buf, backend=backend), expect)
+
+
+@pytest.mark.parametrize("data", [b"\x80?\x00@", bytearray(4), "ab"])
+def test_compress_of_bytes_says_what_it_got_and_what_to_do(data):
+    with pytest.raises(TypeError, match=f"got {type(data).__name__} of length") as e:
+        zipccl.compress(data)
+    assert "np.frombuffer" in str(e.value) and "|S" not in str(e.value)

@@ -41,6 +41,22 @@ def _frame_out(out) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
+def _host_frame(frame):
+    """A host frame as the decoders read it: its bytes in order, in one contiguous run.
+
+    A strided uint8 array or a strided ``memoryview`` is copied into one (the
+    decoders view their argument's memory as a flat byte string, which a strided
+    buffer is not); bytes, bytearray and contiguous buffers pass unchanged.
+    """
+    if isinstance(frame, np.ndarray):
+        if frame.dtype != np.uint8:
+            raise TypeError(f"a zipccl frame is a uint8 buffer, got dtype {frame.dtype}")
+        return frame if frame.flags.c_contiguous else np.ascontiguousarray(frame).reshape(-1)
+    if isinstance(frame, memoryview) and not frame.c_contiguous:
+        return np.ascontiguousarray(np.asarray(frame)).reshape(-1).view(np.uint8)
+    return frame
+
+
 def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | None) -> Codebook:
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
@@ -103,9 +119,7 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     if is_device_array(frame):
         from .codec import gpu
         return gpu.decompress(frame, out=out, stream=stream)
-    if isinstance(frame, np.ndarray) and frame.dtype != np.uint8:
-        raise TypeError(f"a zipccl frame is a uint8 buffer, got dtype {frame.dtype}")
-    bits, header = _host_codec(backend).decode(frame)
+    bits, header = _host_codec(backend).decode(_host_frame(frame))
     if out is None:
         return as_bf16(bits)
     dst = host_out_bits(out, dtype="bfloat16" if getattr(out, "dtype", None) == np.uint16 else None)
@@ -119,10 +133,10 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
 def max_compressed_size(n: int) -> int:
     """Worst-case frame size in bytes for ``n`` BF16 values (header + raw data).
 
+    Raises TypeError for a count that is not an integer (``1.9``, ``"12"``) and
+    ValueError for a negative one.
+
     >>> max_compressed_size(1 << 20)
     2097280
     """
-    n = int(n)
-    if n < 0:
-        raise ValueError(f"element count must be >= 0, got {n}")
     return fmt.max_compressed_size(n)

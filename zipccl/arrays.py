@@ -80,8 +80,14 @@ def host_bits(x, *, dtype: str | None = None) -> np.ndarray:
         return _torch_bits(x.detach().contiguous(), torch)
     if is_device_array(x):
         raise TypeError("host_bits needs a host array; this one lives on a CUDA device")
+    if isinstance(x, (bytes, bytearray, str)):
+        # NumPy reads these as one string scalar (dtype |S4): say what the caller has.
+        raise TypeError(f"zipccl compresses BF16 tensors; got {type(x).__name__} of length "
+                        f"{len(x)}. To compress raw BF16 bit patterns pass "
+                        f"np.frombuffer(data, np.uint16) with dtype=\"bfloat16\"; to read a "
+                        f"frame use zipccl.decompress")
     arr = np.asarray(x)
-    _check_bf16(arr.dtype, dtype, "NumPy array")
+    _check_bf16(arr.dtype, dtype, "NumPy array" if isinstance(x, np.ndarray) else type(x).__name__)
     # ascontiguousarray promotes 0-d arrays to 1-d; keep the caller's shape.
     return np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)
 

@@ -255,12 +255,16 @@ def _rms(sample: np.ndarray) -> float:
     values j, j + 256, j + 512, ... in turn, then partials h..2h-1 are added
     to 0..h-1 for h = 128, 64, ..., 1. Non-finite values add 0.0 and are not counted.
     """
-    v = bf16_bits_to_float(sample).astype(np.float64)
-    finite = np.isfinite(v)
+    bits = np.asarray(sample, dtype=np.uint16)
+    # Finite means an exponent below 0xFF; decided on the bits, and the non-finite
+    # patterns become +0 before the cast, because casting a signalling NaN to
+    # float64 raises "invalid value" (a warning about data the codec keeps exactly).
+    finite = (bits & 0x7F80) != 0x7F80
     count = int(np.count_nonzero(finite))
     if count == 0:
         return 0.0
-    sq = np.where(finite, v * v, 0.0)
+    v = bf16_bits_to_float(np.where(finite, bits, 0)).astype(np.float64)
+    sq = v * v
     rows = np.zeros(-(-sq.size // RMS_LANES) * RMS_LANES)
     rows[:sq.size] = sq
     acc = np.zeros(RMS_LANES)

@@ -25,6 +25,7 @@ than ``max_compressed_size(n) = HEADER_SIZE + 2n``.
 
 from __future__ import annotations
 
+import operator
 import struct
 import zlib
 from dataclasses import dataclass
@@ -137,10 +138,15 @@ class Layout:
 def max_compressed_size(n: int) -> int:
     """Largest frame that compressing ``n`` BF16 values can produce, in bytes.
 
+    ``n`` is an integer (a Python or NumPy int): a float such as 1.9 or a string such
+    as "12" raises TypeError instead of being rounded or parsed, a negative count ValueError.
+
     >>> max_compressed_size(1000)
     2128
     """
-    return Layout.for_count(int(n)).raw_size
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise TypeError(f"element count must be an integer, got {type(n).__name__} {n!r}")
+    return Layout.for_count(operator.index(n)).raw_size
 
 
 def static_size(n: int) -> int:
