@@ -31,13 +31,21 @@ Two levels:
     cached per (device, stream), grown on demand (growing allocates).
 
 ``compress`` / ``decompress`` (what ``zipccl.compress`` / ``zipccl.decompress``
-call for device arrays) add conveniences that synchronise: ``compress`` reads
-the 8-byte frame length back to return an exact-length view of the frame (and,
-without ``codebook=`` or ``sigma=``, the 8 KiB strided sample for
-``Codebook.from_sample``: one more small read); ``decompress`` parses and
-validates the 128-byte header on the host (one read) to size the output, then
-reads the error bits after decoding so a corrupted frame raises ValueError.
+call for device arrays) add conveniences that synchronise: ``compress`` chooses
+the default codebook on the device (``kernels/stats.choose_codebook``: the host's
+``Codebook.from_sample`` of the same sample, bit for bit) and reads the 8-byte
+frame length back to return an exact-length view of the frame: one
+synchronisation; ``decompress`` parses and validates the 128-byte header on the
+host (one read, skipped when ``out=`` is given) to size the output, then reads
+the error bits after decoding so a corrupted frame raises ValueError.
 Collectives use the ``*_into`` functions.
+
+Launching: on a GPU every kernel is launched from a *plan* (``kernels/launch.py``:
+compiled once per signature and device, parameters packed once, one
+``cuLaunchKernel`` each), cached by sizes, workspace, codebook and flags and
+pointed at each call's buffers; a steady-state ``encode_into`` costs about 12 µs
+of host time on an H200 machine. Under Numba's CUDA simulator the same kernels
+are called through Numba's dispatcher (``_*_numba``).
 """
 
 from __future__ import annotations
