@@ -2,8 +2,8 @@
 
 ``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
 holds the algorithms (two-phase frame exchange, the stated BF16 reduction),
-``policy`` decides compressed or native per call, ``communicator`` is the
-user-facing class. Importing this package does not import mpi4py's MPI module
+``policy`` decides compressed or native per call, ``calibrate`` measures the
+profile it follows, ``communicator`` is the user-facing class. Importing this package does not import mpi4py's MPI module
 or touch a GPU.
 """
 
