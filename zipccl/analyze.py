@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
     p.add_argument("files", nargs="*", type=Path,
                    help=".safetensors/.npy/.npz/.pt files (default: the bundled real checkpoint)")
     p.add_argument("--json", action="store_true", help="one JSON object per tensor, then the total")
-    p.add_argument("--summary", action="store_true", help="print only the total line")
+    p.add_argument("--summary", action="store_true",
+                   help="leave out the per-tensor table (the checkpoint, skipped and total lines remain)")
     p.add_argument("--backend", choices=("auto", "cpu", "reference"), default="auto")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
