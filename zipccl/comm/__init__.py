@@ -3,8 +3,9 @@
 ``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
 holds the algorithms (two-phase frame exchange, the stated BF16 reduction),
 ``policy`` decides compressed or native per call, ``calibrate`` measures the
-profile it follows, ``communicator`` is the user-facing class. Importing this package does not import mpi4py's MPI module
-or touch a GPU.
+profile it follows, ``engine`` declares what the algorithms ask of host and
+device memory, ``communicator`` is the user-facing class. Importing this
+package does not import mpi4py's MPI module or touch a GPU.
 """
 
 from .collectives import CollectiveError

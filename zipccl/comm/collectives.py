@@ -29,8 +29,9 @@ reductions is the same exchange uncompressed followed by the same reduction:
 compressed and native agree bit for bit there. NCCL's native BF16 reduction is
 NCCL's own (its order and rounding).
 
-The data lives in an *engine*: ``HostEngine`` (NumPy + the CPU codec) or a
-device engine (CuPy + the GPU codec); the algorithms do not care which. Small
+The data lives in an *engine* (``engine.Engine``, which also states each
+method's stream order): ``HostEngine`` (NumPy + the CPU codec) or a device
+engine (CuPy + the GPU codec); the algorithms do not care which. Small
 host exchanges (frame lengths, flags) go through the transport
 (``Transport.exchange_lengths``), never through MPI directly.
 
@@ -56,6 +57,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import Codebook
+from .engine import Engine
 
 CANONICAL_NAN = 0x7FC0
 REDUCE_CHUNK = 1 << 20  # elements per pass of the host reduction (bounds temporaries)
@@ -274,7 +276,7 @@ class ExchangeStats:
         self.raw_bytes += other.raw_bytes
 
 
-def compressed_exchange(eng, tr, agree: Agree, send: np.ndarray,
+def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
                         sends: Sequence[tuple[int, int]], recv: np.ndarray,
                         recvs: Sequence[tuple[int, int]], *, shared: bool = False,
                         stream=None, codebook: Codebook | None = None,
@@ -405,7 +407,7 @@ def _piece(count: int, chunk: int, k: int) -> tuple[int, int]:
     return lo, max(0, min(chunk, count - lo))
 
 
-def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int]], recv,
+def chunked_exchange(eng: Engine, tr, agree: Agree, send, sends: Sequence[tuple[int, int]], recv,
                      recvs: Sequence[tuple[int, int]], *, chunk: int, max_count: int,
                      shared: bool = False, stream=None, codebook: Codebook | None = None,
                      on_chunk: Callable[[int, int], None] | None = None,
@@ -548,7 +550,7 @@ def chunked_exchange(eng, tr, agree: Agree, send, sends: Sequence[tuple[int, int
     return stats
 
 
-def _controlled(eng, control: Control, ints: Sequence[int]) -> np.ndarray:
+def _controlled(eng: Engine, control: Control, ints: Sequence[int]) -> np.ndarray:
     """``control(ints)`` inside a pipelined exchange: on failure the pipeline is closed first."""
     try:
         return control(ints)
@@ -598,7 +600,7 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
 # The collectives on BF16 bit arrays (1-D uint16, engine's kind)
 # --------------------------------------------------------------------------------------------
 
-def _exchange(eng, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
+def _exchange(eng: Engine, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
               shared: bool = False, stream=None, on_chunk=None,
               control: Control | None = None) -> ExchangeStats:
     """The pipelined exchange for ``chunk`` > 0 elements, the two-phase one for ``chunk`` = 0."""
@@ -613,7 +615,7 @@ def _exchange(eng, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count
     return stats
 
 
-def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
+def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                     compress: bool, stream=None, chunk: int = 0,
                     control: Control | None = None) -> ExchangeStats:
     """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j.
@@ -638,7 +640,7 @@ def all_gather_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
     return ExchangeStats(raw, raw)
 
 
-def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int],
+def all_to_all_bf16(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
                     max_count: int | None = None, control: Control | None = None) -> ExchangeStats:
     """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
@@ -662,7 +664,7 @@ def all_to_all_bf16(eng, tr, agree: Agree, send, recv, send_counts: Sequence[int
     return ExchangeStats(raw, raw)
 
 
-def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int], *,
+def reduce_scatter_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                         compress: bool, stream=None, chunk: int = 0,
                         control: Control | None = None) -> ExchangeStats:
     """recv = reduce_sum_bf16 over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
@@ -689,7 +691,7 @@ def reduce_scatter_bf16(eng, tr, agree: Agree, send, recv, counts: Sequence[int]
     return ExchangeStats(raw, raw)
 
 
-def all_reduce_bf16(eng, tr, agree: Agree, buf, *, compress: bool, stream=None,
+def all_reduce_bf16(eng: Engine, tr, agree: Agree, buf, *, compress: bool, stream=None,
                     chunk: int = 0, control: Control | None = None) -> ExchangeStats:
     """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards.
 

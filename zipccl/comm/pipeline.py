@@ -1,9 +1,8 @@
 """Device-side machinery of the collectives: CuPy buffers, the GPU codec, the stream.
 
-``DeviceEngine`` is the device counterpart of ``collectives.HostEngine``: the
-collective algorithms call the same methods (``workspace``, ``encode``,
-``read_header``, ``decode``, ``reduce_sum``, ``copy``, ``sync``) and never learn
-where the data lives. All device work is enqueued on the caller's CUDA stream;
+``DeviceEngine`` is the device counterpart of ``collectives.HostEngine``: both
+implement ``engine.Engine``, the methods the collective algorithms call, so the
+algorithms never learn where the data lives. All device work is enqueued on the caller's CUDA stream;
 the only host synchronisations are the ones the two-phase exchange needs (frame
 lengths are read from headers before the escape phase).
 
