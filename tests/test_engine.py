@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import zipccl
-from zipccl.comm.collectives import HostEngine
 from zipccl.comm.engine import Engine
+from zipccl.comm.host import HostEngine
 from zipccl.comm.pipeline import DeviceEngine
 
 ENGINES = [HostEngine, DeviceEngine]

@@ -2,10 +2,11 @@
 
 ``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
 holds the algorithms (two-phase frame exchange, the stated BF16 reduction),
-``policy`` decides compressed or native per call, ``calibrate`` measures the
-profile it follows, ``engine`` declares what the algorithms ask of host and
-device memory, ``communicator`` is the user-facing class. Importing this
-package does not import mpi4py's MPI module or touch a GPU.
+``engine`` declares what the algorithms ask of the memory the data lives in,
+``host`` and ``pipeline`` implement it for host and device arrays, ``policy``
+decides compressed or native per call, ``calibrate`` measures the profile it
+follows, ``communicator`` is the user-facing class. Importing this package does
+not import mpi4py's MPI module or touch a GPU.
 """
 
 from .collectives import CollectiveError

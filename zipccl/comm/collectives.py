@@ -30,8 +30,9 @@ compressed and native agree bit for bit there. NCCL's native BF16 reduction is
 NCCL's own (its order and rounding).
 
 The data lives in an *engine* (``engine.Engine``, which also states each
-method's stream order): ``HostEngine`` (NumPy + the CPU codec) or a device
-engine (CuPy + the GPU codec); the algorithms do not care which. Small
+method's stream order): ``host.HostEngine`` (NumPy + the CPU codec) or
+``pipeline.DeviceEngine`` (CuPy + the GPU codec); the algorithms do not care
+which. This module holds the algorithms only. Small
 host exchanges (frame lengths, flags) go through the transport
 (``Transport.exchange_lengths``), never through MPI directly.
 
@@ -138,126 +139,6 @@ def reduce_sum_bf16(stack: np.ndarray, out: np.ndarray) -> None:
             for r in range(1, p):
                 acc += bf16_bits_to_f32(stack[r, s:e])
             out[s:e] = f32_to_bf16_bits(acc)
-
-
-# --------------------------------------------------------------------------------------------
-# Engines: where the data lives and which codec runs on it
-# --------------------------------------------------------------------------------------------
-
-class HostEngine:
-    """NumPy buffers and the CPU codec (``zipccl.codec.cpu``)."""
-
-    device = False
-
-    def __init__(self, checksum: bool = False):
-        from ..codec import cpu
-
-        self.codec = cpu
-        self.checksum = bool(checksum)
-        self._work: dict[str, np.ndarray] = {}
-
-    def workspace(self, role: str, nbytes: int) -> np.ndarray:
-        """A reusable uint8 scratch buffer of ``nbytes`` (grown, never shrunk)."""
-        buf = self._work.get(role)
-        if buf is None or buf.size < nbytes:
-            buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
-            self._work[role] = buf
-        return buf[:nbytes]
-
-    def bits_workspace(self, role: str, n: int) -> np.ndarray:
-        return self.workspace(role, 2 * n).view(np.uint16)
-
-    def codebook(self, bits: np.ndarray, fresh: bool = False) -> Codebook:
-        return Codebook.from_sample(bits)
-
-    def elapsed(self, call, repeat: int) -> float:
-        """Seconds per call of ``call`` (after one untimed call), ``repeat`` calls in a row."""
-        import time
-
-        call()
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            call()
-        return (time.perf_counter() - t0) / repeat
-
-    def encode(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook) -> int:
-        """Encode ``bits`` into the start of ``out``; returns the frame length."""
-        frame = self.codec.encode(bits, codebook, (bits.size,), self.checksum)
-        out[:frame.size] = frame
-        return int(frame.size)
-
-    def read_headers(self, items) -> list:
-        """Parse the frame header at each (buffer, offset, capacity); a str for an invalid one."""
-        out = []
-        for buf, offset, capacity in items:
-            try:
-                out.append(fmt.parse_header(buf[offset:offset + capacity]))
-            except ValueError as e:
-                out.append(str(e))
-        return out
-
-    def decode(self, frame: np.ndarray, out: np.ndarray, slot: int = 0) -> None:
-        """Decode one frame into ``out`` (uint16, exactly the frame's element count)."""
-        bits, header = self.codec.decode(frame)
-        if bits.size != out.size:
-            raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
-        out[:] = bits.reshape(-1)
-
-    def decode_errors(self) -> str | None:
-        """Errors of decodes that report late (device); host decodes raise at once."""
-        return None
-
-    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        dst[...] = src
-
-    def reduce_sum(self, stack: np.ndarray, out: np.ndarray) -> None:
-        reduce_sum_bf16(stack, out)
-
-    def reduce_cols(self, stage: np.ndarray, p: int, m: int, lo: int, hi: int,
-                    out: np.ndarray) -> None:
-        """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m)."""
-        reduce_sum_bf16(stage.reshape(p, m)[:, lo:hi], out[lo:hi])
-
-    def set_stream(self, stream) -> None:
-        pass
-
-    def sync(self) -> None:
-        pass
-
-    # -- hooks of ``chunked_exchange``: on the host everything happens at once, in order ------
-    def pipeline_begin(self, rounds: int, p: int) -> None:
-        """Start an exchange of ``rounds`` rounds with ``p`` frame slots each."""
-        self._lens = np.zeros(rounds * p, dtype=np.int64)
-
-    def encode_frame(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook, idx: int) -> None:
-        """Encode into the start of ``out``; its length becomes ``frame_lengths()[idx]``."""
-        self._lens[idx] = self.encode(bits, out, codebook)
-
-    def encoded(self, k: int) -> None:
-        """Round ``k``'s frames are all enqueued."""
-
-    def frame_lengths(self, k: int) -> np.ndarray:
-        """Lengths of the frames encoded so far (round ``k``'s included), by slot index."""
-        return self._lens
-
-    def transfer_stream(self, k: int):
-        """The stream round ``k``'s transfer goes on (host: none)."""
-        return None
-
-    def received(self, k: int) -> None:
-        """Round ``k``'s transfer is enqueued."""
-
-    def decode_frame(self, frame: np.ndarray, out: np.ndarray, k: int) -> str | None:
-        """Decode one frame of round ``k`` into ``out``; returns the error, if any, in words."""
-        try:
-            self.decode(frame, out)
-        except ValueError as e:
-            return str(e)
-        return None
-
-    def pipeline_end(self) -> str | None:
-        """Wait for the exchange; the first decode error that reports late (device), if any."""
-        return None
 
 
 # --------------------------------------------------------------------------------------------

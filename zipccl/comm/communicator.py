@@ -83,13 +83,13 @@ from ..arrays import BF16
 from .collectives import (
     CollectiveError,
     ExchangeStats,
-    HostEngine,
     all_gather_bf16,
     all_reduce_bf16,
     all_to_all_bf16,
     offsets,
     reduce_scatter_bf16,
 )
+from .host import HostEngine
 from .policy import OPS, Decision, Policy, Profile
 from .transport import REDUCE_OPS, MPITransport, Transport, stream_ptr
 

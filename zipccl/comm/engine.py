@@ -3,7 +3,7 @@
 The algorithms in ``collectives`` (and ``Communicator``, ``calibrate`` and the torch
 layer around them) never learn whether the data is a NumPy array coded by the CPU
 codec or a CuPy array coded by the GPU codec: they call an *engine*, and two
-implement this protocol, ``HostEngine`` (``collectives``) and ``DeviceEngine``
+implement this protocol, ``HostEngine`` (``host``) and ``DeviceEngine``
 (``pipeline``). ``tests/test_engine.py`` checks that both have every method here
 with a compatible signature.
 

@@ -1,6 +1,6 @@
 """Device-side machinery of the collectives: CuPy buffers, the GPU codec, the stream.
 
-``DeviceEngine`` is the device counterpart of ``collectives.HostEngine``: both
+``DeviceEngine`` is the device counterpart of ``host.HostEngine``: both
 implement ``engine.Engine``, the methods the collective algorithms call, so the
 algorithms never learn where the data lives. All device work is enqueued on the caller's CUDA stream;
 the only host synchronisations are the ones the two-phase exchange needs (frame

@@ -43,12 +43,12 @@ import torch.distributed as dist
 from ..comm.collectives import (
     CANONICAL_NAN,
     ExchangeStats,
-    HostEngine,
     all_gather_bf16,
     all_reduce_bf16,
     all_to_all_bf16,
     reduce_scatter_bf16,
 )
+from ..comm.host import HostEngine
 from ..comm.policy import Policy
 from . import transport as _tr
 from .transport import GroupAgreement, ProcessGroupTransport, resolve_group
