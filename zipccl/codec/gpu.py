@@ -102,10 +102,7 @@ def _bits_view(x, dtype: str | None):
     """(object exposing the interface as 16-bit integers, shape). Raises TypeError for non-BF16."""
     torch = _torch_of(x)
     if torch is not None:
-        if not x.is_cuda:
-            raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
-        if not x.is_contiguous():
-            raise ValueError("zipccl needs C-contiguous device arrays")
+        _check_cuda_tensor(x)
         if x.dtype == torch.bfloat16:
             return x.view(torch.int16), tuple(x.shape)
         if x.dtype in (torch.int16, torch.uint16) and dtype in ("bfloat16", "bf16"):
@@ -127,27 +124,25 @@ def _bits_view(x, dtype: str | None):
 
 
 def _u16(obj):
-    """(pointer-owning object, n) of 16-bit device data, checked for alignment."""
-    runtime = _kernels()[3]
+    """(object holding the data as 16-bit integers, n): ``_values``' checks, keeping the object
+    (the simulator's route makes Numba views of it)."""
     torch = _torch_of(obj)
     if torch is not None and obj.dtype == torch.bfloat16:
         obj = obj.view(torch.int16)
-    ptr, nbytes, dt, _ = runtime.interface(obj)
-    if dt.itemsize != 2:
-        raise TypeError(f"expected 16-bit values, got dtype {dt}")
-    if ptr % _ALIGN and nbytes:
-        raise ValueError(f"device data must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
-    return obj, nbytes // 2
+    return obj, _values(obj)[1]
 
 
 def _u8(obj):
-    runtime = _kernels()[3]
-    ptr, nbytes, dt, _ = runtime.interface(obj)
-    if dt.itemsize != 1:
-        raise TypeError(f"a zipccl frame buffer is uint8, got dtype {dt}")
-    if ptr % _ALIGN:
-        raise ValueError(f"frame buffers must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
-    return obj, nbytes
+    """(object, nbytes) of a frame buffer: ``_frame_buffer``'s checks, keeping the object."""
+    return obj, _frame_buffer(obj)[1]
+
+
+def _check_cuda_tensor(x) -> None:
+    """A torch tensor the GPU codec can take: on a CUDA device and C-contiguous."""
+    if not x.is_cuda:
+        raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
+    if not x.is_contiguous():
+        raise ValueError("zipccl needs C-contiguous device arrays")
 
 
 def _raw(obj) -> tuple[int, int, int]:
@@ -163,10 +158,7 @@ def _raw(obj) -> tuple[int, int, int]:
         return obj.data.ptr, obj.nbytes, obj.itemsize
     torch = _torch_of(obj)
     if torch is not None:
-        if not obj.is_cuda:
-            raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
-        if not obj.is_contiguous():
-            raise ValueError("zipccl needs C-contiguous device arrays")
+        _check_cuda_tensor(obj)
         item = obj.element_size()
         return obj.data_ptr(), obj.numel() * item, item
     ptr, nbytes, dt, _ = _kernels()[3].interface(obj)

@@ -30,7 +30,7 @@ import ctypes
 import threading
 
 import numpy as np
-from numba import cuda, types
+from numba import types
 from numba.cuda.np import numpy_support
 
 from . import compat
@@ -228,4 +228,4 @@ def device_pointer(numba_array) -> int:
 
 
 __all__ = ["Kernel", "Params", "launch", "array", "I64", "int_tuple", "current_device", "pinned",
-           "device_pointer", "cuda"]
+           "device_pointer"]
