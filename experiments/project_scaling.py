@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zipccl import scaling  # noqa: E402
+from zipccl.costmodel import OPS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MiB = 1 << 20
@@ -85,13 +86,13 @@ def main(argv=None) -> int:
           f"{100 * cal.source['fit_rms_rel_err']:.1f}%")
     for name, lk in cal.links.items():
         print(f"  {name}: " + ", ".join(f"{op} {lk.bw(op):.1f} GB/s + {1e6 * lk.lat(op):.0f} us"
-                                        for op in scaling.OPS) + f"; ratio {cal.ratio[name]:.4f}")
+                                        for op in OPS) + f"; ratio {cal.ratio[name]:.4f}")
     show = [p for p in ranks if p in (2, 8, 16, 32, 64)]
     print(f"\npredicted speed-up at {sizes[-1] // MiB} MiB per rank, p = {show}")
     by = {(p.arrangement, p.transport, p.op, p.nbytes, p.nranks): p.speedup for p in proj}
     pp = {(p.arrangement, p.transport, p.op, p.nbytes, p.nranks): p.speedup_per_peer for p in proj}
     for arr, tr in sorted({(p.arrangement, p.transport) for p in proj}):
-        for op in scaling.OPS:
+        for op in OPS:
             print(f"  {arr:12s} {tr:11s} {op:14s} "
                   + " ".join(f"{by[k]:5.2f}" if (k := (arr, tr, op, sizes[-1], p)) in by else "    -"
                              for p in show)

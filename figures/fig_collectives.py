@@ -20,7 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+from zipccl.costmodel import OPS  # noqa: E402
+
 LINK_NAMES = {"nvlink": "NVLink", "shm": "shared memory (NCCL_P2P_DISABLE=1)",
               "socket": "sockets"}
 STYLE = {"nccl": ("k", "o", "native NCCL"), "always": ("C3", "s", 'zipccl policy="always"'),

@@ -22,7 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+from zipccl.costmodel import OPS  # noqa: E402
+
 MiB = 1 << 20
 SIZES = (64 * MiB, 256 * MiB, 1024 * MiB)
 # (arrangement, transport) -> colour, label; measured points take their link's colour

@@ -72,9 +72,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import costmodel as cm
+from .costmodel import OPS
 from .metrics import busbw_factor, nccl_tests_size
 
-OPS = cm.OPS
 MiB = 1 << 20
 
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..arrays import BF16
-from .policy import OPS, Profile
+from ..costmodel import OPS
+from .policy import Profile
 from .transport import cupy_stream
 
 CALIBRATION_BEST_OF = 3  # each calibration time is the least of this many measurements

@@ -50,10 +50,9 @@ import math
 from dataclasses import dataclass, field
 
 from .. import costmodel as cm
-from ..costmodel import Prediction
+from ..costmodel import OPS, Prediction
 
 MODES = ("auto", "always", "never")
-OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
 PROFILE_VERSION = 2
 
 log = logging.getLogger("zipccl.policy")
