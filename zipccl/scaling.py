@@ -34,8 +34,8 @@ convention) and rank count p:
 
 - ``ring``: p ranks on one flat link (``ring_times``): native is
   ``costmodel.native_time``; compressed is ``costmodel.compressed_time`` on the wire
-  link with the all-to-all form of reduce-scatter (the one zipccl implements),
-  less the calibrated overlap;
+  link with the all-to-all form of reduce-scatter (the one zipccl implements) and
+  the calibrated chunks and overlap (``Calibration.zipccl_time``);
 - ``hierarchical``: p = N nodes x g ranks per node, intra-node link (NVLink) and
   inter-node link (the shared-memory transport stands in for a ~200 Gb/s
   network, one per GPU) (``hierarchical_times``), the usual two-level
@@ -191,6 +191,21 @@ class Calibration:
         """The codec with ``transport``'s measured wire ratio."""
         return replace(self.codec, ratio=float(self.ratio[transport]))
 
+    def zipccl_time(self, op: str, nbytes: float, nranks: int, transport: str) -> float:
+        """zipccl's compressed time for ``op`` on one flat link: ``costmodel.compressed_time`` on
+        ``transport``'s wire with its codec, the all-to-all form of reduce-scatter, the calibrated
+        chunks and overlap.
+
+        >>> cal = Calibration.synthetic()
+        >>> cal.zipccl_time("all_gather", 1 << 30, 2, "shm") == cm.compressed_time(
+        ...     "all_gather", 1 << 30, 2, cal.wires["shm"], cal.codec_for("shm"), method="all_to_all")
+        True
+        """
+        if nranks <= 1:
+            return 0.0
+        return cm.compressed_time(op, int(nbytes), nranks, self.wires[transport], self.codec_for(transport),
+                                  chunks=self.chunks, method="all_to_all", overlap=self.overlap)
+
     @staticmethod
     def synthetic(overhead: float = 0.5e-3, codec_gbps: float = 1500.0, reduce_gbps: float = 800.0,
                   ratio: float = 0.70) -> Calibration:
@@ -223,20 +238,6 @@ def _compressed_raw(op: str, m: float, p: int, wire: cm.Link, codec: cm.Codec,
     return cm.predict(op, int(m), p, wire, codec, chunks=chunks, method="all_to_all")
 
 
-def hidden_time(stages: Mapping[str, float]) -> float:
-    """Time an overlapped path can hide: per exchange, min(transfer, encode + decode).
-
-    ``stages`` are ``Prediction.stages`` (all-reduce's are prefixed "rs." and "ag.")
-    of a codec without fixed costs, so that the hidden time is linear in the overlap.
-    """
-    groups: dict[str, dict[str, float]] = defaultdict(dict)
-    for k, v in stages.items():
-        pre, _, name = k.rpartition(".")
-        groups[pre][name] = v
-    return sum(min(g.get("transfer", 0.0), g.get("encode", 0.0) + g.get("decode", 0.0))
-               for g in groups.values())
-
-
 def _design_row(op: str, m: float, p: int, wire: cm.Link, ratio: float, chunks: int,
                 codec_known: cm.Codec | None) -> tuple[float, list[float]]:
     """(fixed part, coefficients) of the compressed time, linear in the unknown codec parameters.
@@ -258,7 +259,7 @@ def _design_row(op: str, m: float, p: int, wire: cm.Link, ratio: float, chunks: 
         return base, [c_o, t(enc=1.0) - base, c_r]
     c = replace(codec_known, ratio=ratio, overhead=0.0, reduce_gbps=inf)
     pred = _compressed_raw(op, m, p, wire, c, chunks)
-    return pred.compressed_s, [c_o, -hidden_time(pred.stages), c_r]
+    return pred.compressed_s, [c_o, -cm.hidden_time(pred.stages), c_r]
 
 
 def fit_codec_gpu(records: Iterable[Mapping], variant: str = "v2") -> cm.Codec | None:
@@ -414,25 +415,6 @@ class Projection:
                 "stages": {k: {"native_s": a, "zipccl_s": b} for k, (a, b) in self.stages.items()}}
 
 
-def compressed_time(op: str, nbytes: float, nranks: int, cal: Calibration, transport: str) -> float:
-    """zipccl's compressed time for ``op`` on one flat link: the cost model less the overlap.
-
-    >>> cal = Calibration.synthetic()
-    >>> c = cal.codec_for("shm")
-    >>> compressed_time("all_gather", 1 << 30, 2, cal, "shm") == cm.compressed_time(
-    ...     "all_gather", 1 << 30, 2, cal.wires["shm"], c, method="all_to_all")
-    True
-    """
-    if nranks <= 1:
-        return 0.0
-    wire, codec = cal.wires[transport], cal.codec_for(transport)
-    t = _compressed_raw(op, nbytes, nranks, wire, codec, cal.chunks).compressed_s
-    if cal.overlap:  # hidden part: per-byte coding vs transfer, fixed codec costs excluded
-        bare = replace(codec, overhead=0.0, reduce_gbps=math.inf)
-        t -= cal.overlap * hidden_time(_compressed_raw(op, nbytes, nranks, wire, bare, cal.chunks).stages)
-    return t
-
-
 def codec_calls(op: str, nranks: int, per_peer: bool) -> int:
     """Encode + decode calls of one compressed ``op``: batched (the model) or one per peer (today).
 
@@ -471,7 +453,7 @@ def ring_times(op: str, nbytes: int, nranks: int, cal: Calibration, transport: s
     True
     """
     nat = cm.native_time(op, nbytes, nranks, cal.links[transport])
-    comp = compressed_time(op, nbytes, nranks, cal, transport)
+    comp = cal.zipccl_time(op, nbytes, nranks, transport)
     return Projection("ring", transport, op, int(nbytes), nranks, None, nat, comp,
                       {op: (nat, comp)}, per_peer_extra(op, nranks, cal))
 
@@ -519,7 +501,7 @@ def hierarchical_times(op: str, nbytes: int, nranks: int, cal: Calibration, *, i
     stages, nat, comp, extra = {}, 0.0, 0.0, 0.0
     for i, (level, sop, m, k) in enumerate(hierarchical_stages(op, nbytes, nranks, ranks_per_node)):
         t_nat = cm.native_time(sop, m, k, cal.links[intra if level == "intra" else inter])
-        t_z = compressed_time(sop, m, k, cal, inter) if level == "inter" else t_nat
+        t_z = cal.zipccl_time(sop, m, k, inter) if level == "inter" else t_nat
         stages[f"{i}.{level}.{sop}"] = (t_nat, t_z)
         nat, comp = nat + t_nat, comp + t_z
         extra += per_peer_extra(sop, k, cal) if level == "inter" else 0.0
