@@ -231,3 +231,88 @@ def test_payload_checksum_sees_every_single_bit_flip():
             bad = buf.copy()
             bad[byte] ^= 1 << bit
             assert fmt.payload_checksum(bad, bad.size) != ref
+
+
+# ---------------------------------------------------------------- FP32 and FP16 frames
+
+
+@pytest.mark.parametrize("dtype", [fmt.DTYPE_FP32, fmt.DTYPE_FP16])
+@pytest.mark.parametrize("n", COUNTS)
+def test_wide_layouts_are_aligned_ordered_and_static(dtype, n):
+    lay = fmt.Layout.for_count(n, dtype)
+    bf = fmt.Layout.for_count(n)
+    offsets = [lay.sm_offset, lay.planes_offset, *(lay.plane_offset(k) for k in range(lay.n_planes)),
+               lay.counts_offset, lay.lo_offset, lay.escapes_offset]
+    assert all(o % fmt.ALIGN == 0 for o in offsets) and offsets == sorted(offsets)
+    assert (lay.sm_offset, lay.planes_offset, lay.plane_stride) == \
+        (bf.sm_offset, bf.planes_offset, bf.plane_stride)
+    assert lay.counts_offset == lay.plane_offset(lay.n_planes - 1) + lay.plane_stride
+    assert lay.static_size == lay.escapes_offset == fmt.static_size(n, dtype)
+    item = 4 if dtype == fmt.DTYPE_FP32 else 2
+    assert lay.raw_size == fmt.HEADER_SIZE + item * n == fmt.max_compressed_size(n, dtype)
+    if dtype == fmt.DTYPE_FP32:
+        # the BF16 sections of the upper halves sit where a BF16 frame has them
+        assert lay.counts_offset == bf.counts_offset and lay.lo_offset == bf.escapes_offset
+        assert lay.lo_size == 2 * n and lay.escapes_offset == fmt.align(lay.lo_offset + 2 * n)
+    else:
+        assert lay.n_planes == 6 and lay.lo_size == 0 and lay.lo_offset == lay.escapes_offset
+    for e in sorted({0, n // 50, n}):
+        assert lay.frame_len(e) == min(lay.compressed_len(e), lay.raw_size)
+
+
+def test_bf16_layout_is_unchanged_by_the_dtype_argument():
+    for n in COUNTS:
+        assert fmt.Layout.for_count(n) == fmt.Layout.for_count(n, "bfloat16")
+        assert fmt.Layout.for_count(n).lo_offset == fmt.Layout.for_count(n).escapes_offset
+
+
+@pytest.mark.parametrize("name,code", [("bfloat16", 1), ("bf16", 1), ("float32", 2), ("fp32", 2),
+                                       ("float16", 3), ("half", 3), (np.float32, 2),
+                                       (np.dtype(np.float16), 3), (2, 2)])
+def test_dtype_codes(name, code):
+    assert fmt.dtype_code(name) == code
+
+
+@pytest.mark.parametrize("bad", ["float64", np.int32, "int8"])
+def test_dtype_code_rejects_other_types(bad):
+    with pytest.raises(TypeError, match="bfloat16, float32 and float16"):
+        fmt.dtype_code(bad)
+    with pytest.raises(ValueError, match="code 9"):
+        fmt.dtype_code(9)
+
+
+@pytest.mark.parametrize("dtype", [fmt.DTYPE_FP32, fmt.DTYPE_FP16])
+def test_wide_headers_round_trip_and_sizes_follow_the_dtype(dtype):
+    n = 5000
+    lay = fmt.Layout.for_count(n, dtype)
+    h = fmt.Header(n=n, n_escapes=3, frame_len=lay.compressed_len(3), flags=0,
+                   codebook=(1, 2, 3, 4, 5, 6, 7), shape=(n,), dtype=dtype)
+    buf = np.zeros(h.frame_len, np.uint8)
+    buf[:fmt.HEADER_SIZE] = fmt.pack_header(h)
+    assert fmt.parse_header(buf) == h
+    # the BF16 layout's length is wrong for this dtype
+    bad = dataclasses.replace(h, frame_len=fmt.Layout.for_count(n).compressed_len(3))
+    buf[:fmt.HEADER_SIZE] = fmt.pack_header(bad)
+    with pytest.raises(ValueError, match="layout needs"):
+        fmt.parse_header(buf)
+
+
+def test_fp16_header_rejects_codebook_entries_above_31():
+    n = 5000
+    lay = fmt.Layout.for_count(n, fmt.DTYPE_FP16)
+    h = fmt.Header(n=n, n_escapes=0, frame_len=lay.compressed_len(0), flags=0,
+                   codebook=(10, 11, 12, 13, 14, 15, 32), shape=(n,), dtype=fmt.DTYPE_FP16)
+    buf = np.zeros(h.frame_len, np.uint8)
+    buf[:fmt.HEADER_SIZE] = fmt.pack_header(h)
+    with pytest.raises(ValueError, match="above 31"):
+        fmt.parse_header(buf)
+    with pytest.raises(ValueError, match="0..31"):
+        fmt.check_codebook(h.codebook, fmt.DTYPE_FP16)
+    fmt.check_codebook(h.codebook, fmt.DTYPE_FP32)  # 8-bit exponents: fine
+
+
+def test_escape_values_rule():
+    fmt.check_escape_values(np.array([0, 31, 7], np.uint8), fmt.DTYPE_FP16)
+    fmt.check_escape_values(np.array([255], np.uint8), fmt.DTYPE_FP32)
+    with pytest.raises(ValueError, match="escape byte 32 is not a float16 exponent"):
+        fmt.check_escape_values(np.array([3, 32, 40], np.uint8), fmt.DTYPE_FP16)

@@ -1,6 +1,8 @@
-"""Arrays in and out: NumPy (ml_dtypes.bfloat16 or uint16), torch, CuPy, Numba device arrays.
+"""Arrays in and out: NumPy (ml_dtypes.bfloat16, float32, float16 or their integer bit
+patterns), torch, CuPy, Numba device arrays.
 
-Inside the codec a BF16 tensor is its uint16 bit patterns. This module turns
+Inside the codec a BF16 or FP16 tensor is its uint16 bit patterns, an FP32 tensor its
+uint32 bit patterns; ``host_values`` says which element type they are. This module turns
 whatever the caller has into that view without copying where the memory allows
 it, and tells host arrays from device arrays. It imports neither torch nor CuPy
 unless the caller's object already comes from them.
@@ -120,6 +122,130 @@ def host_out_bits(out, *, dtype: str | None = None) -> np.ndarray:
     if not out.flags.writeable:
         raise ValueError("out= is read-only")
     return out.view(np.uint16)  # same item size: a view for every layout
+
+
+_FLOAT_NAMES = {"bfloat16": "bfloat16", "torch.bfloat16": "bfloat16", "float32": "float32",
+                "torch.float32": "float32", "float16": "float16", "torch.float16": "float16"}
+_INT_NAMES = {2: ("uint16", "int16", "torch.int16", "torch.uint16"),
+              4: ("uint32", "int32", "torch.int32", "torch.uint32")}
+_TYPES = "bfloat16, float32 or float16"
+
+
+def value_type(dtype_obj, dtype: str | None, what: str) -> int:
+    """The element-type code (``format.DTYPE_*``) of an array of dtype ``dtype_obj``.
+
+    A float dtype names itself (``dtype=``, when given, must agree); integer bit
+    patterns need ``dtype=`` (uint16 / int16: "bfloat16" or "float16", uint32 / int32:
+    "float32"). Raises TypeError naming the dtype otherwise.
+
+    >>> value_type(np.dtype(np.float16), None, "NumPy array"), value_type(np.dtype(np.uint32), "float32", "x")
+    (3, 2)
+    """
+    from . import format as fmt
+
+    name = str(dtype_obj)
+    want = None
+    if dtype is not None:
+        try:
+            want = fmt.dtype_code(dtype)
+        except (TypeError, ValueError):
+            raise TypeError(f"zipccl compresses {_TYPES} tensors; dtype={dtype!r} is none of "
+                            "them") from None
+    if name in _FLOAT_NAMES:
+        code = fmt.dtype_code(_FLOAT_NAMES[name])
+        if want is not None and want != code:
+            raise TypeError(f"a {what} of dtype {name} cannot be read as {fmt.DTYPE_NAMES[want]}")
+        return code
+    for size, names in _INT_NAMES.items():
+        if name in names:
+            if want is not None and fmt.ITEMSIZE[want] == size:
+                return want
+            fits = " or ".join(fmt.DTYPE_NAMES[c] for c in fmt.DTYPE_NAMES if fmt.ITEMSIZE[c] == size)
+            hint = (f" (pass dtype=\"{fits.split(' or ')[0]}\" to read {name} bit patterns as "
+                    f"{fits})")
+            if want is not None:
+                hint = f"; dtype={dtype!r} has {8 * fmt.ITEMSIZE[want]}-bit values"
+            raise TypeError(f"zipccl compresses {_TYPES} tensors; got a {what} of dtype "
+                            f"{name}{hint}")
+    raise TypeError(f"zipccl compresses {_TYPES} tensors; got a {what} of dtype {name}")
+
+
+def host_values(x, *, dtype: str | None = None) -> tuple[np.ndarray, int]:
+    """(bit patterns, element-type code) of a host array of BF16, FP32 or FP16 values.
+
+    The patterns are a C-contiguous uint16 (BF16, FP16) or uint32 (FP32) array of the
+    same shape, a view where the memory allows. Accepts NumPy arrays (ml_dtypes.bfloat16,
+    float32, float16, or integer bit patterns with ``dtype=``) and CPU torch tensors.
+
+    >>> host_values(np.array([1.0], np.float32))
+    (array([1065353216], dtype=uint32), 2)
+    """
+    torch = _torch_of(x)
+    if torch is not None:
+        if x.is_cuda:
+            raise TypeError("host_values needs a host tensor; this torch tensor is on a CUDA device")
+        code = value_type(x.dtype, dtype, "torch tensor")
+        t = x.detach().contiguous()
+        return _torch_int_view(t, torch).numpy().view(_BITS[code]), code
+    if is_device_array(x):
+        raise TypeError("host_values needs a host array; this one lives on a CUDA device")
+    if isinstance(x, (bytes, bytearray, str)):
+        host_bits(x)  # raises the message that says what to pass instead
+    arr = np.asarray(x)
+    code = value_type(arr.dtype, dtype, "NumPy array" if isinstance(x, np.ndarray)
+                      else type(x).__name__)
+    return np.ascontiguousarray(arr).view(_BITS[code]).reshape(arr.shape), code
+
+
+def host_out_values(out, code: int) -> np.ndarray:
+    """``host_out_bits`` for any element type: a writable view of ``out``'s bit patterns,
+    which must be of the element type ``code`` (a float dtype, or integers of its size)."""
+    if code == 1:
+        return host_out_bits(out, dtype="bfloat16" if getattr(out, "dtype", None) == np.uint16
+                             else None)
+    from . import format as fmt
+
+    name = fmt.DTYPE_NAMES[code]
+    torch = _torch_of(out)
+    if torch is not None:
+        if out.is_cuda:
+            raise TypeError("a host frame decodes into a host tensor; this torch tensor is on a "
+                            "CUDA device")
+        if value_type(out.dtype, name, "torch tensor") != code:
+            raise TypeError(f"out= is {out.dtype}; the frame holds {name}")
+        if not out.is_contiguous():
+            raise ValueError("out= must be a contiguous torch tensor (or a NumPy array of any "
+                             "layout); this one is not contiguous")
+        return _torch_int_view(out.detach(), torch).numpy().view(_BITS[code])
+    if is_device_array(out):
+        raise TypeError("a host frame decodes into a host array; out= lives on a CUDA device")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out= must be a NumPy array or a torch tensor, got {type(out).__name__}")
+    if str(out.dtype) in _FLOAT_NAMES and _FLOAT_NAMES[str(out.dtype)] != name:
+        raise TypeError(f"out= is {out.dtype}; the frame holds {name}")
+    value_type(out.dtype, name, "NumPy array")
+    if not out.flags.writeable:
+        raise ValueError("out= is read-only")
+    return out.view(_BITS[code])
+
+
+_BITS = {1: np.uint16, 2: np.uint32, 3: np.uint16}
+_VALUES = {1: BF16, 2: np.dtype(np.float32), 3: np.dtype(np.float16)}
+
+
+def _torch_int_view(t, torch):
+    """A contiguous CPU tensor's memory as integers of its item size (NumPy can take them)."""
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16)
+    if t.dtype == torch.float32:
+        return t.view(torch.int32)
+    return t
+
+
+def as_values(bits: np.ndarray, code: int) -> np.ndarray:
+    """View bit patterns as values of the element type ``code`` (no copy): bfloat16
+    (ml_dtypes), float32 or float16."""
+    return np.asarray(bits).view(_VALUES[code])
 
 
 def as_bf16(bits: np.ndarray) -> np.ndarray:

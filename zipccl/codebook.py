@@ -34,6 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import format as fmt
 from .format import CODEBOOK_SIZE
 
 SAMPLE_SIZE = 4096  # values read by the strided sigma estimate
@@ -45,26 +46,48 @@ _LOWEST_START = 0  # exponent 0: zeros and subnormals
 _HIGHEST_START = 254 - (CODEBOOK_SIZE - 1)  # keep 255 (inf / NaN) out of a sigma window
 
 
+@dataclass(frozen=True)
+class FloatSpec:
+    """What the sigma window needs to know about an element type: exponent bias, the
+    all-ones exponent (inf / NaN) and the mantissa width (for rounding)."""
+
+    bias: int
+    emax: int
+    mantissa_bits: int
+
+    @property
+    def highest_start(self) -> int:
+        return self.emax - 1 - (CODEBOOK_SIZE - 1)
+
+
+# FP32 shares BF16's exponent: its values round to FP32, half an FP32 step below 2^k.
+SPECS = {fmt.DTYPE_BF16: FloatSpec(127, 255, 7), fmt.DTYPE_FP32: FloatSpec(127, 255, 23),
+         fmt.DTYPE_FP16: FloatSpec(15, 31, 10)}
+BF16_SPEC = SPECS[fmt.DTYPE_BF16]
+
+
 def _phi(z: float) -> float:
     """Standard normal CDF."""
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-def _lower_bound(e: int, rounded: bool) -> float:
+def _lower_bound(e: int, rounded: bool, spec: FloatSpec = BF16_SPEC) -> float:
     """Smallest |x| whose BF16 value has biased exponent ``e`` (1 <= e <= 255).
 
     Unrounded: 2^(e-127). Rounded to nearest BF16: the midpoint between 2^(e-127)
     and the BF16 value just below it (ties round up to the even 2^(e-127)), i.e.
     2^(e-127) * (1 - 2^-9), or (1 - 2^-8) for e = 1, whose neighbour below is the
-    largest subnormal. e = 255 starts where values overflow to inf.
+    largest subnormal. e = 255 starts where values overflow to inf. Other element
+    types (``spec``): bias b and m mantissa bits give 2^(e-b) * (1 - 2^-(m+2)).
     """
     if not rounded:
-        return math.ldexp(1.0, e - 127)
-    return math.ldexp(1.0 - (2.0 ** -8 if e == 1 else 2.0 ** -9), e - 127)
+        return math.ldexp(1.0, e - spec.bias)
+    m = spec.mantissa_bits
+    return math.ldexp(1.0 - (2.0 ** -(m + 1) if e == 1 else 2.0 ** -(m + 2)), e - spec.bias)
 
 
 def exponent_probabilities(sigma: float, exponents, mean: float = 0.0, *,
-                           rounded: bool = True) -> np.ndarray:
+                           rounded: bool = True, spec: FloatSpec = BF16_SPEC) -> np.ndarray:
     """P(biased exponent == e) for x ~ N(mean, sigma^2) stored as BF16, for each e in ``exponents``.
 
     With ``rounded=False`` this is the textbook form P(2^(e-127) <= |x| < 2^(e-126)),
@@ -87,10 +110,10 @@ def exponent_probabilities(sigma: float, exponents, mean: float = 0.0, *,
         return out
     for i, e in enumerate(exponents):
         e = int(e)
-        if e < 0 or e > 255:
+        if e < 0 or e > spec.emax:
             continue
-        lo = 0.0 if e == 0 else _lower_bound(e, rounded)
-        hi = math.inf if e == 255 else _lower_bound(e + 1, rounded)
+        lo = 0.0 if e == 0 else _lower_bound(e, rounded, spec)
+        hi = math.inf if e == spec.emax else _lower_bound(e + 1, rounded, spec)
         if mean == 0.0:
             # 2 * [Phi(hi/s) - Phi(lo/s)], written with erfc to keep far tails accurate
             out[i] = math.erfc(lo / sigma / math.sqrt(2.0)) - math.erfc(hi / sigma / math.sqrt(2.0))
@@ -114,23 +137,24 @@ def gaussian_coverage(sigma: float, start: int | None = None, mean: float = 0.0)
     return float(exponent_probabilities(sigma, range(s, s + CODEBOOK_SIZE), mean).sum())
 
 
-def window_start(sigma: float) -> int:
+def window_start(sigma: float, spec: FloatSpec = BF16_SPEC) -> int:
     """First exponent of the most probable 7-exponent window for N(0, sigma^2).
 
-    The candidate windows are those around 127 + log2(sigma); the one with the
-    largest Gaussian mass wins (ties go to the lower start). A sigma that is zero,
-    negative or not finite gives the window at exponent 0, which holds zeros.
+    The candidate windows are those around 127 + log2(sigma) (the bias of ``spec``'s
+    type in general); the one with the largest Gaussian mass wins (ties go to the
+    lower start). A sigma that is zero, negative or not finite gives the window at
+    exponent 0, which holds zeros. The window never reaches the all-ones exponent.
 
-    >>> window_start(0.02)
-    116
+    >>> window_start(0.02), window_start(0.02, SPECS[fmt.DTYPE_FP16])
+    (116, 4)
     """
     if not (sigma > 0.0 and math.isfinite(sigma)):
         return _LOWEST_START
-    centre = 127 + math.floor(math.log2(sigma))
+    centre = spec.bias + math.floor(math.log2(sigma))
     best, best_mass = None, -1.0
     for start in range(centre - 9, centre + 4):
-        s = min(max(start, _LOWEST_START), _HIGHEST_START)
-        mass = float(exponent_probabilities(sigma, range(s, s + CODEBOOK_SIZE)).sum())
+        s = min(max(start, _LOWEST_START), spec.highest_start)
+        mass = float(exponent_probabilities(sigma, range(s, s + CODEBOOK_SIZE), spec=spec).sum())
         if mass > best_mass:
             best, best_mass = s, mass
     return best
@@ -206,6 +230,22 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def sample_bits(bits: np.ndarray, dtype=fmt.DTYPE_BF16) -> np.ndarray:
+    """The 16-bit patterns the codebook is chosen from: BF16 and FP16 bits as they are,
+    and for FP32 the upper halves, which are BF16 values with the same sign and exponent
+    (the chooser sees each FP32 value truncated to BF16; the code depends on the
+    exponent only).
+
+    >>> sample_bits(np.array([1.5], np.float32).view(np.uint32), "float32")
+    array([16320], dtype=uint16)
+    """
+    code = fmt.dtype_code(dtype)
+    b = np.asarray(bits)
+    if code == fmt.DTYPE_FP32:
+        return (b.astype(np.uint32) >> 16).astype(np.uint16)
+    return b.astype(np.uint16, copy=False)
+
+
 def sample_stride(n: int, samples: int = SAMPLE_SIZE) -> int:
     """The stride of the strided sample: the largest s <= n // samples with gcd(s, n) == 1.
 
@@ -245,7 +285,7 @@ def strided_sample(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
 RMS_LANES = 256  # the summation order of the RMS: 256 strided partial sums, then a halving tree
 
 
-def _rms(sample: np.ndarray) -> float:
+def _rms(sample: np.ndarray, dtype: int = fmt.DTYPE_BF16) -> float:
     """RMS of the finite values of a BF16 sample, summed in one fixed order.
 
     Each square is exact in float64 (a BF16 value has 8 significant bits); the
@@ -254,16 +294,21 @@ def _rms(sample: np.ndarray) -> float:
     the same sigma and the same codebook: partial sum j adds the squares of
     values j, j + 256, j + 512, ... in turn, then partials h..2h-1 are added
     to 0..h-1 for h = 128, 64, ..., 1. Non-finite values add 0.0 and are not counted.
+    An FP16 sample (``dtype``) is read as FP16 values (11 significant bits: squares
+    exact too); FP32 samples arrive as their BF16 upper halves (``sample_bits``).
     """
     bits = np.asarray(sample, dtype=np.uint16)
-    # Finite means an exponent below 0xFF; decided on the bits, and the non-finite
+    # Finite means an exponent below all ones; decided on the bits, and the non-finite
     # patterns become +0 before the cast, because casting a signalling NaN to
     # float64 raises "invalid value" (a warning about data the codec keeps exactly).
-    finite = (bits & 0x7F80) != 0x7F80
+    fp16 = dtype == fmt.DTYPE_FP16
+    mask = 0x7C00 if fp16 else 0x7F80
+    finite = (bits & mask) != mask
     count = int(np.count_nonzero(finite))
     if count == 0:
         return 0.0
-    v = bf16_bits_to_float(np.where(finite, bits, 0)).astype(np.float64)
+    clean = np.where(finite, bits, 0).astype(np.uint16)
+    v = (clean.view(np.float16) if fp16 else bf16_bits_to_float(clean)).astype(np.float64)
     sq = v * v
     rows = np.zeros(-(-sq.size // RMS_LANES) * RMS_LANES)
     rows[:sq.size] = sq
@@ -277,7 +322,7 @@ def _rms(sample: np.ndarray) -> float:
     return float(np.sqrt(acc[0] / count))
 
 
-def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> float:
+def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE, dtype=fmt.DTYPE_BF16) -> float:
     """Root-mean-square of a strided sample of about ``samples`` BF16 values.
 
     Reads at most ``samples`` values (``strided_sample``, so the estimate is
@@ -291,17 +336,34 @@ def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> float:
     >>> estimate_sigma(bits)
     0.5
     """
-    return _rms(strided_sample(bits, samples))
+    code = fmt.dtype_code(dtype)
+    return _rms(sample_bits(strided_sample_any(bits, samples), code), code)
 
 
-def exponents_of(bits: np.ndarray) -> np.ndarray:
-    """The 8-bit biased exponent of each BF16 bit pattern."""
-    return ((np.asarray(bits, dtype=np.uint16) >> 7) & 0xFF).astype(np.uint8)
+def strided_sample_any(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
+    """``strided_sample`` keeping the item type (uint32 FP32 patterns stay uint32)."""
+    flat = np.asarray(bits).reshape(-1)
+    if flat.size == 0:
+        return flat
+    return flat[::sample_stride(flat.size, samples)][:samples]
 
 
-def exponent_histogram(bits: np.ndarray) -> np.ndarray:
-    """Counts of each of the 256 exponent values (int64, length 256)."""
-    return np.bincount(exponents_of(np.asarray(bits).reshape(-1)), minlength=256).astype(np.int64)
+def exponents_of(bits: np.ndarray, dtype=fmt.DTYPE_BF16) -> np.ndarray:
+    """The biased exponent of each bit pattern: 8 bits for BF16 (uint16 patterns) and FP32
+    (uint32 patterns), 5 bits for FP16 (uint16 patterns)."""
+    code = fmt.dtype_code(dtype)
+    b = np.asarray(bits)
+    if code == fmt.DTYPE_FP32:
+        return ((b.astype(np.uint32) >> 23) & 0xFF).astype(np.uint8)
+    if code == fmt.DTYPE_FP16:
+        return ((b.astype(np.uint16) >> 10) & 0x1F).astype(np.uint8)
+    return ((b.astype(np.uint16) >> 7) & 0xFF).astype(np.uint8)
+
+
+def exponent_histogram(bits: np.ndarray, dtype=fmt.DTYPE_BF16) -> np.ndarray:
+    """Counts of each of the 256 exponent values (int64, length 256; FP16 uses 0..31)."""
+    return np.bincount(exponents_of(np.asarray(bits).reshape(-1), dtype),
+                       minlength=256).astype(np.int64)
 
 
 def top_exponents(hist: np.ndarray, k: int = CODEBOOK_SIZE) -> tuple[int, ...]:
@@ -340,6 +402,8 @@ class Codebook:
 
     >>> Codebook.from_sigma(0.02).exponents
     (116, 117, 118, 119, 120, 121, 122)
+    >>> Codebook.from_sigma(0.02, dtype="float16").exponents
+    (4, 5, 6, 7, 8, 9, 10)
     """
 
     exponents: tuple[int, ...]
@@ -354,23 +418,27 @@ class Codebook:
         object.__setattr__(self, "exponents", ex)
 
     @classmethod
-    def from_sigma(cls, sigma: float) -> Codebook:
-        """The most probable window for N(0, sigma^2), in closed form (no data needed)."""
-        s = window_start(float(sigma))
+    def from_sigma(cls, sigma: float, dtype="bfloat16") -> Codebook:
+        """The most probable window for N(0, sigma^2), in closed form (no data needed).
+
+        ``dtype``: the element type whose exponents the window counts (BF16 and FP32
+        share one exponent, FP16 has 5 bits and bias 15)."""
+        s = window_start(float(sigma), SPECS[fmt.dtype_code(dtype)])
         return cls(tuple(range(s, s + CODEBOOK_SIZE)), sigma=float(sigma))
 
     @classmethod
     def from_sample(cls, bits: np.ndarray, samples: int = SAMPLE_SIZE, *,
-                    fallback: bool = True) -> Codebook:
+                    fallback: bool = True, dtype="bfloat16") -> Codebook:
         """The default codebook, from one strided sample of at most ``samples`` values.
 
         ``from_sigma`` of the sample's RMS; with ``fallback`` (the default) the
         sample's top-7 exponents replace that window when they cover clearly more
-        of the sample (``choose_codebook``). Reads only the sample.
+        of the sample (``choose_codebook``). Reads only the sample. ``bits``: uint16
+        patterns of BF16 or FP16 (``dtype``), or uint32 patterns of FP32.
         """
         if not fallback:
-            return cls.from_sigma(estimate_sigma(bits, samples))
-        return choose_codebook(bits, samples).codebook
+            return cls.from_sigma(estimate_sigma(bits, samples, dtype), dtype)
+        return choose_codebook(bits, samples, dtype=dtype).codebook
 
     @classmethod
     def from_histogram(cls, x, *, dtype: str | None = None) -> Codebook:
@@ -379,9 +447,10 @@ class Codebook:
         Exponents that never occur fill the remaining places in ascending order, so a
         tensor with fewer than 7 distinct exponents still gets a valid codebook.
         """
-        from .arrays import host_bits
+        from .arrays import host_values
 
-        return cls(top_exponents(exponent_histogram(host_bits(x, dtype=dtype))))
+        bits, code = host_values(x, dtype=dtype)
+        return cls(top_exponents(exponent_histogram(bits, code)))
 
     def lut(self) -> np.ndarray:
         """256-entry uint8 table: exponent -> code (0 = escape)."""
@@ -396,12 +465,13 @@ class Codebook:
 
     def coverage(self, x, *, dtype: str | None = None) -> float:
         """Fraction of the values of ``x`` whose exponent is in this codebook."""
-        from .arrays import host_bits
+        from .arrays import host_values
 
-        bits = host_bits(x, dtype=dtype).reshape(-1)
+        bits, code = host_values(x, dtype=dtype)
+        bits = bits.reshape(-1)
         if bits.size == 0:
             return 1.0
-        return float(np.count_nonzero(self.lut()[exponents_of(bits)]) / bits.size)
+        return float(np.count_nonzero(self.lut()[exponents_of(bits, code)]) / bits.size)
 
 
 @dataclass(frozen=True)
@@ -418,7 +488,7 @@ class CodebookChoice:
 
 
 def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
-                    margin: float = FALLBACK_MARGIN) -> CodebookChoice:
+                    margin: float = FALLBACK_MARGIN, *, dtype="bfloat16") -> CodebookChoice:
     """The default codebook and why: sigma window, or the sample's top-7 as a fallback.
 
     One strided sample of at most ``samples`` values is read. Its RMS places the
@@ -436,13 +506,17 @@ def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
     >>> c = choose_codebook(bits)
     >>> c.fallback, 0 in c.codebook.exponents, 0 in c.sigma_window
     (True, True, False)
+
+    FP32 (uint32 patterns) is sampled at the same positions and chosen from its BF16
+    upper halves (``sample_bits``); FP16 from its own values and 5-bit exponents.
     """
-    sample = strided_sample(bits, samples)
-    sigma = _rms(sample)
-    by_sigma = Codebook.from_sigma(sigma)
+    code = fmt.dtype_code(dtype)
+    sample = sample_bits(strided_sample_any(bits, samples), code)
+    sigma = _rms(sample, code)
+    by_sigma = Codebook.from_sigma(sigma, code)
     if sample.size == 0:
         return CodebookChoice(by_sigma, sigma, by_sigma.exponents, 0, 1.0, 1.0, False)
-    hist = exponent_histogram(sample)
+    hist = exponent_histogram(sample, fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16 else fmt.DTYPE_BF16)
     top = top_exponents(hist)
     n_sigma, n_top = int(hist[list(by_sigma.exponents)].sum()), int(hist[list(top)].sum())
     cov_sigma, cov_top = n_sigma / sample.size, n_top / sample.size

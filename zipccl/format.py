@@ -8,19 +8,23 @@ the two must agree.
 Frame layout (all integers little-endian, every section starts on a 128-byte
 boundary, padding bytes are zero)::
 
-    offset 0     header (128 bytes, see HEADER_FIELDS)
-    SM_OFFSET    sign-mantissa plane: n bytes, byte i = sign(x_i) << 7 | mantissa(x_i)
-    planes       3 code planes, plane k at planes_offset + k * plane_stride; each is
+    offset 0     header (128 bytes, see HEADER_FIELDS); byte 5 names the element type
+    SM_OFFSET    byte plane: n bytes. BF16 and FP32: sign(x_i) << 7 | the top 7 mantissa
+                 bits of x_i; FP16: the low 8 mantissa bits of x_i
+    planes       code planes 0..2 (and, for FP16, bit planes 3..5 holding mantissa bits 8,
+                 9 and the sign), plane k at planes_offset + k * plane_stride; each is
                  ceil(n/32) uint32 words, bit j of word w = bit k of code(x_{32w+j})
     counts       ceil(n/BLOCK) uint32: number of escapes in each block of BLOCK elements
-    escapes      n_escapes bytes: the exponent byte of every escaped element, in order
+    low halves   FP32 only: 2n bytes, the low 16 mantissa bits of each value (uint16 LE)
+    escapes      n_escapes bytes: the exponent of every escaped element, in order
     ---------    frame ends right after the last escape byte (no tail padding)
 
-Everything before ``escapes`` has a size that depends on n alone: that is the
-*static part*, which a receiver can size without being told. A RAW frame (flag
-bit 0) holds the header and then the 2n input bytes verbatim; an encoder writes
-one exactly when the compressed frame would be longer, so no frame is longer
-than ``max_compressed_size(n) = HEADER_SIZE + 2n``.
+Everything before ``escapes`` has a size that depends on n (and the element type)
+alone: that is the *static part*, which a receiver can size without being told. A
+RAW frame (flag bit 0) holds the header and then the n input values verbatim (2n
+or 4n bytes); an encoder writes one exactly when the compressed frame would be
+longer, so no frame is longer than ``max_compressed_size(n, dtype)``. A BF16 frame
+is byte for byte what version 1 wrote before FP32 and FP16 existed.
 """
 
 from __future__ import annotations
@@ -35,7 +39,16 @@ import numpy as np
 MAGIC = b"ZCCL"
 VERSION = 1
 DTYPE_BF16 = 1
-DTYPE_NAMES = {DTYPE_BF16: "bfloat16"}
+DTYPE_FP32 = 2
+DTYPE_FP16 = 3
+DTYPE_NAMES = {DTYPE_BF16: "bfloat16", DTYPE_FP32: "float32", DTYPE_FP16: "float16"}
+ITEMSIZE = {DTYPE_BF16: 2, DTYPE_FP32: 4, DTYPE_FP16: 2}  # bytes per value
+EXPONENT_MAX = {DTYPE_BF16: 255, DTYPE_FP32: 255, DTYPE_FP16: 31}  # all-ones exponent (inf, NaN)
+N_PLANES = {DTYPE_BF16: 3, DTYPE_FP32: 3, DTYPE_FP16: 6}  # bit planes after the byte plane
+_DTYPE_ALIASES = {"bfloat16": DTYPE_BF16, "bf16": DTYPE_BF16, "torch.bfloat16": DTYPE_BF16,
+                  "float32": DTYPE_FP32, "fp32": DTYPE_FP32, "torch.float32": DTYPE_FP32,
+                  "float16": DTYPE_FP16, "fp16": DTYPE_FP16, "half": DTYPE_FP16,
+                  "torch.float16": DTYPE_FP16}
 
 HEADER_SIZE = 128
 ALIGN = 128
@@ -76,6 +89,27 @@ N_ESCAPES_AT = OFFSET["n_escapes"]
 CODEBOOK_AT = OFFSET["codebook"]
 
 
+def dtype_code(dtype) -> int:
+    """The header's element-type code of ``dtype``: a code, a name or a NumPy / torch dtype.
+
+    >>> dtype_code("bfloat16"), dtype_code("float32"), dtype_code(np.float16)
+    (1, 2, 3)
+    """
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        if int(dtype) in DTYPE_NAMES:
+            return int(dtype)
+        raise ValueError(f"unknown zipccl element type code {dtype}")
+    name = str(dtype)
+    if name not in _DTYPE_ALIASES:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[name]
+    raise TypeError(f"zipccl compresses bfloat16, float32 and float16; got {dtype!r}")
+
+
 def align(nbytes: int) -> int:
     """Round ``nbytes`` up to the next multiple of ALIGN (128)."""
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
@@ -83,11 +117,16 @@ def align(nbytes: int) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Byte offsets and sizes of every section of a frame of ``n`` elements.
+    """Byte offsets and sizes of every section of a frame of ``n`` elements of ``dtype``.
 
     >>> lay = Layout.for_count(4096)
     >>> lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset, lay.escapes_offset
     (128, 4224, 512, 5760, 5888)
+    >>> lay = Layout.for_count(4096, DTYPE_FP32)
+    >>> lay.counts_offset, lay.lo_offset, lay.escapes_offset, lay.raw_size
+    (5760, 5888, 14080, 16512)
+    >>> Layout.for_count(4096, DTYPE_FP16).counts_offset
+    7296
     """
 
     n: int
@@ -99,24 +138,36 @@ class Layout:
     n_blocks: int
     escapes_offset: int  # == static_size: everything before it depends on n only
     raw_size: int  # length of a RAW frame of n elements
+    dtype: int = DTYPE_BF16
+    n_planes: int = 3  # bit planes: 3 code planes (+ 3 raw bit planes for FP16)
+    lo_offset: int = 0  # FP32: the low halves (2n bytes); others: == escapes_offset, empty
 
     @staticmethod
-    def for_count(n: int) -> Layout:
+    def for_count(n: int, dtype: int = DTYPE_BF16) -> Layout:
         if n < 0:
             raise ValueError(f"element count must be >= 0, got {n}")
+        dtype = dtype_code(dtype)
+        n_planes = N_PLANES[dtype]
         sm_offset = HEADER_SIZE
         planes_offset = align(sm_offset + n)
         plane_words = (n + 31) // 32
         plane_stride = align(4 * plane_words)
-        counts_offset = planes_offset + 3 * plane_stride
+        counts_offset = planes_offset + n_planes * plane_stride
         n_blocks = (n + BLOCK - 1) // BLOCK
-        escapes_offset = align(counts_offset + 4 * n_blocks)
+        lo_offset = align(counts_offset + 4 * n_blocks)
+        escapes_offset = align(lo_offset + 2 * n) if dtype == DTYPE_FP32 else lo_offset
         return Layout(n, sm_offset, planes_offset, plane_words, plane_stride, counts_offset,
-                      n_blocks, escapes_offset, HEADER_SIZE + 2 * n)
+                      n_blocks, escapes_offset, HEADER_SIZE + ITEMSIZE[dtype] * n, dtype,
+                      n_planes, lo_offset)
 
     def plane_offset(self, k: int) -> int:
-        """Byte offset of code plane ``k`` (0, 1 or 2)."""
+        """Byte offset of bit plane ``k`` (code planes 0..2; FP16's raw bit planes 3..5)."""
         return self.planes_offset + k * self.plane_stride
+
+    @property
+    def lo_size(self) -> int:
+        """Bytes of the low-halves section (2n for FP32, else 0)."""
+        return 2 * self.n if self.dtype == DTYPE_FP32 else 0
 
     @property
     def static_size(self) -> int:
@@ -135,23 +186,34 @@ class Layout:
         return self.raw_size if self.is_raw(n_escapes) else self.compressed_len(n_escapes)
 
 
-def max_compressed_size(n: int) -> int:
-    """Largest frame that compressing ``n`` BF16 values can produce, in bytes.
+def max_compressed_size(n: int, dtype=DTYPE_BF16) -> int:
+    """Largest frame that compressing ``n`` values of ``dtype`` (BF16 by default) can
+    produce, in bytes: the RAW frame, header + the values.
 
     ``n`` is an integer (a Python or NumPy int): a float such as 1.9 or a string such
     as "12" raises TypeError instead of being rounded or parsed, a negative count ValueError.
 
-    >>> max_compressed_size(1000)
-    2128
+    >>> max_compressed_size(1000), max_compressed_size(1000, "float32")
+    (2128, 4128)
     """
     if isinstance(n, bool) or not hasattr(n, "__index__"):
         raise TypeError(f"element count must be an integer, got {type(n).__name__} {n!r}")
-    return Layout.for_count(operator.index(n)).raw_size
+    return Layout.for_count(operator.index(n), dtype_code(dtype)).raw_size
 
 
-def static_size(n: int) -> int:
-    """Size of the static part of a compressed frame of ``n`` elements (header .. counts)."""
-    return Layout.for_count(int(n)).static_size
+def static_size(n: int, dtype=DTYPE_BF16) -> int:
+    """Size of the static part of a compressed frame of ``n`` elements (header .. counts,
+    and FP32's low halves)."""
+    return Layout.for_count(int(n), dtype_code(dtype)).static_size
+
+
+def check_codebook(exponents, dtype: int) -> None:
+    """ValueError unless ``exponents`` can be the codebook of a frame of ``dtype``: FP16
+    exponents are 5 bits, so its codebook entries lie in 0..31."""
+    top = EXPONENT_MAX[dtype]
+    if any(int(e) > top for e in exponents):
+        raise ValueError(f"a {DTYPE_NAMES[dtype]} codebook holds exponents 0..{top}, "
+                         f"got {tuple(int(e) for e in exponents)}")
 
 
 @dataclass(frozen=True)
@@ -198,9 +260,10 @@ def pack_header(header: Header) -> np.ndarray:
 def parse_header(buf, buffer_len: int | None = None) -> Header:
     """Read and validate the header of ``buf`` (any bytes-like / uint8 array).
 
-    Checks magic, version, dtype, flags, header CRC, shape and every length against
-    the buffer size. Raises ValueError with a message naming what is wrong. It does
-    not look at the payload; the decoders check the escape counts and checksum.
+    Checks magic, version, dtype, flags, header CRC, shape, codebook (FP16: entries
+    0..31) and every length against the buffer size. Raises ValueError with a message
+    naming what is wrong. It does not look at the payload; the decoders check the
+    escape counts and checksum.
     ``buffer_len``: the length of the whole buffer when ``buf`` holds only its first
     bytes (at least the 128 header bytes; a device frame's header read to the host).
 
@@ -241,7 +304,10 @@ def parse_header(buf, buffer_len: int | None = None) -> Header:
     cb = tuple(codebook)
     if len(set(cb)) != CODEBOOK_SIZE:
         raise ValueError(f"corrupted zipccl frame: codebook {cb} has repeated entries")
-    lay = Layout.for_count(n)
+    if max(cb) > EXPONENT_MAX[dtype]:
+        raise ValueError(f"corrupted zipccl frame: codebook {cb} holds exponents above "
+                         f"{EXPONENT_MAX[dtype]}, the largest of {DTYPE_NAMES[dtype]}")
+    lay = Layout.for_count(n, dtype)
     raw_frame = bool(flags & FLAG_RAW)
     if raw_frame:
         expected = lay.raw_size
@@ -294,3 +360,14 @@ def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
     weights = 2 * np.arange(len(words), dtype=np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
         return int(np.sum(words * weights, dtype=np.uint64))
+
+
+def check_escape_values(escapes: np.ndarray, dtype: int) -> None:
+    """The decoders' rule for escape bytes: each holds an exponent of ``dtype`` (FP16: 0..31).
+    Raises ValueError naming the first byte that does not."""
+    top = EXPONENT_MAX[dtype]
+    esc = np.asarray(escapes)
+    if top < 255 and esc.size and int(esc.max()) > top:
+        bad = int(esc[np.flatnonzero(esc > top)[0]])
+        raise ValueError(f"corrupted zipccl frame: escape byte {bad} is not a "
+                         f"{DTYPE_NAMES[dtype]} exponent (0..{top})")
