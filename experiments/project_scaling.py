@@ -1,7 +1,8 @@
 """Project zipccl's collectives to 2-64 GPUs from the 2-rank measurements (no timing here).
 
 Reads every ``experiments/results/collectives*.jsonl`` (and ``codec_gpu*.jsonl`` where
-present), calibrates ``zipccl.scaling`` on the newest 2-rank run of each link, and
+present) through ``experiments/records.py``, calibrates ``zipccl.scaling`` on the newest
+2-rank run of each link, and
 writes ``experiments/results/scaling_projection.jsonl``:
 
 - ``inputs``: the files read and what was (not) measured;
@@ -28,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from experiments import records  # noqa: E402
+from experiments.records import RESULTS  # noqa: E402
 from zipccl import scaling  # noqa: E402
 from zipccl.costmodel import OPS  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MiB = 1 << 20
 
 
@@ -53,19 +55,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     coll = sorted(glob.glob(os.path.join(args.results, "collectives*.jsonl")))
     codec = sorted(glob.glob(os.path.join(args.results, "codec_gpu*.jsonl")))
-    records = scaling.load_records(coll)
-    codec_records = scaling.load_records(codec)
-    cal = scaling.calibrate(records, codec_records, codec_variant=args.codec_variant)
-    fitted = scaling.select_latest(records)
+    recs = records.load_records(coll)
+    codec_records = records.load_records(codec)
+    cal = records.calibrate(recs, codec_records, codec_variant=args.codec_variant)
+    fitted = records.select_latest(recs)
     sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",") if s]
     ranks = [int(p) for p in args.ranks.split(",") if p]
     proj = scaling.project(cal, sizes=sizes, ranks=ranks, ranks_per_node=args.ranks_per_node,
                            intra=args.intra, inter=args.inter)
-    checks = scaling.check(cal, records, fitted)
-    measured_ranks = sorted({r["nranks"] for r in records if r.get("bench") == "collectives"})
+    checks = records.check(cal, recs, fitted)
+    measured_ranks = sorted({r["nranks"] for r in recs if r.get("bench") == "collectives"})
 
     head = {"record": "inputs", "files": [os.path.relpath(p, args.results) for p in coll + codec],
-            "collectives_records": len(records), "codec_gpu_records": len(codec_records),
+            "collectives_records": len(recs), "codec_gpu_records": len(codec_records),
             "measured_ranks": measured_ranks, "calibrated_on": cal.source["machine"],
             "arrangements": {"ring": "p ranks on one flat link (each calibrated transport)",
                              "hierarchical": f"{args.ranks_per_node} ranks per node on {args.intra} "

@@ -2,7 +2,8 @@
 
 Reads the records of ``experiments/bench_collectives.py`` (results/collectives.jsonl);
 one column per operation, two rows per link (time, then speed-up over NCCL); each link
-shows its newest run only (runs differ in method). Dotted lines: the times the
+shows its newest run that timed both paths only (runs differ in method;
+``experiments/records.py``'s ``select_latest``). Dotted lines: the times the
 calibrated cost model predicted in that run (native, and compressed for "always").
 Times nothing, imports no CUDA or MPI module.
 
@@ -11,15 +12,17 @@ Times nothing, imports no CUDA or MPI module.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/records.py
+from experiments.records import load_records, run_id, select_latest  # noqa: E402
 from zipccl.costmodel import OPS  # noqa: E402
 
 LINK_NAMES = {"nvlink": "NVLink", "shm": "shared memory (NCCL_P2P_DISABLE=1)",
@@ -28,20 +31,9 @@ STYLE = {"nccl": ("k", "o", "native NCCL"), "always": ("C3", "s", 'zipccl policy
          "auto": ("C0", "^", 'zipccl policy="auto"')}
 
 
-def load(paths: list[str]) -> list[dict]:
-    recs = []
-    for p in paths:
-        with open(p) as f:
-            recs += [json.loads(line) for line in f if line.strip()]
-    return [r for r in recs if r.get("bench") == "collectives"]
-
-
 def main(out: str, paths: list[str]) -> None:
-    allrecs = load(paths)
-    newest = {}  # link -> its newest run id (old records have no "run")
-    for r in allrecs:
-        newest[r["link"]] = max(newest.get(r["link"], ""), r.get("run", ""))
-    recs = [r for r in allrecs if r.get("run", "") == newest[r["link"]]]
+    recs = select_latest(load_records(paths))  # each link's newest run that timed both paths
+    newest = {r["link"]: run_id(r) for r in recs}
     links = [lk for lk in LINK_NAMES if any(r["link"] == lk for r in recs)]
     series = defaultdict(list)
     for r in recs:

@@ -13,15 +13,17 @@ older runs). Times nothing, imports no CUDA or MPI module.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # experiments/records.py
+from experiments.records import load_records  # noqa: E402
 from zipccl.costmodel import OPS  # noqa: E402
 
 MiB = 1 << 20
@@ -34,8 +36,7 @@ LINK_COLOR = {"shm": "C3", "nvlink": "C0"}
 
 
 def main(out: str, path: str) -> None:
-    with open(path) as f:
-        recs = [json.loads(line) for line in f if line.strip()]
+    recs = load_records([path])
     head = next(r for r in recs if r["record"] == "inputs")
     ratio = min(r["ratio"] for r in recs if r["record"] == "link")
     curves = defaultdict(list)

@@ -4,8 +4,8 @@ FIGURES += out/scaling.png
 SCALING_INPUTS := $(sort $(wildcard ../experiments/results/collectives*.jsonl) \
                          $(wildcard ../experiments/results/codec_gpu*.jsonl))
 
-../experiments/results/scaling_projection.jsonl: ../experiments/project_scaling.py ../zipccl/scaling.py \
-		../zipccl/costmodel.py $(SCALING_INPUTS)
+../experiments/results/scaling_projection.jsonl: ../experiments/project_scaling.py ../experiments/records.py \
+		../zipccl/scaling.py ../zipccl/costmodel.py $(SCALING_INPUTS)
 	$(PYTHON) ../experiments/project_scaling.py --out $@ > /dev/null
 
 out/scaling.png: fig_scaling.py ../experiments/results/scaling_projection.jsonl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import json
 import math
 import subprocess
@@ -15,9 +16,12 @@ from zipccl import costmodel as cm
 from zipccl import scaling as sc
 from zipccl.metrics import busbw, nccl_tests_size
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # experiments/records.py, as the scripts and figures import it
+from experiments import records as rec  # noqa: E402
+
 MIB = 1 << 20
 SIZES = (1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def known() -> sc.Calibration:
@@ -56,7 +60,7 @@ def records(cal: sc.Calibration, run: str = "r1") -> list[dict]:
 
 def test_calibration_recovers_links_codec_and_ratio():
     truth = known()
-    cal = sc.calibrate(records(truth))
+    cal = rec.calibrate(records(truth))
     for name, link in truth.links.items():
         got = cal.links[name]
         for op in cm.OPS:
@@ -77,7 +81,7 @@ def test_calibration_fits_overlap_when_codec_throughput_is_measured():
     codec_recs = [{"bench": "codec_gpu", "variant": "v2", "mode": "graph", "op": op,
                    "input_bytes": m, "seconds": 5e-6 + m / (g * 1e9)}
                   for op, g in (("encode", 1800.0), ("decode", 2200.0)) for m in SIZES]
-    cal = sc.calibrate(records(truth), codec_recs)
+    cal = rec.calibrate(records(truth), codec_recs)
     assert cal.codec.encode_gbps == pytest.approx(1800.0, rel=1e-9)
     assert cal.codec.decode_gbps == pytest.approx(2200.0, rel=1e-9)
     assert cal.overlap == pytest.approx(0.4, rel=1e-6)
@@ -88,9 +92,9 @@ def test_calibration_fits_overlap_when_codec_throughput_is_measured():
 def test_calibration_uses_each_links_newest_run():
     old = records(replace(known(), codec=replace(known().codec, overhead=5e-3)), run="")
     new = records(known(), run="2026-12-01T00:00:00")
-    cal = sc.calibrate(old + new)
+    cal = rec.calibrate(old + new)
     assert cal.codec.overhead == pytest.approx(0.6e-3, rel=1e-6)
-    checks = sc.check(cal, old + new, sc.select_latest(old + new))
+    checks = rec.check(cal, old + new, rec.select_latest(old + new))
     assert all(c["in_fit"] == (c["run"] is not None) for c in checks)
     assert all(abs(c["rel_err"]) < 1e-9 for c in checks if c["in_fit"])
     assert any(c["rel_err"] < -0.1 for c in checks if not c["in_fit"])  # the old, slower library
@@ -179,3 +183,9 @@ def test_per_peer_fixed_costs_vanish_at_two_ranks_and_grow_with_peers(op):
     assert t8.per_peer_extra_s == pytest.approx(calls * cal.codec.overhead, rel=1e-12)
     h = sc.hierarchical_times(op, 64 * MIB, 32, cal)  # 4 nodes: only the inter stage pays it
     assert h.per_peer_extra_s == pytest.approx(sc.per_peer_extra(op, 4, cal), rel=1e-12)
+
+
+def test_record_reading_examples_run():
+    """experiments/records.py is outside zipccl/, where --doctest-modules runs: its examples run here."""
+    result = doctest.testmod(rec)
+    assert result.attempted >= 5 and result.failed == 0

@@ -1,14 +1,16 @@
 """Scaling projection: the alpha-beta model calibrated on 2-rank measurements, taken to p ranks.
 
 Only 2 x H200 measurements exist, so how zipccl scales beyond 2 GPUs is a model
-prediction. This module turns the records of ``experiments/bench_collectives.py``
-into the parameters of ``zipccl.costmodel`` and evaluates them for p ranks:
+prediction. This module fits the parameters of ``zipccl.costmodel`` to what the
+records of ``experiments/bench_collectives.py`` measured and evaluates them for p
+ranks; ``experiments/records.py`` reads the records (which run of each link, which
+fields) and hands this module plain numbers.
 
-**Calibration** (``calibrate``), from the 2-rank records of each transport:
+**Calibration** (``calibrate``), from the 2-rank measurements of each transport:
 
-- the *link* (``fit_link``): NCCL's latency alpha and bus bandwidth B per
-  operation, fitted to the native records with ``costmodel.link_from_busbw``
-  (median bus bandwidth per size over the records used);
+- the *link*: NCCL's latency alpha and bus bandwidth B per operation, fitted to
+  the native records with ``costmodel.link_from_busbw`` (median bus bandwidth per
+  size over the records used; ``experiments/records.py``'s ``nccl_link``);
 - the *wire* (``wire_link``): compressed frames travel as grouped NCCL
   send/recv (``comm.collectives.compressed_exchange``), i.e. at the link's
   all-to-all alpha and B, whatever the operation;
@@ -62,11 +64,8 @@ an 8-GPU NVSwitch node and a real network may differ.
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -79,91 +78,8 @@ MiB = 1 << 20
 
 
 # --------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------
-
-def load_records(paths: Iterable[str]) -> list[dict]:
-    """All JSON-lines records of the given files, in file order (blank lines skipped)."""
-    out = []
-    for path in paths:
-        with open(path) as f:
-            out += [json.loads(line) for line in f if line.strip()]
-    return out
-
-
-def run_id(rec: Mapping) -> str:
-    """A record's run id; the first collectives run wrote none ("" sorts first)."""
-    return str(rec.get("run", rec.get("run_id", "")) or "")
-
-
-def record_chunks(rec: Mapping) -> int:
-    """The pipeline chunk count a compressed record names (1 where it names none)."""
-    cfg = rec.get("config") or {}
-    return int(rec.get("chunks") or cfg.get("chunks") or 1)
-
-
-def _fittable(recs: list[dict]) -> bool:
-    """A run can calibrate a link if its native records cover >= 2 sizes of some op and it
-    timed the compressed path (``policy="always"``) too."""
-    sizes: dict[str, set] = defaultdict(set)
-    for r in recs:
-        if r.get("variant") == "nccl":
-            sizes[r["op"]].add(int(r["per_rank_bytes"]))
-    return any(len(v) >= 2 for v in sizes.values()) and any(r.get("variant") == "always" for r in recs)
-
-
-def select_latest(records: Iterable[Mapping], nranks: int = 2) -> list[dict]:
-    """The ``collectives`` records of ``nranks`` ranks from the newest usable run of each link.
-
-    Runs are per link (one link per process), so each transport is calibrated on
-    what the library measured most recently on it. A run that stopped before its
-    native records covered two sizes of any operation, or that timed no compressed
-    call, cannot be fitted and is passed over for the newest one that can (its
-    records are still checked).
-
-    >>> recs = [{"bench": "collectives", "link": "shm", "nranks": 2, "run": r, "variant": v,
-    ...          "op": "all_gather", "per_rank_bytes": m}
-    ...         for r in ("b", "a") for m in (1, 2) for v in ("nccl", "always")]
-    >>> sorted({r["run"] for r in select_latest(recs)})
-    ['b']
-    >>> recs.append({**recs[0], "run": "c"})  # a newer run with one size only
-    >>> sorted({r["run"] for r in select_latest(recs)})
-    ['b']
-    """
-    recs = [dict(r) for r in records if r.get("bench") == "collectives" and r.get("nranks") == nranks]
-    by_run: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in recs:
-        by_run[(r["link"], run_id(r))].append(r)
-    newest: dict[str, str] = {}
-    for (link, run), rs in by_run.items():
-        if _fittable(rs) and run >= newest.get(link, ""):
-            newest[link] = run
-    return [r for r in recs if r["link"] in newest and run_id(r) == newest[r["link"]]]
-
-
-# --------------------------------------------------------------------------------------------
 # Calibration
 # --------------------------------------------------------------------------------------------
-
-def fit_link(name: str, records: Iterable[Mapping]) -> cm.Link:
-    """Native NCCL ``Link`` (alpha, B per op) from the ``variant == "nccl"`` records of one link.
-
-    Several records of one (op, size) are merged by their median bus bandwidth.
-    """
-    points: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    ranks = set()
-    for r in records:
-        if r.get("variant") == "nccl" and r["link"] == name:
-            points[r["op"]][int(r["per_rank_bytes"])].append(float(r["busbw_gbps"]))
-            ranks.add(int(r["nranks"]))
-    if not points:
-        raise ValueError(f"no native records of link {name!r}")
-    if len(ranks) != 1:
-        raise ValueError(f"link {name!r}: records of several rank counts {sorted(ranks)}")
-    busbw = {op: {m: statistics.median(v) for m, v in by.items()} for op, by in points.items()
-             if len(by) >= 2}
-    return cm.link_from_busbw(name, busbw, ranks.pop())
-
 
 def wire_link(link: cm.Link) -> cm.Link:
     """The link compressed frames travel on: grouped send/recv, i.e. the all-to-all fit, for every op."""
@@ -262,30 +178,39 @@ def _design_row(op: str, m: float, p: int, wire: cm.Link, ratio: float, chunks: 
     return pred.compressed_s, [c_o, -cm.hidden_time(pred.stages), c_r]
 
 
-def fit_codec_gpu(records: Iterable[Mapping], variant: str = "v2") -> cm.Codec | None:
-    """Encode / decode throughput of the library's GPU codec from ``codec_gpu`` records, or None.
+@dataclass(frozen=True)
+class Timed:
+    """One measured call of zipccl's compressed path: what the codec fit needs of a record."""
 
-    Uses the device-time (``mode == "graph"``) records of ``variant``; each op's
-    throughput is the alpha-beta fit's beta over its sizes (the fixed per-call
-    part is fitted with the collectives instead).
+    transport: str
+    op: str
+    nbytes: int  # per-rank bytes, metrics.nccl_tests_size convention
+    nranks: int
+    seconds: float
+
+
+def fit_codec_gpu(encode: Mapping[int, float], decode: Mapping[int, float]) -> cm.Codec | None:
+    """Encode / decode throughput of the GPU codec from its device times {input bytes: seconds}.
+
+    Each throughput is the alpha-beta fit's beta over the sizes (the fixed per-call
+    part is fitted with the collectives instead); None unless both have >= 2 sizes.
+
+    >>> c = fit_codec_gpu({1e6: 1e-5 + 1e-6, 1e7: 1e-5 + 1e-5}, {1e6: 2e-6, 1e7: 2e-5})
+    >>> round(c.encode_gbps, 6), round(c.decode_gbps, 6)
+    (1000.0, 500.0)
     """
-    pts: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if r.get("bench") == "codec_gpu" and r.get("variant") == variant and r.get("mode") == "graph" \
-                and r.get("op") in ("encode", "decode"):
-            pts[r["op"]][int(r["input_bytes"])].append(float(r["seconds"]))
-    if set(pts) != {"encode", "decode"} or min(len(v) for v in pts.values()) < 2:
+    if min(len(encode), len(decode)) < 2:
         return None
     gbps = {}
-    for op, by in pts.items():
+    for op, by in (("encode", encode), ("decode", decode)):
         sizes = sorted(by)
-        gbps[op] = cm.fit_alpha_beta(sizes, [statistics.median(by[s]) for s in sizes])[1]
+        gbps[op] = cm.fit_alpha_beta(sizes, [by[s] for s in sizes])[1]
     return cm.Codec("zipccl", gbps["encode"], gbps["decode"], 0.7)
 
 
-def fit_codec(records: Iterable[Mapping], wires: Mapping[str, cm.Link], ratio: Mapping[str, float],
-              codec_known: cm.Codec | None = None) -> tuple[cm.Codec, float, int, dict]:
-    """(codec, overlap, chunks, diagnostics) from compressed (``variant == "always"``) records.
+def fit_codec(timed: Sequence[Timed], wires: Mapping[str, cm.Link], ratio: Mapping[str, float],
+              codec_known: cm.Codec | None = None, chunks: int = 1) -> tuple[cm.Codec, float, dict]:
+    """(codec, overlap, diagnostics) from the compressed path's measured times.
 
     One codec for every transport. Without ``codec_known`` it fits the per-call
     overhead, the encode = decode throughput and the reduction throughput, with
@@ -294,21 +219,15 @@ def fit_codec(records: Iterable[Mapping], wires: Mapping[str, cm.Link], ratio: M
     """
     from scipy.optimize import nnls
 
-    recs = [r for r in records if r.get("variant") == "always" and r.get("compressed", True)
-            and r["link"] in wires]
-    if len(recs) < 3:
-        raise ValueError(f"need at least 3 compressed records to fit the codec, got {len(recs)}")
-    chunks = {record_chunks(r) for r in recs}
-    if len(chunks) != 1:
-        raise ValueError(f"compressed records with several chunk counts {sorted(chunks)}")
-    k = chunks.pop()
+    if len(timed) < 3:
+        raise ValueError(f"need at least 3 compressed records to fit the codec, got {len(timed)}")
     rows, ys, ws = [], [], []
-    for r in recs:
-        base, row = _design_row(r["op"], r["per_rank_bytes"], int(r["nranks"]), wires[r["link"]],
-                                ratio[r["link"]], k, codec_known)
+    for t in timed:
+        base, row = _design_row(t.op, t.nbytes, t.nranks, wires[t.transport], ratio[t.transport], chunks,
+                                codec_known)
         rows.append(row)
-        ys.append(float(r["time_s"]) - base)
-        ws.append(1.0 / float(r["time_s"]))
+        ys.append(float(t.seconds) - base)
+        ws.append(1.0 / float(t.seconds))
     a, y, w = np.array(rows), np.array(ys), np.array(ws)
     x, _ = nnls(a * w[:, None], y * w)
     o, second, inv_red = (float(v) for v in x)
@@ -324,39 +243,29 @@ def fit_codec(records: Iterable[Mapping], wires: Mapping[str, cm.Link], ratio: M
     rel = (a @ x - y) * w  # predicted / measured - 1
     diag = {"codec_fit": "overhead, throughput, reduction" if codec_known is None
             else "overhead, overlap, reduction (throughput from codec_gpu records)",
-            "fit_records": len(recs), "fit_rms_rel_err": float(np.sqrt(np.mean(rel ** 2))),
+            "fit_records": len(timed), "fit_rms_rel_err": float(np.sqrt(np.mean(rel ** 2))),
             "fit_max_abs_rel_err": float(np.max(np.abs(rel)))}
-    return codec, overlap, k, diag
+    return codec, overlap, diag
 
 
-def calibrate(records: Iterable[Mapping], codec_records: Iterable[Mapping] = (), *,
-              nranks: int = 2, latest: bool = True, codec_variant: str = "v2") -> Calibration:
-    """Model parameters from ``collectives`` records (and optional ``codec_gpu`` records).
+def calibrate(links: Mapping[str, cm.Link], ratio: Mapping[str, float], timed: Sequence[Timed], *,
+              chunks: int = 1, codec_known: cm.Codec | None = None,
+              source: Mapping | None = None) -> Calibration:
+    """Model parameters from each transport's native ``Link``, its wire ratio, and the compressed
+    path's measured times (``fit_codec``); ``source`` says what they were read from.
 
-    With ``latest`` (default) each link is calibrated on its newest run only (the
-    library changes between runs); otherwise on every ``nranks``-rank record.
-    ``codec_variant`` names the ``codec_gpu`` kernel variant the collectives ran
-    with ("v2": the library's kernels when the 2 x H200 collectives were measured).
+    ``experiments/records.py`` reads all of these from the benchmarks' records.
+
+    >>> truth = Calibration.synthetic()
+    >>> timed = [Timed(t, op, m, 2, truth.zipccl_time(op, m, 2, t))
+    ...          for t in truth.links for op in OPS for m in (16 * MiB, 256 * MiB)]
+    >>> cal = calibrate(truth.links, truth.ratio, timed)
+    >>> round(cal.codec.encode_gbps), round(cal.codec.overhead * 1e6), round(cal.codec.reduce_gbps)
+    (1500, 500, 800)
     """
-    recs = select_latest(records, nranks) if latest else \
-        [dict(r) for r in records if r.get("bench") == "collectives" and r.get("nranks") == nranks]
-    names = sorted({r["link"] for r in recs if r.get("variant") == "nccl"})
-    links = {n: fit_link(n, recs) for n in names}
     wires = {n: wire_link(lk) for n, lk in links.items()}
-    ratio = {}
-    for n in names:
-        rs = [float(r["wire_ratio"]) for r in recs if r["link"] == n and r.get("variant") == "always"
-              and r.get("wire_ratio")]
-        ratio[n] = statistics.median(rs) if rs else math.nan
-    have = [n for n in names if not math.isnan(ratio[n])]  # sorted: records come out in one order
-    known = fit_codec_gpu(codec_records, codec_variant)
-    codec, overlap, chunks, diag = fit_codec(recs, {n: wires[n] for n in have}, ratio, known)
-    runs = sorted({f"{r['link']}:{run_id(r) or '(first run)'}" for r in recs})
-    return Calibration({n: links[n] for n in have}, {n: wires[n] for n in have}, codec,
-                       {n: ratio[n] for n in have}, overlap, chunks,
-                       {**diag, "runs": runs, "nranks": nranks,
-                        "codec_variant": codec_variant if known is not None else None,
-                        "machine": sorted({r.get("machine", "?") for r in recs})})
+    codec, overlap, diag = fit_codec(timed, wires, ratio, codec_known, chunks)
+    return Calibration(dict(links), wires, codec, dict(ratio), overlap, chunks, {**diag, **(source or {})})
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,37 +435,4 @@ def project(cal: Calibration, *, ops: Sequence[str] = OPS, sizes: Sequence[int] 
                 if intra in cal.links and inter in cal.links:
                     out.append(hierarchical_times(op, m, p, cal, intra=intra, inter=inter,
                                                   ranks_per_node=ranks_per_node))
-    return out
-
-
-def check(cal: Calibration, records: Iterable[Mapping], fitted: Iterable[Mapping] = ()) -> list[dict]:
-    """Each measured record beside the model's prediction for it (ring on its link, its rank count).
-
-    ``variant`` "nccl" is compared with the native time, "always" with the compressed
-    time, "auto" with whichever path the record says it took. ``in_fit`` marks the
-    records the calibration used. rel_err = predicted / measured - 1.
-    """
-    keys = {(r["link"], run_id(r), r["op"], r["variant"], r["per_rank_bytes"]) for r in fitted
-            if r.get("variant") in ("nccl", "always")}
-    out = []
-    for r in records:
-        if r.get("bench") != "collectives" or r["link"] not in cal.links:
-            continue
-        v, p = r["variant"], int(r["nranks"])
-        t = ring_times(r["op"], int(r["per_rank_bytes"]), p, cal, r["link"])
-        if v == "nccl":
-            pred = t.native_s
-        elif v == "always" or (v == "auto" and r.get("compressed")):
-            pred = t.compressed_s
-        elif v == "auto":
-            pred = t.native_s
-        else:
-            continue
-        meas = float(r["time_s"])
-        out.append({"record": "check", "link": r["link"], "run": run_id(r) or None, "op": r["op"],
-                    "variant": v, "nranks": p, "per_rank_bytes": int(r["per_rank_bytes"]),
-                    "measured_s": meas, "predicted_s": pred, "rel_err": pred / meas - 1,
-                    "measured_speedup": r.get("speedup_vs_nccl"),
-                    "predicted_speedup": t.speedup if v != "nccl" else 1.0,
-                    "in_fit": (r["link"], run_id(r), r["op"], v, r["per_rank_bytes"]) in keys})
     return out
