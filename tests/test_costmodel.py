@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
 from zipccl import costmodel as cm
 from zipccl.metrics import busbw, nccl_tests_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the committed records' reader
+from experiments import records as rec  # noqa: E402
 
 MIB = 1 << 20
 FREE = dict(encode_gbps=1e15, decode_gbps=1e15)  # a codec that costs nothing
@@ -142,13 +147,19 @@ def test_link_from_busbw_round_trips(p):
         assert fitted.lat(op) == pytest.approx(truth.lat(op), rel=1e-6)
 
 
-def test_reference_links_match_their_measurements_within_10_percent():
-    links = cm.reference_links()
-    for name, ops in cm.H200_NCCL_BUSBW.items():
-        for op, points in ops.items():
+def test_links_fitted_to_the_committed_nccl_runs_match_them_within_10_percent():
+    """The NCCL baselines of the notebooks: each link's newest run in results/collectives.jsonl."""
+    recs = rec.select_latest(rec.load_records([rec.RESULTS / "collectives.jsonl"]))
+    links = sorted({r["link"] for r in recs})
+    assert {"nvlink", "shm"} <= set(links)
+    for name in links:
+        p, table = rec.nccl_busbw(recs, name, 16 * MIB)
+        link = cm.link_from_busbw(name, table, p)
+        assert set(table) == set(cm.OPS)
+        for op, points in table.items():
             for m, measured in points.items():
-                t = cm.native_time(op, m, 2, links[name])
-                assert busbw(op, nccl_tests_size(op, m, 2), t, 2) == pytest.approx(measured, rel=0.10)
+                t = cm.native_time(op, m, p, link)
+                assert busbw(op, nccl_tests_size(op, m, p), t, p) == pytest.approx(measured, rel=0.10)
 
 
 def test_prediction_explain_and_validation():
@@ -167,10 +178,14 @@ def test_prediction_explain_and_validation():
         cm.native_time("gather", 1, 2, cm.Link("l", 1.0))
 
 
-def test_reference_codec_picks_nearest_measured_size():
-    assert cm.reference_codec("dietgpu", 16 * MIB).encode_gbps == 172
-    assert cm.reference_codec("dietgpu", 300 * MIB).decode_gbps == 963
-    assert cm.reference_codec("nvcomp-ans").ratio == 0.685
+def test_baseline_codec_picks_the_nearest_measured_size():
+    base = rec.load_records([rec.RESULTS / "codec_gpu_baselines.jsonl"])
+    diet = "DietGPU float (rANS exponent)"
+    assert rec.baseline_codec(base, diet, 16 * MIB).encode_gbps == 172
+    assert rec.baseline_codec(base, diet, 300 * MIB).decode_gbps == 963
+    assert rec.baseline_codec(base, "nvCOMP 6.0 ANS <f2", name="nvcomp-ans").ratio == 0.685
+    with pytest.raises(ValueError, match="no codec_gpu_baseline record"):
+        rec.baseline_codec(base, "dietgpu")
 
 
 @pytest.mark.parametrize("p", [2, 4])
