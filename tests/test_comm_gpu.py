@@ -1,4 +1,6 @@
-"""The collectives on GPUs: ``mpirun -n 2 pytest tests/mpi/mpi_collectives_gpu.py`` (NCCL and staged MPI).
+"""The collectives on GPUs: ``mpirun -n 2 pytest tests/mpi/mpi_collectives.py -k cupy`` (NCCL and MPI).
+
+The CuPy cases of the one collective suite (its NumPy cases run in ``make test``).
 
 Needs CuPy and at least one CUDA device (two for one GPU per rank); run with
 ``make test-gpu`` / ``pytest -m gpu``.
@@ -39,7 +41,7 @@ def test_collectives_on_gpus():
     if gpus() == 0:
         pytest.skip("no CUDA device / CuPy")
     cmd = launcher(2) + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-W", "ignore::RuntimeWarning", "tests/mpi/mpi_collectives_gpu.py"]
+                         "-W", "ignore::RuntimeWarning", "tests/mpi/mpi_collectives.py", "-k", "cupy"]
     r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
                        timeout=TIMEOUT_S)
     assert r.returncode == 0, f"{r.stdout[-8000:]}\n{r.stderr[-3000:]}"

@@ -1,7 +1,9 @@
 """The collectives on 1, 2 and 4 ranks: ``mpiexec -n N pytest tests/mpi/mpi_collectives.py``.
 
-Each rank derives its expected output from seeds alone (see that file). Four
-ranks on a two-core machine oversubscribe it, so the sizes there stay small.
+Each rank derives its expected output from seeds alone (see that file). Host
+arrays run on 1, 2 and 4 ranks (four ranks on a two-core machine oversubscribe it);
+the same cases on device arrays run on 2 ranks with CuPy, NCCL and the GPU codec
+stood in for (``tests/mpi/with_fake_cupy.py``).
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ def run_with_fake_cupy(n: int, args: list[str], sim: bool = False) -> subprocess
 
 @pytest.mark.mpi
 def test_device_path_with_stand_in_cupy():
-    """The GPU collectives' tests on 2 ranks with CuPy and NCCL stood in for (CPU codec)."""
-    r = run_with_fake_cupy(2, ["--host-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-                               "ignore::RuntimeWarning", "mpi/mpi_collectives_gpu.py", "-k", "not torch"])
+    """The collective tests' CuPy cases on 2 ranks with CuPy, NCCL and the GPU codec stood in for."""
+    r = run_with_fake_cupy(2, ["--cpu-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                               "ignore::RuntimeWarning", "mpi/mpi_collectives.py",
+                               "-k", "cupy and not torch"])
     assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert "passed" in r.stdout and "failed" not in r.stdout
 
@@ -110,7 +113,7 @@ def test_device_path_with_stand_in_cupy():
 def test_bench_collectives_runs_through(tmp_path):
     """experiments/bench_collectives.py end to end on stand-ins: records written, all exact."""
     out = tmp_path / "bench.jsonl"
-    r = run_with_fake_cupy(2, ["--host-codec", str(ROOT / "experiments" / "bench_collectives.py"),
+    r = run_with_fake_cupy(2, ["--cpu-codec", str(ROOT / "experiments" / "bench_collectives.py"),
                                "--link", "shm", "--sizes-mib", "0.0625,0.25", "--chunk-mib", "0.03125",
                                "--iters", "2", "--lat-iters", "1", "--warmup", "1", "--out", str(out),
                                "--host-sizes-mib", "0.0625", "--host-iters", "3",

@@ -22,8 +22,8 @@ import types
 
 import numpy as np
 
-uint8, uint16, uint32, int16, int64, float32 = (np.uint8, np.uint16, np.uint32, np.int16, np.int64,
-                                                np.float32)
+uint8, uint16, uint32, int16, int32, int64 = np.uint8, np.uint16, np.uint32, np.int16, np.int32, np.int64
+float16, float32, float64 = np.float16, np.float32, np.float64
 _ptrs = itertools.count(0x1000, 0x10)
 
 
@@ -76,6 +76,10 @@ def empty(shape, dtype=float):
 
 def full(shape, value, dtype=float):
     return _wrap(np.full(shape, value, dtype=dtype))
+
+
+def arange(*args, **kwargs):
+    return _wrap(np.arange(*args, **kwargs))
 
 
 def asarray(x):
@@ -222,7 +226,7 @@ random = types.SimpleNamespace(RandomState=_RandomState)
 __version__ = "fake"
 
 
-# -- NCCL over MPI (byte movement only; reductions use zipccl's stated BF16 sum) ---------------
+# -- NCCL over MPI (BF16 sums are zipccl's stated sum; other types reduce in rank order) -----
 
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))[:nbytes]
@@ -261,6 +265,11 @@ class _Nccl(types.ModuleType):
         MPI.Request.Waitall(reqs)
 
 
+_NUMPY = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
+          6: np.float16, 7: np.float32, 8: np.float64}
+_OPS = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum}
+
+
 def _make_nccl_comm(nccl: _Nccl):
     class NcclCommunicator:
         def __init__(self, size: int, uid, rank: int):
@@ -273,26 +282,34 @@ def _make_nccl_comm(nccl: _Nccl):
             n = count * nccl._ITEM[dtype]
             self.comm.Allgather(_bytes_at(send, n).copy(), _bytes_at(recv, n * self.comm.Get_size()))
 
-        def _reduced(self, send, count, dtype):
-            if dtype != nccl.NCCL_BFLOAT16:
-                raise NotImplementedError("fake NCCL reduces BF16 only")
-            from zipccl.comm.collectives import reduce_sum_bf16
-
-            p = self.comm.Get_size()
-            mine = _bytes_at(send, 2 * count).copy()
-            allb = np.empty(p * 2 * count, np.uint8)
+        def _reduced(self, send, count, dtype, op):
+            """Every rank's ``count`` values reduced: BF16 sums as zipccl states them (FP32 in
+            rank order, one rounding), other types with NumPy in rank order."""
+            p, item = self.comm.Get_size(), nccl._ITEM[dtype]
+            mine = _bytes_at(send, item * count).copy()
+            allb = np.empty(p * item * count, np.uint8)
             self.comm.Allgather(mine, allb)
-            out = np.empty(count, np.uint16)
-            reduce_sum_bf16(allb.view(np.uint16).reshape(p, count), out)
-            return out
+            if dtype == nccl.NCCL_BFLOAT16:
+                if op != nccl.NCCL_SUM:
+                    raise NotImplementedError("fake NCCL reduces BF16 by sum only")
+                from zipccl.comm.collectives import reduce_sum_bf16
+
+                out = np.empty(count, np.uint16)
+                reduce_sum_bf16(allb.view(np.uint16).reshape(p, count), out)
+                return out.view(np.uint8)
+            rows = allb.view(_NUMPY[dtype]).reshape(p, count)
+            out = rows[0].copy()
+            for r in range(1, p):
+                out = _OPS[op](out, rows[r])
+            return out.view(np.uint8)
 
         def allReduce(self, send, recv, count, dtype, op, stream):  # noqa: N802
-            _bytes_at(recv, 2 * count)[...] = self._reduced(send, count, dtype).view(np.uint8)
+            _bytes_at(recv, nccl._ITEM[dtype] * count)[...] = self._reduced(send, count, dtype, op)
 
         def reduceScatter(self, send, recv, count, dtype, op, stream):  # noqa: N802
-            p, me = self.comm.Get_size(), self.comm.Get_rank()
-            full = self._reduced(send, p * count, dtype)
-            _bytes_at(recv, 2 * count)[...] = full[me * count:(me + 1) * count].view(np.uint8)
+            p, me, item = self.comm.Get_size(), self.comm.Get_rank(), nccl._ITEM[dtype]
+            full = self._reduced(send, p * count, dtype, op)
+            _bytes_at(recv, item * count)[...] = full[me * item * count:(me + 1) * item * count]
 
         def send(self, ptr, count, dtype, peer, stream):
             nccl._group.append(("send", self.comm, _bytes_at(ptr, count * nccl._ITEM[dtype]).copy(),

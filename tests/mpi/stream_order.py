@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 
 import numpy as np
 
@@ -231,67 +230,20 @@ fake_cupy._Runtime.memcpyAsync = staticmethod(_memcpy_async)
 
 # -- the GPU codec's entry points, on the CPU codec, declaring what the kernels touch -----------
 
+import fake_gpu_codec  # noqa: E402
+
 from zipccl import format as fmt  # noqa: E402
 from zipccl.codec import cpu  # noqa: E402
-from zipccl.kernels import _common  # noqa: E402
 
 
-class Workspace:
-    """Like ``codec.gpu.Workspace``: counters the kernels update, error bits they leave."""
-
-    def __init__(self, max_elements: int):
-        self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
-        self.array = np.zeros(_common.WS_SLOTS + self.max_blocks, np.int64)
-
-    def fits(self, n: int) -> bool:
-        return -(-int(n) // fmt.BLOCK) <= self.max_blocks
-
-    def _slots(self, stream=None) -> np.ndarray:
-        op(stream, "workspace read-back", reads=[_span(self.array)])
+def _track(stream, what, reads=(), writes=(), host_waits=False) -> None:
+    op(stream, what, reads=reads, writes=writes)
+    if host_waits:
         _join(_host, _clock[_ptr(stream)])
-        return self.array[:_common.WS_SLOTS].copy()
-
-    def last_error(self, stream=None) -> int:
-        return int(self._slots(stream)[_common.WS_ERR_LAST])
-
-    def sticky_error(self, stream=None) -> int:
-        return int(self._slots(stream)[_common.WS_ERR_STICKY])
-
-    @staticmethod
-    def describe(bits: int) -> str:
-        return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"
 
 
-def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None):
-    op(stream, "encode kernels", reads=[_span(bits), _span(workspace.array)],
-       writes=[_span(out), _span(workspace.array)])
-    frame = cpu.encode(np.asarray(bits), codebook, (bits.size,), checksum)
-    np.asarray(out)[:frame.size] = frame
-
-
-def decode_into(frame, out, stream=None, workspace=None):
-    op(stream, "decode kernels", reads=[_span(frame), _span(workspace.array)],
-       writes=[_span(out), _span(workspace.array)])
-    f = np.asarray(frame)
-    err = 0
-    try:
-        h = fmt.parse_header(f)
-        bits, _ = cpu.decode(f[:h.frame_len])
-        if bits.size != out.size:
-            raise ValueError("element count")
-        np.asarray(out)[...] = bits.reshape(-1)
-    except ValueError:
-        err = _common.ERR_HEADER
-    workspace.array[_common.WS_ERR_LAST] = err
-    workspace.array[_common.WS_ERR_STICKY] |= err
-
-
-gpu = types.ModuleType("zipccl.codec.gpu")
-gpu.Workspace, gpu.encode_into, gpu.decode_into = Workspace, encode_into, decode_into
-sys.modules["zipccl.codec.gpu"] = gpu
-import zipccl.codec  # noqa: E402
-
-zipccl.codec.gpu = gpu
+fake_gpu_codec.track = _track
+fake_gpu_codec.install()
 
 # -- the collectives -----------------------------------------------------------------------------
 

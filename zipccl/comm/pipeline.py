@@ -9,9 +9,7 @@ lengths are read from headers before the escape phase).
 Buffers are reused across calls (grown, never shrunk), so a steady stream of
 equal-sized collectives allocates nothing after the first call. The GPU codec
 (``zipccl.codec.gpu``: ``encode_into`` / ``decode_into``) codes frames on the
-device; where it is missing, frames are coded on the host by the CPU codec
-(correct, slow) so that device arrays always work. Chunked pipelining across
-several streams builds on this engine.
+device. Chunked pipelining across several streams builds on this engine.
 """
 
 from __future__ import annotations
@@ -38,28 +36,20 @@ out = isnan(acc) ? (unsigned short)0x7FC0
 """
 
 
-def _gpu_codec():
-    """``zipccl.codec.gpu`` if it provides the no-sync entry points, else None."""
-    try:
-        from ..codec import gpu
-    except ImportError:
-        return None
-    if hasattr(gpu, "encode_into") and hasattr(gpu, "decode_into"):
-        return gpu
-    return None
-
-
 class DeviceEngine:
-    """CuPy buffers on the current device, GPU codec (or host-codec fallback), one stream per call."""
+    """CuPy buffers on the current device, the GPU codec, one stream per call."""
 
     device = True
+    codec_name = "gpu"
 
     def __init__(self, checksum: bool = False):
         import cupy
 
+        from ..codec import gpu
+
         self.cp = cupy
         self.checksum = bool(checksum)
-        self.gpu = _gpu_codec()
+        self.gpu = gpu
         self._work: dict[str, object] = {}
         self._probe = np.zeros(0, dtype=np.uint8)
         self._pinned = None
@@ -86,10 +76,6 @@ class DeviceEngine:
         self._dec_round = -1
         self._dec_used = False
         self._in_pipeline = False
-
-    @property
-    def codec_name(self) -> str:
-        return "gpu" if self.gpu is not None else "cpu (host fallback)"
 
     def set_stream(self, stream) -> None:
         from .transport import cupy_stream
@@ -166,24 +152,15 @@ class DeviceEngine:
             ws = self._decode_ws[slot] = self.gpu.Workspace(max(n, 1 << 20))
         return ws
 
-    def encode(self, bits, out, codebook: Codebook) -> int | None:
-        """Encode into the start of ``out``; None means "read the length from the header"."""
-        if self.gpu is not None:
-            src, bounced = self._aligned(bits, "bounce_in")
-            if bounced:
-                self.copy(src, bits)
-            if self._encode_ws is None or not self._encode_ws.fits(bits.size):
-                self._encode_ws = self.gpu.Workspace(max(int(bits.size), 1 << 20))
-            self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
-                                 workspace=self._encode_ws)
-            return None
-        from ..codec import cpu
-
-        host = self.cp.asnumpy(bits, stream=self._stream)
-        self._stream.synchronize()
-        frame = cpu.encode(host, codebook, (host.size,), self.checksum)
-        out[:frame.size].set(frame, stream=self._stream)
-        return int(frame.size)
+    def encode(self, bits, out, codebook: Codebook) -> None:
+        """Enqueue the encoding into the start of ``out``; its length is in the frame's header."""
+        src, bounced = self._aligned(bits, "bounce_in")
+        if bounced:
+            self.copy(src, bits)
+        if self._encode_ws is None or not self._encode_ws.fits(bits.size):
+            self._encode_ws = self.gpu.Workspace(max(int(bits.size), 1 << 20))
+        self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
+                             workspace=self._encode_ws)
 
     def read_headers(self, items) -> list:
         """Headers at each (buffer, offset, capacity): all copied to pinned memory, one sync.
@@ -218,22 +195,12 @@ class DeviceEngine:
 
     def decode(self, frame, out, slot: int = 0) -> None:
         """Decode one frame into ``out``; device errors are read by ``decode_errors``."""
-        if self.gpu is not None:
-            dst, bounced = self._aligned(out, "bounce_out")
-            ws = self._decode_workspace(slot, out.size)
-            self.gpu.decode_into(frame, dst, self._stream, workspace=ws)
-            self._used_ws.append((slot, ws))
-            if bounced:
-                self.copy(out, dst)
-            return
-        from ..codec import cpu
-
-        host = self.cp.asnumpy(frame, stream=self._stream)
-        self._stream.synchronize()
-        bits, _ = cpu.decode(host)
-        if bits.size != out.size:
-            raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
-        out.set(bits.reshape(-1), stream=self._stream)
+        dst, bounced = self._aligned(out, "bounce_out")
+        ws = self._decode_workspace(slot, out.size)
+        self.gpu.decode_into(frame, dst, self._stream, workspace=ws)
+        self._used_ws.append((slot, ws))
+        if bounced:
+            self.copy(out, dst)
 
     def decode_errors(self) -> str | None:
         """Error bits of this call's device decodes (one synchronisation), in words."""
@@ -305,10 +272,7 @@ class DeviceEngine:
 
     def encode_frame(self, bits, out, codebook: Codebook, idx: int) -> None:
         """Enqueue the frame's encoding and the copy of its length to pinned slot ``idx``."""
-        n = self.encode(bits, out, codebook)
-        if n is not None:  # host-codec fallback: the length is known at once
-            self._lens[idx] = n
-            return
+        self.encode(bits, out, codebook)
         at = _FRAME_LEN_AT
         out[at:at + 8].get(stream=self._stream, out=self._lens8[8 * idx:8 * idx + 8], blocking=False)
 
@@ -331,13 +295,6 @@ class DeviceEngine:
         if self._dec_round != k:
             self._dec.wait_event(self._ev_recv[k])
             self._dec_round = k
-        if self.gpu is None:  # host-codec fallback (no GPU codec): synchronous and slow
-            self._ev_recv[k].synchronize()
-            try:
-                self.decode(frame, out)
-            except ValueError as e:
-                return str(e)
-            return None
         before = self._work.get("bounce_out")
         dst, bounced = self._aligned(out, "bounce_out")
         if bounced and self._work.get("bounce_out") is not before:

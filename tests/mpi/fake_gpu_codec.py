@@ -1,0 +1,97 @@
+"""The GPU codec's no-sync entry points on the CPU codec, for device-path tests without a GPU.
+
+``zipccl.comm.pipeline.DeviceEngine`` codes frames with ``zipccl.codec.gpu``
+(``encode_into`` / ``decode_into`` / ``Workspace``). With ``fake_cupy`` as CuPy the
+real kernels run only in Numba's simulator, which takes minutes for a few thousand
+values (``mpi_device_sim.py`` does that, marked slow). ``install()`` puts this module
+in their place: the same signatures and workspace semantics (the frame length is read
+from the header the encoder wrote, decode errors land in the workspace's error
+slots and are read back later), with the bytes made by ``zipccl.codec.cpu``, which
+writes the same frames. So the device engine runs exactly its GPU code path.
+
+``track`` is called with every operation's stream and the byte ranges it reads
+and writes (``stream_order.py`` checks them for happens-before); by default it
+does nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from zipccl import format as fmt
+from zipccl.codec import cpu
+from zipccl.kernels import _common
+
+
+def track(stream, what: str, reads=(), writes=(), host_waits: bool = False) -> None:
+    """Hook: one device operation on ``stream`` touching (lo, hi) byte ranges (default: nothing)."""
+
+
+def _span(a) -> tuple[int, int]:
+    lo = np.asarray(a).__array_interface__["data"][0]
+    return lo, lo + np.asarray(a).nbytes
+
+
+class Workspace:
+    """Like ``codec.gpu.Workspace``: counters the kernels update, error bits they leave."""
+
+    def __init__(self, max_elements: int):
+        self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
+        self.array = np.zeros(_common.WS_SLOTS + self.max_blocks, np.int64)
+
+    def fits(self, n: int) -> bool:
+        return -(-int(n) // fmt.BLOCK) <= self.max_blocks
+
+    def _slots(self, stream=None) -> np.ndarray:
+        track(stream, "workspace read-back", reads=[_span(self.array)], host_waits=True)
+        return self.array[:_common.WS_SLOTS].copy()
+
+    def last_error(self, stream=None) -> int:
+        return int(self._slots(stream)[_common.WS_ERR_LAST])
+
+    def sticky_error(self, stream=None) -> int:
+        return int(self._slots(stream)[_common.WS_ERR_STICKY])
+
+    def last_frame_len(self, stream=None) -> int:
+        return int(self._slots(stream)[_common.WS_FLEN])
+
+    @staticmethod
+    def describe(bits: int) -> str:
+        return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"
+
+
+def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None):
+    track(stream, "encode kernels", reads=[_span(bits), _span(workspace.array)],
+          writes=[_span(out), _span(workspace.array)])
+    frame = cpu.encode(np.asarray(bits), codebook, (bits.size,), checksum)
+    np.asarray(out)[:frame.size] = frame
+    workspace.array[_common.WS_FLEN] = frame.size
+
+
+def decode_into(frame, out, stream=None, workspace=None):
+    track(stream, "decode kernels", reads=[_span(frame), _span(workspace.array)],
+          writes=[_span(out), _span(workspace.array)])
+    f = np.asarray(frame)
+    err = 0
+    try:
+        h = fmt.parse_header(f)
+        bits, _ = cpu.decode(f[:h.frame_len])
+        if bits.size != out.size:
+            raise ValueError("element count")
+        np.asarray(out)[...] = bits.reshape(-1)
+    except ValueError as e:
+        err = _common.ERR_CHECKSUM if "checksum" in str(e) else _common.ERR_HEADER
+    workspace.array[_common.WS_ERR_LAST] = err
+    workspace.array[_common.WS_ERR_STICKY] |= err
+
+
+def install():
+    """Make ``zipccl.codec.gpu`` this module (before the device engine imports it)."""
+    import zipccl.codec
+
+    mod = sys.modules[__name__]
+    sys.modules["zipccl.codec.gpu"] = mod
+    zipccl.codec.gpu = mod
+    return mod
