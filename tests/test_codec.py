@@ -428,8 +428,8 @@ def test_decoders_accept_bytes_bytearray_memoryview_and_unaligned_arrays(frames,
 # ---------------------------------------------------------------- the public API
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.float64, np.uint8])
-def test_non_bf16_input_raises_type_error_naming_the_dtype(dtype):
+@pytest.mark.parametrize("dtype", [np.int32, np.float64, np.uint8, np.int8, np.complex64])
+def test_unsupported_input_raises_type_error_naming_the_dtype(dtype):
     x = np.ones(10, dtype=dtype)
     with pytest.raises(TypeError, match=np.dtype(dtype).name):
         zipccl.compress(x)

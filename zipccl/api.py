@@ -2,7 +2,8 @@
 
 It picks an implementation by where the data lives: device arrays go to the GPU
 codec and stay on the device; host arrays go to the CPU fast path (or the NumPy
-reference when ``backend="reference"``).
+reference when ``backend="reference"``). BF16, FP32 and FP16 tensors are accepted;
+the frame's header records which, and ``decompress`` gives the same type back.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as fmt
-from .arrays import as_bf16, host_bits, host_out_bits, is_device_array
+from .arrays import as_values, host_out_values, host_values, is_device_array
 from .codebook import Codebook
 
 _HOST_BACKENDS = ("auto", "cpu", "reference")
@@ -57,7 +58,8 @@ def _host_frame(frame):
     return frame
 
 
-def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | None) -> Codebook:
+def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | None,
+                   code: int = fmt.DTYPE_BF16) -> Codebook:
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
     if codebook is not None:
@@ -65,22 +67,24 @@ def _pick_codebook(bits: np.ndarray, codebook: Codebook | None, sigma: float | N
             raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
         return codebook
     if sigma is not None:
-        return Codebook.from_sigma(sigma)
-    return Codebook.from_sample(bits)
+        return Codebook.from_sigma(sigma, code)
+    return Codebook.from_sample(bits, dtype=code)
 
 
 def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
              dtype: str | None = None, checksum: bool = True, out=None, stream=None,
              backend: str = "auto"):
-    """Compress a BF16 tensor into one frame: a contiguous uint8 buffer, ready to send.
+    """Compress a BF16, FP32 or FP16 tensor into one frame: a contiguous uint8 buffer.
 
-    ``x`` is an ``ml_dtypes.bfloat16`` NumPy array, a torch bfloat16 tensor, a uint16
-    array with ``dtype="bfloat16"``, or a device array (CuPy, Numba, CUDA torch), in
-    which case the frame is a device array on the same device, written on ``stream``.
+    ``x`` is a NumPy array of ``ml_dtypes.bfloat16``, float32 or float16, a torch
+    tensor of those types, integer bit patterns with ``dtype=`` ("bfloat16" or
+    "float16" for 16-bit, "float32" for 32-bit integers), or a device array (CuPy,
+    Numba, CUDA torch), in which case the frame is a device array on the same device,
+    written on ``stream``. Other dtypes raise TypeError naming them.
     The codebook defaults to ``Codebook.from_sigma`` of a strided-sample estimate;
     ``sigma=`` gives sigma directly. ``out=`` is a preallocated, C-contiguous buffer of at
-    least ``max_compressed_size(x.size)`` bytes; the frame is written at its start and the
-    returned array is a view of it (a strided or read-only ``out=`` raises ValueError).
+    least ``max_compressed_size(x.size, x.dtype)`` bytes; the frame is written at its start and
+    the returned array is a view of it (a strided or read-only ``out=`` raises ValueError).
 
     >>> import ml_dtypes, numpy as np, zipccl
     >>> x = np.random.default_rng(0).normal(0, 0.02, 10000).astype(ml_dtypes.bfloat16)
@@ -88,20 +92,26 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     >>> y = zipccl.decompress(frame)
     >>> bool(np.array_equal(x.view(np.uint16), y.view(np.uint16))), len(frame) < x.nbytes
     (True, True)
+    >>> g = np.random.default_rng(0).normal(0, 1e-3, 10000).astype(np.float32)
+    >>> y = zipccl.decompress(zipccl.compress(g))
+    >>> y.dtype, bool(np.array_equal(g.view(np.uint32), y.view(np.uint32)))
+    (dtype('float32'), True)
     """
     if is_device_array(x):
         from .codec import gpu
         return gpu.compress(x, codebook=codebook, sigma=sigma, dtype=dtype, checksum=checksum,
                             out=out, stream=stream)
-    bits = host_bits(x, dtype=dtype)
-    cb = _pick_codebook(bits, codebook, sigma)
-    frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum)
+    bits, code = host_values(x, dtype=dtype)
+    cb = _pick_codebook(bits, codebook, sigma, code)
+    frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum, dtype=code)
     if out is None:
         return frame
     dst = _frame_out(out)
     if dst.size < frame.size:
+        name = fmt.DTYPE_NAMES[code]
         raise ValueError(f"out= holds {dst.size} bytes; this frame needs {frame.size} "
-                         f"(max_compressed_size({bits.size}) = {fmt.max_compressed_size(bits.size)})")
+                         f"(max_compressed_size({bits.size}, {name!r}) = "
+                         f"{fmt.max_compressed_size(bits.size, code)})")
     dst[:frame.size] = frame
     return dst[:frame.size]
 
@@ -109,10 +119,11 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
 def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     """Decompress one frame into a tensor bit-identical to the compressed one.
 
-    A host frame (bytes, bytearray, uint8 NumPy array) gives an ``ml_dtypes.bfloat16``
-    NumPy array of the original shape; a device frame gives a device array. ``out=``
-    (a host frame: a BF16 NumPy array of any layout, or a contiguous CPU torch tensor,
-    with as many elements as the frame) receives the values in C order and is returned.
+    A host frame (bytes, bytearray, uint8 NumPy array) gives a NumPy array of the
+    original shape and type (``ml_dtypes.bfloat16``, float32 or float16); a device frame
+    gives a device array. ``out=`` (a host frame: a NumPy array of the frame's type, any
+    layout, or a contiguous CPU torch tensor, with as many elements as the frame)
+    receives the values in C order and is returned.
     Raises ValueError if ``frame`` is not a complete, valid zipccl frame, or if ``out=``
     cannot receive them.
     """
@@ -121,8 +132,8 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
         return gpu.decompress(frame, out=out, stream=stream)
     bits, header = _host_codec(backend).decode(_host_frame(frame))
     if out is None:
-        return as_bf16(bits)
-    dst = host_out_bits(out, dtype="bfloat16" if getattr(out, "dtype", None) == np.uint16 else None)
+        return as_values(bits, header.dtype)
+    dst = host_out_values(out, header.dtype)
     if dst.size != bits.size:
         raise ValueError(f"out= has {dst.size} elements; the frame holds {bits.size}")
     # Element i of the frame goes to element i of out in C order, whatever out's strides.
@@ -130,13 +141,13 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     return out
 
 
-def max_compressed_size(n: int) -> int:
-    """Worst-case frame size in bytes for ``n`` BF16 values (header + raw data).
+def max_compressed_size(n: int, dtype="bfloat16") -> int:
+    """Worst-case frame size in bytes for ``n`` values of ``dtype`` (header + raw data).
 
     Raises TypeError for a count that is not an integer (``1.9``, ``"12"``) and
     ValueError for a negative one.
 
-    >>> max_compressed_size(1 << 20)
-    2097280
+    >>> max_compressed_size(1 << 20), max_compressed_size(1 << 20, "float32")
+    (2097280, 4194432)
     """
-    return fmt.max_compressed_size(n)
+    return fmt.max_compressed_size(n, dtype)

@@ -27,6 +27,15 @@ The payload checksum (``format.payload_checksum``) is a sum of independent
 terms w_i (2i + 1) mod 2**64, so it splits into per-block and per-section
 partial sums that add up to exactly the reference's value.
 
+FP32 and FP16 go through the same block loops. An FP32 value's upper half is a
+BF16 value (same sign and exponent): one parallel pass splits the values into
+upper halves (a scratch array the BF16 loops code) and lower halves (written
+straight into the frame's low-halves section); decoding joins them again. An
+FP16 value is rewritten as the BF16 pattern whose sign-mantissa byte is the FP16
+value's low byte and whose exponent is the FP16 exponent, so the BF16 loops write
+its byte plane, code planes, counts and escapes; the same pass writes bit planes
+3..5 (FP16 bits 8, 9, 15), and decoding undoes it.
+
 Header, layout and validation stay in Python (``zipccl.format``); only the bulk
 loops are compiled. ``cache=True`` keeps compilation (several seconds) to the
 first call on a machine.
@@ -413,6 +422,83 @@ def _decode_blocks(sm, sm_words, planes, stride_words, plane_base, stored, table
             partial[b] = 0
 
 
+@njit(cache=True, parallel=True, nogil=True)
+def _split32(bits, hi, lo):  # pragma: no cover - compiled
+    """FP32 patterns -> upper halves (``hi``) and lower halves (``lo``), block-parallel."""
+    n = bits.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        lo_i = b * _BLOCK
+        xb = bits[lo_i:min(lo_i + _BLOCK, n)]
+        hb = hi[lo_i:min(lo_i + _BLOCK, n)]
+        lb = lo[lo_i:min(lo_i + _BLOCK, n)]
+        for i in range(xb.size):
+            v = xb[i]
+            hb[i] = np.uint16(v >> np.uint32(16))
+            lb[i] = np.uint16(v & np.uint32(0xFFFF))
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _join32(hi, lo, out):  # pragma: no cover - compiled
+    """Inverse of ``_split32``."""
+    n = out.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        lo_i = b * _BLOCK
+        hb = hi[lo_i:min(lo_i + _BLOCK, n)]
+        lb = lo[lo_i:min(lo_i + _BLOCK, n)]
+        ob = out[lo_i:min(lo_i + _BLOCK, n)]
+        for i in range(ob.size):
+            ob[i] = (np.uint32(hb[i]) << np.uint32(16)) | np.uint32(lb[i])
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _fp16_split(bits, pseudo, raw_planes, stride_words):  # pragma: no cover - compiled
+    """FP16 patterns -> the BF16 patterns the block loops code (low byte as sign-mantissa
+    byte, the 5-bit exponent as exponent) and the words of bit planes 3..5 (``raw_planes``,
+    plane k at word k * stride_words; bits past n are 0)."""
+    n = bits.size
+    words = (n + 31) // 32
+    for b in prange((words + 127) // 128):
+        w_lo = b * 128
+        w_hi = min(w_lo + 128, words)
+        for w in range(w_lo, w_hi):
+            p8 = np.uint32(0)
+            p9 = np.uint32(0)
+            p15 = np.uint32(0)
+            for j in range(min(32, n - 32 * w)):
+                v = np.uint32(bits[32 * w + j])
+                pseudo[32 * w + j] = np.uint16((v & np.uint32(0x7F)) | ((v & np.uint32(0x80)) << np.uint32(8))
+                                               | (((v >> np.uint32(10)) & np.uint32(0x1F)) << np.uint32(7)))
+                p8 |= ((v >> np.uint32(8)) & np.uint32(1)) << np.uint32(j)
+                p9 |= ((v >> np.uint32(9)) & np.uint32(1)) << np.uint32(j)
+                p15 |= ((v >> np.uint32(15)) & np.uint32(1)) << np.uint32(j)
+            raw_planes[w] = p8
+            raw_planes[stride_words + w] = p9
+            raw_planes[2 * stride_words + w] = p15
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _fp16_join(pseudo, raw_planes, stride_words, out):  # pragma: no cover - compiled
+    """Inverse of ``_fp16_split`` (exponents above 31 are cut to 5 bits; the caller has
+    rejected such escapes already)."""
+    n = out.size
+    words = (n + 31) // 32
+    for b in prange((words + 127) // 128):
+        w_lo = b * 128
+        w_hi = min(w_lo + 128, words)
+        for w in range(w_lo, w_hi):
+            p8 = raw_planes[w]
+            p9 = raw_planes[stride_words + w]
+            p15 = raw_planes[2 * stride_words + w]
+            for j in range(min(32, n - 32 * w)):
+                p = np.uint32(pseudo[32 * w + j])
+                jj = np.uint32(j)
+                out[32 * w + j] = np.uint16((p & np.uint32(0x7F)) | ((p >> np.uint32(8)) & np.uint32(0x80))
+                                            | (((p >> np.uint32(7)) & np.uint32(0x1F)) << np.uint32(10))
+                                            | (((p8 >> jj) & np.uint32(1)) << np.uint32(8))
+                                            | (((p9 >> jj) & np.uint32(1)) << np.uint32(9))
+                                            | (((p15 >> jj) & np.uint32(1)) << np.uint32(15)))
+
+
 # ---------------------------------------------------------------- host side
 
 
@@ -454,12 +540,13 @@ def payload_checksum(frame: np.ndarray, frame_len: int) -> int:
 
 def _static_rest_sum(frame: np.ndarray, lay: fmt.Layout) -> int:
     """Checksum terms of the static part that no block covers: the last partial sm
-    word and the padding after the sm plane, each plane's padding words, the counts
-    and their padding."""
+    word and the padding after the sm plane, each code plane's padding words, FP16's
+    raw bit planes, the counts and their padding, FP32's low halves and their padding."""
     total = _section_sum(frame, _HDR + lay.n // 4 * 4, lay.planes_offset)
     for k in range(3):
         total += _section_sum(frame, lay.plane_offset(k) + 4 * lay.plane_words,
                               lay.plane_offset(k) + lay.plane_stride)
+    total += _section_sum(frame, lay.plane_offset(3), lay.counts_offset)
     return total + _section_sum(frame, lay.counts_offset, lay.escapes_offset)
 
 
@@ -478,8 +565,11 @@ def _as_frame_bytes(frame) -> np.ndarray:
 
 
 def encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...] | None = None,
-           checksum: bool = True) -> np.ndarray:
-    """Compress uint16 BF16 bit patterns into one frame: the reference's bytes, faster.
+           checksum: bool = True, dtype=None) -> np.ndarray:
+    """Compress bit patterns into one frame: the reference's bytes, faster.
+
+    ``bits`` and ``dtype`` as in ``reference.encode``: uint16 BF16 (default) or FP16
+    (``dtype="float16"``) patterns, uint32 FP32 patterns.
 
     >>> import numpy as np
     >>> from zipccl.codec import reference
@@ -488,25 +578,38 @@ def encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...] | None =
     >>> bool(np.array_equal(encode(bits, cb), reference.encode(bits, cb)))
     True
     """
-    bits = np.ascontiguousarray(bits, dtype=np.uint16).reshape(-1)
+    from .reference import element_dtype
+
+    code = element_dtype(bits, dtype)
+    fmt.check_codebook(codebook.exponents, code)
+    bits = np.ascontiguousarray(bits).reshape(-1)
+    bits = bits.view(np.uint32 if code == fmt.DTYPE_FP32 else np.uint16)
     shape = (bits.size,) if shape is None else tuple(int(d) for d in shape)
     with _threads(bits.size):
-        return _encode(bits, codebook, shape, checksum)
+        return _encode(bits, codebook, shape, checksum, code)
 
 
 def _encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...],
-            checksum: bool) -> np.ndarray:
+            checksum: bool, code: int = fmt.DTYPE_BF16) -> np.ndarray:
     n = bits.size
-    lay = fmt.Layout.for_count(n)
+    lay = fmt.Layout.for_count(n, code)
     cb = codebook.as_array()
 
     # Sized for the longest compressed frame, trimmed once the escapes are counted;
     # pages of the tail that are never written are never touched.
     frame = np.empty(lay.compressed_len(n), dtype=np.uint8)
+    coded = bits  # the 16-bit patterns the BF16 block loops code
+    if code == fmt.DTYPE_FP32:
+        coded = np.empty(n, dtype=np.uint16)
+        _split32(bits, coded, frame[lay.lo_offset:lay.lo_offset + 2 * n].view(np.uint16))
+    elif code == fmt.DTYPE_FP16:
+        coded = np.empty(n, dtype=np.uint16)
+        _fp16_split(bits, coded, _words(frame, lay.plane_offset(3), lay.counts_offset),
+                    lay.plane_stride // 4)
     counts = np.empty(lay.n_blocks, dtype=np.int64)
     partial = np.empty(lay.n_blocks, dtype=np.uint64)
     scratch = np.empty(lay.n_blocks * _SLOT, dtype=np.uint8)
-    _encode_blocks(bits, cb, frame[lay.sm_offset:lay.sm_offset + n], _sm_words(frame, n),
+    _encode_blocks(coded, cb, frame[lay.sm_offset:lay.sm_offset + n], _sm_words(frame, n),
                    _planes(frame, lay), lay.plane_stride // 4,
                    (lay.planes_offset - _HDR) // 4, scratch, counts, partial)
     n_esc = int(counts.sum())
@@ -519,15 +622,16 @@ def _encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...],
     else:
         # Zero every padding byte of the static part, then the counts.
         frame[_HDR + n:lay.planes_offset] = 0
-        for k in range(3):
+        for k in range(lay.n_planes):
             frame[lay.plane_offset(k) + 4 * lay.plane_words:
                   lay.plane_offset(k) + lay.plane_stride] = 0
-        frame[lay.counts_offset:lay.escapes_offset] = 0
+        frame[lay.counts_offset:lay.lo_offset] = 0
+        frame[lay.lo_offset + lay.lo_size:lay.escapes_offset] = 0
         _words(frame, lay.counts_offset, lay.counts_offset + 4 * lay.n_blocks)[:] = counts
         start = np.zeros(lay.n_blocks, dtype=np.int64)
         np.cumsum(counts[:-1], out=start[1:])
         end = lay.compressed_len(n_esc)
-        _place_escapes(bits, cb, scratch, counts, start, frame[lay.escapes_offset:end])
+        _place_escapes(coded, cb, scratch, counts, start, frame[lay.escapes_offset:end])
         # Give the unused tail back (a shrinking realloc; nothing else refers to this
         # buffer yet).
         frame.resize(end, refcheck=False)
@@ -540,18 +644,19 @@ def _encode(bits: np.ndarray, codebook: Codebook, shape: tuple[int, ...],
     if checksum:
         flags |= fmt.FLAG_CHECKSUM
     header = fmt.Header(n=n, n_escapes=n_esc, frame_len=frame.size, flags=flags,
-                        codebook=codebook.exponents, shape=shape, checksum=total)
+                        codebook=codebook.exponents, shape=shape, checksum=total, dtype=code)
     frame[:_HDR] = fmt.pack_header(header)
     return frame
 
 
 def decode(frame) -> tuple[np.ndarray, fmt.Header]:
-    """Decompress a frame into (uint16 bit patterns of its shape, header).
+    """Decompress a frame into (bit patterns of its shape, header): uint16 for BF16 and
+    FP16 frames, uint32 for FP32 frames.
 
     Accepts and rejects exactly what ``reference.decode`` does, with the same
     ValueError messages, in the same order: bad header or length (``parse_header``),
     payload checksum mismatch, a block whose escape count disagrees with its codes,
-    counts that do not add up to the header's total.
+    counts that do not add up to the header's total, an FP16 escape above 31.
     """
     buf = _as_frame_bytes(frame)
     h = fmt.parse_header(buf)
@@ -565,11 +670,14 @@ def _decode(buf: np.ndarray, h: fmt.Header) -> tuple[np.ndarray, fmt.Header]:
     buf = np.ascontiguousarray(buf).view()
     buf.flags.writeable = False
     n = h.n
-    lay = fmt.Layout.for_count(n)
+    lay = fmt.Layout.for_count(n, h.dtype)
     if h.raw:
         if h.has_checksum and payload_checksum(buf, h.frame_len) != h.checksum:
             raise ValueError("corrupted zipccl frame: payload checksum mismatch")
-        bits = buf[_HDR:_HDR + 2 * n].view("<u2").astype(np.uint16)
+        if h.dtype == fmt.DTYPE_FP32:
+            bits = buf[_HDR:_HDR + 4 * n].view("<u4").astype(np.uint32)
+        else:
+            bits = buf[_HDR:_HDR + 2 * n].view("<u2").astype(np.uint16)
         return bits.reshape(h.shape), h
 
     table = np.zeros(8, dtype=np.uint8)
@@ -587,4 +695,14 @@ def _decode(buf: np.ndarray, h: fmt.Header) -> tuple[np.ndarray, fmt.Header]:
         if total != h.checksum:
             raise ValueError("corrupted zipccl frame: payload checksum mismatch")
     fmt.check_escape_counts(seen, counts, h.n_escapes)
+    if h.dtype == fmt.DTYPE_FP32:
+        full = np.empty(n, dtype=np.uint32)
+        _join32(out, buf[lay.lo_offset:lay.lo_offset + 2 * n].view(np.uint16), full)
+        out = full
+    elif h.dtype == fmt.DTYPE_FP16:
+        fmt.check_escape_values(buf[lay.escapes_offset:h.frame_len], h.dtype)
+        fp16 = np.empty(n, dtype=np.uint16)
+        _fp16_join(out, _words(buf, lay.plane_offset(3), lay.counts_offset),
+                   lay.plane_stride // 4, fp16)
+        out = fp16
     return out.reshape(h.shape), h
