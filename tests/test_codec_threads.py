@@ -53,12 +53,15 @@ def test_mpiexec_shares_the_cores():
     env = clean_env()
     env.pop("NUMBA_NUM_THREADS", None)
     env.pop(cpu.ENV_THREADS, None)
-    code = "from zipccl.codec import cpu; print(cpu.rank_threads(), cpu.threads_per_call(1 << 30))"
+    # rank 0 prints every rank's pair (two ranks printing at once may interleave their lines)
+    code = ("from mpi4py import MPI; from zipccl.codec import cpu; "
+            "pairs = MPI.COMM_WORLD.gather((cpu.rank_threads(), cpu.threads_per_call(1 << 30))); "
+            "MPI.COMM_WORLD.Get_rank() == 0 and print(pairs)")
     r = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     share = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert r.stdout.split() == [str(share)] * 4
+    assert r.stdout.strip() == str([(share, share)] * 2)
 
 
 def test_env_overrides_the_share(monkeypatch):
