@@ -49,8 +49,9 @@ decode stream) overlap. The adaptive policy (``zipccl.comm.policy``) uses it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -476,6 +477,57 @@ def predict(op: str, nbytes: int, nranks: int, link: Link, codec: Codec, *,
     return Prediction(op=op, nbytes=int(nbytes), nranks=nranks, link=link.name, codec=codec.name,
                       native_s=native_time(op, nbytes, nranks, link), compressed_s=t, method=meth,
                       chunks=k, stages=stages, native_stages=native_terms(op, nbytes, nranks, link))
+
+
+def fit_exchange(op: str, nranks: int, link: Link, codec: Codec, exchange: Exchange,
+                 measured: Sequence[tuple[float, float]]) -> Exchange:
+    """``exchange`` with its per-call cost fitted to measured (per-rank bytes, seconds) of the
+    compressed path (``fit_offset`` over the model's time without it); as it is without points.
+
+    >>> link, codec = Link("w", 25.0), Codec("c", 1e3, 1e3, 0.5)
+    >>> ex = fit_exchange("all_gather", 2, link, codec, Exchange(), [(25e6, 1.55e-3), (250e6, 6.5e-3)])
+    >>> round(ex.fixed_s * 1e3, 6)  # the model says 0.55 and 5.5 ms: 1 ms more per call
+    1.0
+    """
+    pts = [(b, t) for b, t in measured if t > 0]
+    if not pts:
+        return exchange
+    bare = dataclasses.replace(exchange, fixed_s=0.0)
+    model = [predict(op, b, nranks, link, codec, exchange=bare).compressed_s for b, _ in pts]
+    return dataclasses.replace(exchange, fixed_s=fit_offset([t for _, t in pts], model))
+
+
+def anchored(pred: Prediction, nbytes: float, measured: Mapping[str, Sequence[Sequence[float]]],
+             at: Callable[[float], Prediction]) -> Prediction:
+    """``pred`` (the model at ``nbytes``) with each path scaled by measured / modelled time at the
+    measured size nearest ``nbytes`` (in log size).
+
+    ``measured[path]`` holds [bytes, seconds] points of "native" and "compressed" and ``at(bytes)``
+    is the model's prediction there, sizes in one convention. The model alone assumes perfectly
+    overlapped stages; where the measured times are steady this keeps its shape between sizes and
+    its level at the nearest measurement. The factors are kept in ``Prediction.anchor``.
+
+    >>> link, codec = Link("l", 25.0), Codec("c", 1e3, 1e3, 0.5)
+    >>> def at(b):
+    ...     return predict("all_gather", b, 2, link, codec)
+    >>> a = anchored(at(1e8), 1e8, {"compressed": [[5e7, 2 * at(5e7).compressed_s]]}, at)
+    >>> a.anchor, a.compressed_s == 2 * at(1e8).compressed_s, a.native_s == at(1e8).native_s
+    ({'compressed': 2.0}, True, True)
+    """
+    scale = {}
+    for path in ("native", "compressed"):
+        pts = [(b, t) for b, t in measured.get(path, []) if b > 0 and t > 0]
+        if not pts:
+            continue
+        b, t = min(pts, key=lambda bt: abs(math.log(bt[0] / max(nbytes, 1))))
+        m = at(b)
+        model_t = m.native_s if path == "native" else m.compressed_s
+        if model_t > 0:
+            scale[path] = t / model_t
+    if not scale:
+        return pred
+    return dataclasses.replace(pred, native_s=pred.native_s * scale.get("native", 1.0),
+                               compressed_s=pred.compressed_s * scale.get("compressed", 1.0), anchor=scale)
 
 
 def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: float, *,

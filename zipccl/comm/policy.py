@@ -21,7 +21,11 @@ times at any size:
   ranks, or all-gather: frames move as an all-gather) or all-to-all fit on the
   compressed bytes, the per-round cost from compressed calls on tiny messages, and
   the per-call cost is fitted to the compressed calls measured at real sizes
-  (``fit_offset``; the tiny calls' value where there are none).
+  (``costmodel.fit_exchange``; the tiny calls' value where there are none).
+
+Where the calibration's times are steady (``Profile.best_of``), both predictions are
+scaled to the nearest measured size (``costmodel.anchored``). This module holds the
+profile's data and the decisions; every prediction is the cost model's.
 
 Every term is a latency or a bandwidth, so the model extrapolates beyond the
 calibrated sizes: "auto" compresses wherever the compressed path is predicted
@@ -43,10 +47,8 @@ all-to-all. (``costmodel`` counts reduce-scatter by its output, ``nbytes / p``.)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 
 from .. import costmodel as cm
@@ -74,9 +76,9 @@ class Decision:
         return f"{self.op} {self.nbytes:,} B/rank -> {path} ({self.reason})"
 
 
-# Anchoring: where the calibration's times are steady (each the least of this many
-# measurements), the model's prediction for a path is scaled by measured / modelled time at
-# the nearest calibrated size. The model alone assumes the pipeline's stages overlap
+# Anchoring (costmodel.anchored): where the calibration's times are steady (each the least of
+# this many measurements), the model's prediction for a path is scaled by measured / modelled
+# time at the nearest calibrated size. The model alone assumes the pipeline's stages overlap
 # perfectly; on NVLink at 1 GiB they do not (the codec's kernels and NCCL's share the
 # GPU): the model said 3.2 ms compressed for an all-gather measured at 5.0 ms.
 ANCHOR_BEST_OF = 3
@@ -150,15 +152,10 @@ class Profile:
             c = self.codec
             codec = cm.Codec("zipccl", c["encode_gbps"], c["decode_gbps"], c["ratio"],
                              reduce_gbps=c["reduce_gbps"])
-            ex = cm.Exchange(0.0, self.round_s[op], 2 * self.chunk, self.overlap)
-            pts = [(b, t) for b, t in self.measured.get(op, {}).get("compressed", []) if t > 0]
-            if pts:  # the per-call cost that the calls of real sizes show
-                model = [cm.predict(op, self._per_rank(op, b), p, link, codec, exchange=ex).compressed_s
-                         for b, _ in pts]
-                fixed = cm.fit_offset([t for _, t in pts], model)
-            else:
-                fixed = self.fixed_s[op]
-            found = (link, codec, cm.Exchange(fixed, self.round_s[op], 2 * self.chunk, self.overlap))
+            ex = cm.Exchange(self.fixed_s[op], self.round_s[op], 2 * self.chunk, self.overlap)
+            # the per-call cost that the calls of real sizes show, where there are any
+            calls = [(self._per_rank(op, b), t) for b, t in self.measured.get(op, {}).get("compressed", [])]
+            found = (link, codec, cm.fit_exchange(op, p, link, codec, ex, calls))
         self._models[op] = found
         return found
 
@@ -174,21 +171,8 @@ class Profile:
         pred = self._model_predict(op, nbytes, m)
         if self.best_of < ANCHOR_BEST_OF:
             return pred
-        scale = {}
-        for path in ("native", "compressed"):  # anchored to the nearest measured size
-            pts = [(b, t) for b, t in self.measured.get(op, {}).get(path, []) if b > 0 and t > 0]
-            if not pts:
-                continue
-            b, t = min(pts, key=lambda bt: abs(math.log(bt[0] / max(nbytes, 1))))
-            at = self._model_predict(op, int(b), m)
-            model_t = at.native_s if path == "native" else at.compressed_s
-            if model_t > 0:
-                scale[path] = t / model_t
-        if not scale:
-            return pred
-        return dataclasses.replace(pred, native_s=pred.native_s * scale.get("native", 1.0),
-                                   compressed_s=pred.compressed_s * scale.get("compressed", 1.0),
-                                   anchor=scale)
+        return cm.anchored(pred, nbytes, self.measured.get(op, {}),
+                           lambda b: self._model_predict(op, int(b), m))
 
     def _model_predict(self, op: str, nbytes: int, m) -> Prediction:
         link, codec, ex = m
