@@ -30,11 +30,13 @@ before each call, and the time of the copies alone is subtracted); ``latency_s``
 is the median of ``--lat-iters`` calls each timed alone between barriers. Then the
 outputs of the timed buffers are checked: all-gather and all-to-all must equal
 NCCL's bit for bit; reductions must equal zipccl's stated reduction (FP32 in rank
-order, one rounding) computed from an uncompressed NCCL exchange of the same
-shards. One JSON record per (op, size, link, variant) is appended to ``--out`` as
+order, one rounding), computed on the host by the NumPy oracle of
+``experiments/harness.py`` (not the library) from an uncompressed NCCL exchange of
+the same shards. One JSON record per (op, size, link, variant) is appended to ``--out`` as
 soon as it is measured (a run cut short keeps what it measured).
 ``--chunk-sweep OP:MiB,...`` also times ``always`` at each ``--chunks-mib`` pipeline
-chunk size (records with ``"bench": "collectives_chunks"``).
+chunk size, one Communicator per chunk size (records with ``"bench": "collectives_chunks"``).
+Timing, data and records come from ``experiments/harness.py``.
 
 Host cost of the native path (records ``"bench": "collectives_host"``): for each
 operation at ``--host-sizes-mib``, ``--host-iters`` calls back to back of the direct
@@ -54,6 +56,10 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import append_records, gaussian_bits, stated_sum_bf16, time_calls  # noqa: E402
 
 LINKS = {
     "nvlink": {},
@@ -104,9 +110,7 @@ def main(argv=None) -> int:
 
     import zipccl
     from zipccl import metrics
-    from zipccl.comm import Policy
     from zipccl.comm.collectives import offsets
-    from zipccl.comm.pipeline import DeviceEngine
     from zipccl.comm.transport import NCCLTransport
 
     world = MPI.COMM_WORLD  # an experiment's main() may name the world
@@ -126,8 +130,6 @@ def main(argv=None) -> int:
         comms["always"] = zipccl.Communicator(world, backend="nccl", policy="always",
                                               chunk_bytes=chunk_bytes)
     any_comm = next(iter(comms.values()))
-    engine = DeviceEngine()
-    engine.set_stream(stream)
     run_id = world.bcast(datetime.datetime.now().isoformat(timespec="seconds"), root=0)
     versions = {"python": platform.python_version(), "numpy": np.__version__,
                 "cupy": cupy.__version__, "nccl": cupy.cuda.nccl.get_version(),
@@ -138,23 +140,13 @@ def main(argv=None) -> int:
         rec.update({"run": run_id, "link": args.link, "nranks": p, "machine": machine,
                     "gpu": gpu_name, "platform": platform.platform(), "versions": versions,
                     "date": datetime.date.today().isoformat()})
-        if me == 0:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        append_records(args.out, [rec], world)
 
     def in_budget() -> bool:
         return world.bcast(time.time() - t_start < args.time_budget_s, root=0)
 
     def bf16_gaussian(n: int, seed: int):
-        rs = cupy.random.RandomState(seed)
-        with stream:
-            x = (rs.standard_normal(n, dtype=cupy.float32) * 0.02).view(cupy.uint32)
-            return ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(cupy.uint16)
-
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-
-    def slowest(t: float) -> float:
-        return world.allreduce(t, op=MPI.MAX)
+        return gaussian_bits(n, seed=seed, xp=cupy, stream=stream)
 
     def b2b(fn, reset=None) -> float:
         """nccl-tests' timing: mean of --iters calls back to back (after --warmup)."""
@@ -162,34 +154,17 @@ def main(argv=None) -> int:
             if reset is not None:
                 reset()
             fn()
-
-        def loop(body) -> float:
-            stream.synchronize()
-            world.Barrier()
-            start.record(stream)
-            for _ in range(args.iters):
-                body()
-            end.record(stream)
-            end.synchronize()
-            return slowest(cupy.cuda.get_elapsed_time(start, end) / 1e3) / args.iters
-
         if reset is None:
-            return loop(fn)
-        both = loop(lambda: (reset(), fn()))
-        return max(0.0, both - loop(reset))
+            return time_calls(fn, args.iters, stream=stream, comm=world).seconds
+        both = time_calls(lambda: (reset(), fn()), args.iters, stream=stream, comm=world).seconds
+        return max(0.0, both - time_calls(reset, args.iters, stream=stream, comm=world).seconds)
 
     def one_by_one(fn, reset=None) -> list[float]:
         out = []
         for _ in range(args.lat_iters):
             if reset is not None:
                 reset()
-            stream.synchronize()
-            world.Barrier()
-            start.record(stream)
-            fn()
-            end.record(stream)
-            end.synchronize()
-            out.append(slowest(cupy.cuda.get_elapsed_time(start, end) / 1e3))
+            out.append(time_calls(fn, 1, stream=stream, comm=world).seconds)
         return out
 
     def case(op: str, x, n: int):
@@ -231,7 +206,7 @@ def main(argv=None) -> int:
                      "communicator": lambda out=outs["communicator"], f=run_z: f(never, out)}
             host_us, device_us = {}, {}
             for v, fn in calls.items():
-                host_us[v], device_us[v] = host_cost(fn, args, stream, world, start, end, cupy)
+                host_us[v], device_us[v] = host_cost(fn, args, stream, world)
             stream.synchronize()
             wrong = world.allreduce(int(cupy.count_nonzero(outs["direct"] != outs["communicator"])))
             if op == "all_reduce":  # in place, summed again every call: only the sizes compare
@@ -314,7 +289,7 @@ def main(argv=None) -> int:
 
             # -- exactness of the timed buffers ----------------------------------------------
             if op in ("reduce_scatter", "all_reduce"):
-                expected = stated_reduction(cupy, native, engine, stream, op, x, p, me, n)
+                expected = stated_reduction(cupy, native, stream, op, x, p, me, n)
             else:
                 expected = outs.get("nccl")
             stream.synchronize()
@@ -370,8 +345,6 @@ def main(argv=None) -> int:
 
     # -- pipeline chunk sweep ------------------------------------------------------------------
     sweep = [s.split(":") for s in args.chunk_sweep.split(",") if s]
-    c = comms.get("always") or any_comm
-    default_chunk = c.chunk
     for op, mib in sweep:
         size = int(float(mib) * MiB)
         n = size // 2
@@ -384,14 +357,11 @@ def main(argv=None) -> int:
         for cm in [float(s) for s in args.chunks_mib.split(",") if s]:
             if not in_budget():
                 break
-            c.chunk = 0 if cm == 0 else max(4096, int(cm * MiB) // 2 // 4096 * 4096)
-            saved = c.policy
-            c.policy = Policy("always")
+            c = zipccl.Communicator(world, backend="nccl", policy="always", chunk_bytes=int(cm * MiB))
             out = make_out()
-            t = b2b(lambda out=out, f=run_z: f(c, out))
-            c.policy = saved
+            t = b2b(lambda out=out, f=run_z, c=c: f(c, out))
             if op == "reduce_scatter":
-                expected = stated_reduction(cupy, native, engine, stream, op, x, p, me, n)
+                expected = stated_reduction(cupy, native, stream, op, x, p, me, n)
             else:
                 expected = ref
             stream.synchronize()
@@ -405,7 +375,7 @@ def main(argv=None) -> int:
             if me == 0:
                 print(f"{args.link:6s} chunks {op:14s} {size / MiB:6.0f} MiB chunk {cm:6.0f} MiB "
                       f"{1e3 * t:9.3f} ms  {t_nccl / t:.3f}x  wrong {wrong}", flush=True)
-        c.chunk = default_chunk
+            c.close()
         del x, ref
         cupy.get_default_memory_pool().free_all_blocks()
 
@@ -415,24 +385,12 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
-def host_cost(fn, args, stream, world, start, end, cupy) -> tuple[float, float]:
+def host_cost(fn, args, stream, world) -> tuple[float, float]:
     """(host us, device us) per call of ``fn``: ``--host-iters`` calls back to back, slowest rank."""
-    from mpi4py import MPI
-
     for _ in range(max(1, args.warmup)):
         fn()
-    stream.synchronize()
-    world.Barrier()
-    start.record(stream)
-    t0 = time.perf_counter()
-    for _ in range(args.host_iters):
-        fn()
-    host = time.perf_counter() - t0
-    end.record(stream)
-    end.synchronize()
-    dev = cupy.cuda.get_elapsed_time(start, end) / 1e3
-    host, dev = (world.allreduce(v, op=MPI.MAX) / args.host_iters * 1e6 for v in (host, dev))
-    return host, dev
+    t = time_calls(fn, args.host_iters, stream=stream, comm=world)
+    return t.host_s * 1e6, t.seconds * 1e6
 
 
 def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) -> int:
@@ -466,8 +424,9 @@ def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) 
     return 0
 
 
-def stated_reduction(cupy, native, engine, stream, op, x, p, me, m):
-    """zipccl's stated BF16 reduction of the data, from an uncompressed NCCL exchange of shards."""
+def stated_reduction(cupy, native, stream, op, x, p, me, m):
+    """zipccl's stated BF16 reduction of the data: the ranks' shards exchanged uncompressed by
+    NCCL, reduced on the host by the NumPy oracle (``harness.stated_sum_bf16``), not the library."""
     from zipccl.comm.collectives import offsets, split_counts
 
     if op == "reduce_scatter":
@@ -480,8 +439,9 @@ def stated_reduction(cupy, native, engine, stream, op, x, p, me, m):
     rc = [2 * mine] * p
     native.alltoallv(x.view(cupy.uint8), sc, offsets(sc), stage.view(cupy.uint8), rc,
                      [2 * j * mine for j in range(p)], stream)
-    red = cupy.empty(mine, dtype=cupy.uint16)
-    engine.reduce_sum(stage.reshape(p, mine), red)
+    rows = cupy.asnumpy(stage, stream=stream).reshape(p, mine)  # synchronises the stream
+    with stream:
+        red = cupy.asarray(stated_sum_bf16(list(rows)))
     if op == "reduce_scatter":
         return red
     full = cupy.empty(x.size, dtype=cupy.uint16)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -70,6 +71,39 @@ def test_reduction_one_rank_is_identity():
     reduce_sum_bf16(x[None, :], out)
     nan = np.isnan(x.view(BF16).astype(np.float32))
     assert np.array_equal(out[~nan], x[~nan]) and (out[nan] == 0x7FC0).all()
+
+
+def _harness():
+    """experiments/harness.py (the benchmarks' shared module; experiments/ is not a package)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    try:
+        import harness
+    finally:
+        sys.path.pop(0)
+    return harness
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_library_reduction_equals_the_benchmarks_oracle(p):
+    """reduce_sum_bf16 bit for bit against the NumPy oracle the benchmarks check the collectives
+    with (experiments/harness.py: written from the stated order and rounding, not the library)."""
+    harness = _harness()
+    rng = np.random.default_rng(p)
+    x = edge_corpus()
+    rows = np.stack([np.roll(x, 97 * r) for r in range(p - 1)]
+                    + [rng.integers(0, 1 << 16, x.size, dtype=np.uint16)])
+    rows = np.concatenate([rows, np.stack([gaussian_bits(50_000, 0.02 * (r + 1), seed=r)
+                                           for r in range(p)])], axis=1)
+    out = np.zeros(rows.shape[1], np.uint16)
+    reduce_sum_bf16(rows, out)
+    assert np.array_equal(out, harness.stated_sum_bf16(list(rows)))
+
+
+def test_harness_examples():
+    import doctest
+
+    r = doctest.testmod(_harness())
+    assert r.failed == 0 and r.attempted >= 2
 
 
 def test_slots_hold_every_frame():
