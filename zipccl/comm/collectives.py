@@ -19,6 +19,11 @@ static/dynamic two-phase all-to-all of frames:
 5. **decode** into the caller's output (only the named element ranges are
    written), then agree again on errors (a bad escape count or checksum).
 
+``one_phase_exchange`` is the plain alternative for an all-to-all, kept as an
+option (``phases=1``) to measure what the static phase buys: encode, wait for
+every frame length, exchange the lengths, then move the whole frames in one
+transfer of exact sizes.
+
 Reductions (reduce-scatter, all-reduce) are an exchange of shards followed by a
 local reduction defined by ``reduce_sum_bf16``: FP32 accumulation in rank order
 ``((x_0 + x_1) + x_2) + ... + x_{p-1}``, one round-to-nearest-even to BF16
@@ -42,9 +47,9 @@ docstring): a function that takes this rank's few ints, exchanges them with
 every rank together with the call's signature, and returns every rank's ints
 or raises the same ``CollectiveError`` on every rank. It replaces the first
 exchange the algorithm makes anyway: the first round's frame lengths of the
-pipelined exchange, so an agreed call costs no extra round trip; the two-phase
-exchange has no length exchange, so it calls ``control`` once before its static
-phase. Anything the algorithm did before it (the first round's encoding, the
+pipelined exchange or of the one-phase exchange, so an agreed call costs no extra
+round trip; the two-phase exchange has no length exchange, so it calls ``control``
+once before its static phase. Anything the algorithm did before it (the first round's encoding, the
 copy of the message to self into ``recv``) is local.
 """
 
@@ -243,8 +248,15 @@ def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     tr.alltoallv(sbuf, s_esc, [s_off[j] + s_stat[j] for j in range(p)],
                  rbuf, r_esc, [r_off[j] + r_stat[j] for j in range(p)], stream)
 
-    # -- decode, self copy -----------------------------------------------------------------------
-    err = None
+    agree(_decode_frames(eng, rbuf, r_off, r_len, recv, recvs, send, sends, me))
+    return stats
+
+
+def _decode_frames(eng: Engine, rbuf, r_off: Sequence[int], r_len: Sequence[int], recv,
+                   recvs: Sequence[tuple[int, int]], send, sends: Sequence[tuple[int, int]],
+                   me: int, err: str | None = None) -> str | None:
+    """Decode every received frame (peer j's at ``rbuf[r_off[j]:][:r_len[j]]``) into its range
+    of ``recv`` and copy the message to self; returns the first error (``err`` if given)."""
     for j, (o, c) in enumerate(recvs):
         if j == me or not c:
             continue
@@ -260,7 +272,73 @@ def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
             err = err or f"rank {me} sends itself {sc} elements but expects {c}"
         else:
             eng.copy(recv[o:o + c], send[so:so + sc])
+    return err
+
+
+def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
+                       sends: Sequence[tuple[int, int]], recv: np.ndarray,
+                       recvs: Sequence[tuple[int, int]], *, stream=None,
+                       codebook: Codebook | None = None,
+                       control: Control | None = None) -> ExchangeStats:
+    """The same all-to-all as ``compressed_exchange``, in one phase: lengths first, then frames.
+
+    Every frame is encoded, the host waits for its length (one read of this rank's
+    own headers), the ranks exchange the lengths of the frames they are about to send
+    (one small host exchange, with an error flag), and then the whole frames move in
+    one transfer of exact sizes. This is the plain way to send variable-size frames;
+    the two-phase exchange instead starts moving the static part before any length is
+    known. ``control`` carries the lengths (no extra round trip). Not for all-gathers
+    (``shared``): they take the two-phase or the pipelined exchange.
+    """
+    p, me = tr.size, tr.rank
+    stats = ExchangeStats()
+    if codebook is None:
+        codebook = eng.codebook(send)
+
+    # -- encode, then read this rank's frame lengths (the host wait of this exchange) ---------
+    caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(sends)]
+    s_off = offsets(caps)
+    sbuf = eng.workspace("send", sum(caps))
+    s_len = [0] * p
+    for j, (o, c) in enumerate(sends):
+        if j != me and c:
+            s_len[j] = eng.encode(send[o:o + c], sbuf[s_off[j]:s_off[j] + caps[j]], codebook)
+    unknown = [j for j in range(p) if s_len[j] is None]
+    for j, h in zip(unknown, eng.read_headers([(sbuf, s_off[j], caps[j]) for j in unknown]),
+                    strict=True):
+        if isinstance(h, str):  # our own encoder wrote it: a bug, not a transfer error
+            raise RuntimeError(f"zipccl: the local encoder wrote an invalid frame: {h}")
+        s_len[j] = h.frame_len
+    bad = any(s_len[j] and not fmt.HEADER_SIZE <= s_len[j] <= caps[j] for j in range(p))
+
+    # -- the lengths: row j = [length of the frame for rank j, flag]; back: what j sends here --
+    if control is not None:
+        got = control([*s_len, 1 if bad else 0])
+        r_len = [int(x) for x in got[:, me]]
+        failed = bool(got[:, p].any())
+    else:
+        got = tr.exchange_lengths([[s_len[j], 1 if bad else 0] for j in range(p)], reduce=False)
+        r_len = [int(x) for x in got[:, 0]]
+        failed = bool(got[:, 1].any())
+    r_caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(recvs)]
+    r_off = offsets(r_caps)
+    err = None
+    if failed:  # every rank saw every flag: all skip the transfer together
+        err = "the local encoder wrote a frame longer than its slot (a codec bug)"
+    else:
+        for j, (_, c) in enumerate(recvs):
+            if j != me and not (r_len[j] <= r_caps[j] and (r_len[j] == 0) == (c == 0)):
+                err = err or f"frame from rank {j}: {r_len[j]} bytes announced for {c} elements"
     agree(err)
+
+    # -- one transfer of exact sizes, then decode and the copy to self -------------------------
+    rbuf = eng.workspace("recv", sum(r_caps))
+    tr.alltoallv(sbuf, s_len, s_off, rbuf, r_len, r_off, stream)
+    for j in range(p):
+        if j != me:
+            stats.wire_bytes += s_len[j]
+            stats.raw_bytes += 2 * sends[j][1]
+    agree(_decode_frames(eng, rbuf, r_off, r_len, recv, recvs, send, sends, me))
     return stats
 
 
@@ -483,17 +561,40 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
 
 def _exchange(eng: Engine, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
               shared: bool = False, stream=None, on_chunk=None,
-              control: Control | None = None) -> ExchangeStats:
-    """The pipelined exchange for ``chunk`` > 0 elements, the two-phase one for ``chunk`` = 0."""
+              control: Control | None = None, phases: int = 2) -> ExchangeStats:
+    """The pipelined exchange for ``chunk`` > 0 elements; for ``chunk`` = 0 the two-phase one
+    (``phases`` = 2) or the one-phase one (``phases`` = 1: lengths first, then the frames)."""
+    check_phases(phases, chunk)
     if chunk > 0:
         return chunked_exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
                                 max_count=max_count, shared=shared, stream=stream, on_chunk=on_chunk,
                                 control=control)
-    stats = compressed_exchange(eng, tr, agree, send, sends, recv, recvs, shared=shared,
-                                stream=stream, control=control)
+    if phases == 1 and not shared:
+        stats = one_phase_exchange(eng, tr, agree, send, sends, recv, recvs, stream=stream,
+                                   control=control)
+    else:
+        stats = compressed_exchange(eng, tr, agree, send, sends, recv, recvs, shared=shared,
+                                    stream=stream, control=control)
     if on_chunk is not None:
         on_chunk(0, max(c for _, c in recvs))
     return stats
+
+
+PHASES = (1, 2)  # the one-round all-to-all: lengths then frames (1), or static then dynamic (2)
+
+
+def check_phases(phases: int, chunk: int) -> None:
+    """Raise ValueError unless ``phases`` names an exchange that exists for pipeline ``chunk``.
+
+    >>> check_phases(1, 0), check_phases(2, 4096)
+    (None, None)
+    """
+    if phases not in PHASES:
+        raise ValueError(f"phases must be 1 (lengths, then frames) or 2 (static, then dynamic), "
+                         f"got {phases!r}")
+    if phases == 1 and chunk > 0:
+        raise ValueError("phases=1 is the one-round exchange: it needs chunk 0 (chunk_bytes=0); "
+                         "the pipelined exchange already sends each round's lengths first")
 
 
 def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
@@ -523,12 +624,16 @@ def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[
 
 def all_to_all_bf16(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
-                    max_count: int | None = None, control: Control | None = None) -> ExchangeStats:
+                    max_count: int | None = None, control: Control | None = None,
+                    phases: int = 2) -> ExchangeStats:
     """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
 
     ``max_count``: the largest message between two different ranks anywhere (all ranks
-    pass the same; needed with ``chunk`` > 0 on more than two ranks).
+    pass the same; needed with ``chunk`` > 0 on more than two ranks). ``phases`` (with
+    ``chunk`` = 0, compressed): 2 = static then dynamic phase (``compressed_exchange``),
+    1 = every frame length first, then one transfer (``one_phase_exchange``).
     """
+    check_phases(phases, chunk if compress else 0)
     sends = list(zip(offsets(send_counts), send_counts, strict=True))
     recvs = list(zip(offsets(recv_counts), recv_counts, strict=True))
     if compress:
@@ -538,7 +643,7 @@ def all_to_all_bf16(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequ
             max_count = max([c for j, c in enumerate(send_counts) if j != tr.rank]
                             + [c for j, c in enumerate(recv_counts) if j != tr.rank] + [0])
         return _exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
-                         max_count=max_count, stream=stream, control=control)
+                         max_count=max_count, stream=stream, control=control, phases=phases)
     raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(recv),
                  [(2 * o, 2 * c) for o, c in recvs], stream)
     raw = 2 * (sum(send_counts) - send_counts[tr.rank])

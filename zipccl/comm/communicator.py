@@ -21,7 +21,7 @@ zipccl checks this without paying for it on every call:
 
 1. **Settings, once, at construction.** The constructor is collective: the
    ranks exchange every setting that changes the path a call takes (backend,
-   policy and its thresholds and profile, chunk size, checksum, ``verify``) and
+   policy and its thresholds and profile, chunk size, ``phases``, checksum, ``verify``) and
    raise the same ``CollectiveError`` on every rank if they differ. Changing
    ``policy`` or ``chunk`` later (``calibrate`` does) must happen on every rank at
    the same point; a change drops every plan and agreed signature.
@@ -86,6 +86,7 @@ from .collectives import (
     all_gather_bf16,
     all_reduce_bf16,
     all_to_all_bf16,
+    check_phases,
     offsets,
     reduce_scatter_bf16,
 )
@@ -291,17 +292,20 @@ class Communicator:
 
     ``chunk_bytes``: BF16 bytes per message per pipeline round of the compressed path
     (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = issue 5's two-phase
-    exchange in one round); ``policy``: "auto" (a size threshold until ``calibrate``
-    measures a profile), "always" or "never"; ``verify``: "first" (a native call's
-    signature is checked across ranks the first time it is seen) or "always" (before
-    every call); see the module docstring. All ranks must pass the same settings:
-    the constructor raises the same ``CollectiveError`` on every rank otherwise.
+    exchange in one round); ``phases``: the compressed all-to-all's exchange with
+    ``chunk_bytes=0``, 2 = static then dynamic phase (default), 1 = every frame length
+    first, then one transfer (the ablation of the static phase); ``policy``: "auto" (a
+    size threshold until ``calibrate`` measures a profile), "always" or "never";
+    ``verify``: "first" (a native call's signature is checked across ranks the first
+    time it is seen) or "always" (before every call); see the module docstring. All
+    ranks must pass the same settings: the constructor raises the same
+    ``CollectiveError`` on every rank otherwise.
     """
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, cuda_aware_mpi: bool | None = None,
-                 chunk_bytes: int | None = None, verify: str = "first"):
+                 chunk_bytes: int | None = None, verify: str = "first", phases: int = 2):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if verify not in VERIFY:
@@ -318,6 +322,8 @@ class Communicator:
         self._force_value: bool | None = None  # set only while calibrating
         # elements per pipeline round, whole escape blocks (0: the two-phase exchange, one round)
         self._chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
+        check_phases(phases, self._chunk)
+        self.phases = phases
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         from mpi4py import MPI
@@ -367,6 +373,7 @@ class Communicator:
         value = int(value)
         if value < 0 or value % fmt.BLOCK:
             raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
+        check_phases(self.phases, value)
         self._chunk = value
         self._settings_changed()
 
@@ -387,7 +394,8 @@ class Communicator:
         prof = fields.pop("profile", None)
         fields["profile"] = None if prof is None else f"{_sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
         text = (f"backend={self.backend!r}, policy=({', '.join(f'{k}={v!r}' for k, v in fields.items())}), "
-                f"chunk_bytes={2 * self._chunk}, checksum={self._checksum}, verify={self.verify!r}")
+                f"chunk_bytes={2 * self._chunk}, phases={self.phases}, checksum={self._checksum}, "
+                f"verify={self.verify!r}")
         if self._force_value is not None:
             text += f", calibrating={self._force_value}"
         self._settings_text = text
@@ -849,7 +857,7 @@ class Communicator:
         sdata = self._detached(eng, s.data, r.data)
         self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, send_counts,
                                           recv_counts, compress=True, stream=st, chunk=self.chunk,
-                                          max_count=largest, control=control)
+                                          max_count=largest, control=control, phases=self.phases)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.

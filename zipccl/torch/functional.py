@@ -46,6 +46,7 @@ from ..comm.collectives import (
     all_gather_bf16,
     all_reduce_bf16,
     all_to_all_bf16,
+    check_phases,
     reduce_scatter_bf16,
 )
 from ..comm.host import HostEngine
@@ -170,11 +171,13 @@ class Collectives:
     GPU; host tensors stay native unless ``compress_host``), "always", "never", or a
     ``zipccl.comm.Policy`` (e.g. with a calibrated profile). ``chunk_bytes``: BF16
     bytes per message per pipeline round (0: the two-phase exchange in one round).
+    ``phases``: the compressed ``all_to_all_single`` with ``chunk_bytes=0``: 2 = static
+    then dynamic phase (default), 1 = every frame length first, then one transfer.
     """
 
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = 0,
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
-                 compress_host: bool = False):
+                 compress_host: bool = False, phases: int = 2):
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         if chunk_bytes < 0:
@@ -182,6 +185,8 @@ class Collectives:
         from .. import format as fmt
 
         self.chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
+        check_phases(phases, self.chunk)
+        self.phases = phases
         self.checksum = bool(checksum)
         self.stats = Stats()
         self.last_decision = None
@@ -335,7 +340,8 @@ class Collectives:
                         + [c for j, c in enumerate(rc) if j != tr.rank] + [0])
             largest = self._agreed_max(group, input, [local])[0]
         ex = all_to_all_bf16(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
-                             compress=True, stream=stream, chunk=self.chunk, max_count=largest)
+                             compress=True, stream=stream, chunk=self.chunk, max_count=largest,
+                             phases=self.phases)
         self.stats.add(True, ex)
         return _done_work(output) if async_op else None
 
@@ -373,12 +379,12 @@ class Collectives:
 _DEFAULTS: dict[object, Collectives] = {}
 
 
-def _default(policy) -> Collectives:
-    """The shared ``Collectives`` of the module-level functions, one per policy."""
-    key = policy if isinstance(policy, str) else id(policy)
+def _default(policy, phases: int = 2) -> Collectives:
+    """The shared ``Collectives`` of the module-level functions, one per policy (and ``phases``)."""
+    key = (policy if isinstance(policy, str) else id(policy), phases)
     c = _DEFAULTS.get(key)
     if c is None or (not isinstance(policy, str) and c.policy is not policy):
-        c = _DEFAULTS[key] = Collectives(policy)
+        c = _DEFAULTS[key] = Collectives(policy, phases=phases)
     return c
 
 
@@ -417,9 +423,13 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, *, policy: str | Policy = "auto",
-                      stats: Stats | None = None):
-    """``torch.distributed.all_to_all_single``, BF16 compressed as ``policy`` says."""
-    c = _default(policy)
+                      stats: Stats | None = None, phases: int = 2):
+    """``torch.distributed.all_to_all_single``, BF16 compressed as ``policy`` says.
+
+    ``phases``: 2 = the two-phase exchange (static, then dynamic), 1 = every frame
+    length first, then one transfer (see ``Collectives``).
+    """
+    c = _default(policy, phases)
     return _with_stats(c, stats, lambda: c.all_to_all_single(output, input, output_split_sizes,
                                                              input_split_sizes, group, async_op))
 

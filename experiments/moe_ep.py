@@ -1,0 +1,486 @@
+"""Expert parallelism: an MoE layer whose dispatch and combine go through zipccl's all-to-all.
+
+Why run it: the two-phase all-to-all (static phase, then dynamic phase) exists for
+mixture-of-experts layers, where tokens travel to experts on other GPUs, the per-peer counts
+change every step and are skewed, and a rank that waits for its peer wastes its time. This
+script runs one such layer forward and backward on 2 ranks (expert parallelism 2) with its
+routing skewed on purpose, once per variant of the all-to-all:
+
+  native     -- ``torch.distributed.all_to_all_single`` with split sizes;
+  one_phase  -- ``zipccl.torch.all_to_all_single(..., policy="always", phases=1)``: every frame
+                encoded, its length waited for and exchanged, then one transfer;
+  two_phase  -- ``zipccl.torch.all_to_all_single(..., policy="always", phases=2)``: the static
+                part of every frame sent at once, then the escapes.
+
+Each configuration is checked before it is timed: the layer's output and every gradient (input,
+router, experts) of both compressed variants are compared with the native run's bit for bit, in
+the same run, and the count of differing bits is recorded (it must be 0).
+
+Layer (default: Mixtral-8x7B's sizes at depth 1): hidden 4096, 8 experts of SwiGLU width 14336,
+top-2 routing (softmax over the two chosen logits), BF16 weights and activations; experts 0-3 on
+rank 0, 4-7 on rank 1. Routing skew: a fixed bias ``-alpha * log(1 + e)`` on expert e's router
+logit (Zipf-like); alpha is solved so that rank 0's experts receive ``skew`` times the token
+slots of rank 1's (the value reached is recorded). Dispatch: the slots sorted by expert, one
+all-to-all with split sizes (the per-expert counts travel first, in a small native all-to-all);
+combine: the reverse all-to-all; the backward pass runs both again on the gradients.
+
+Per configuration (tokens per rank x skew x variant) and rank, medians over ``--iters``: layer
+time (forward + backward, wall clock between a barrier and a device synchronisation), all-to-all
+time (CUDA events around the four all-to-all calls: two forward, two backward; on the CPU the
+wall clock), the faster rank's idle time (the rank with less expert work spends longer inside
+the all-to-alls, waiting for its peer: its all-to-all time minus the other rank's), and bytes
+sent (raw, and on the wire).
+
+    # 2 x H200, NVLink, then the shared-memory link
+    PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
+    NCCL_P2P_DISABLE=1 PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
+    # CPU smoke test (gloo, toy sizes)
+    torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py --toy --out /tmp/moe.jsonl
+    # the table of the newest run per link
+    python experiments/moe_ep.py --table experiments/results/moe_ep.jsonl
+
+Records (JSON lines, rank 0 appends to ``--out``, default ``experiments/results/moe_ep.jsonl``):
+one ``config`` record per run, one ``measure`` record per configuration and variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+VARIANTS = ("native", "one_phase", "two_phase")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything that determines a run; saved whole with every record."""
+
+    hidden: int = 4096  # Mixtral-8x7B
+    experts: int = 8
+    ffn: int = 14336
+    top_k: int = 2
+    layers: int = 1  # reduced depth
+    tokens: tuple = (4096, 16384, 32768, 65536)  # per rank
+    skews: tuple = (1.0, 1.5, 2.5, 4.2)  # target: rank 0's token slots / rank 1's
+    iters: int = 3
+    warmup: int = 1
+    seed: int = 0
+    model: str = "Mixtral-8x7B (hidden 4096, 8 experts, SwiGLU 14336, top-2)"
+
+    def __post_init__(self):
+        if self.top_k != 2:
+            raise ValueError("this layer routes top-2")
+        if min(self.hidden, self.experts, self.ffn, self.layers, self.iters) < 1 or self.warmup < 0:
+            raise ValueError("sizes and iters must be >= 1, warmup >= 0")
+        if min(self.tokens) < 1 or min(self.skews) < 1:
+            raise ValueError("tokens >= 1 and skews >= 1 (rank 0 receives more)")
+
+
+TOY = dict(hidden=64, experts=8, ffn=96, tokens=(256, 1024), skews=(1.0, 4.2), iters=2, warmup=1,
+           model="toy (hidden 64, 8 experts, SwiGLU 96, top-2)")
+
+
+# -- routing skew ----------------------------------------------------------------------------------
+
+def zipf_bias(alpha: float, experts: int) -> np.ndarray:
+    """The router bias of skew ``alpha``: -alpha * log(1 + e) for expert e (0: balanced)."""
+    return -alpha * np.log1p(np.arange(experts, dtype=np.float64))
+
+
+def rank0_ratio(alpha: float, experts: int, samples: int = 1 << 14, seed: int = 1234) -> float:
+    """Token slots routed to the first half of the experts over those to the second half,
+    for top-2 routing of N(0, 1) logits plus ``zipf_bias(alpha)`` (a fixed seeded sample, so
+    every rank computes the same number)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((samples, experts)) + zipf_bias(alpha, experts)
+    top = np.argpartition(-logits, 2, axis=1)[:, :2]
+    first = int((top < experts // 2).sum())
+    return first / max(1, 2 * samples - first)
+
+
+def solve_alpha(skew: float, experts: int) -> float:
+    """The smallest alpha whose ``rank0_ratio`` reaches ``skew`` (bisection; 0 for skew 1)."""
+    if skew <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while rank0_ratio(hi, experts) < skew:
+        hi *= 2
+        if hi > 64:
+            raise ValueError(f"skew {skew} is out of reach with {experts} experts")
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rank0_ratio(mid, experts) < skew else (lo, mid)
+    return hi
+
+
+# -- the layer ---------------------------------------------------------------------------------------
+
+class Permute(torch.autograd.Function):
+    """y = x[perm]; the gradient is g[inv] (a gather both ways: deterministic, no atomics)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inv):
+        ctx.save_for_backward(inv)
+        return x[perm]
+
+    @staticmethod
+    def backward(ctx, g):
+        (inv,) = ctx.saved_tensors
+        return g[inv], None, None
+
+
+class AllToAll(torch.autograd.Function):
+    """Rows of ``x`` to the ranks by ``in_splits``; ``out_splits`` rows come back. The gradient
+    goes the reverse way through the same function."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, a2a):
+        ctx.meta = (out_splits, in_splits, a2a)
+        out = x.new_empty((sum(out_splits), x.shape[1]))
+        a2a(out, x.contiguous(), out_splits, in_splits)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out_splits, in_splits, a2a = ctx.meta
+        gx = g.new_empty((sum(in_splits), g.shape[1]))
+        a2a(gx, g.contiguous(), in_splits, out_splits)
+        return gx, None, None, None
+
+
+def make_params(cfg: Config, rank: int, world: int, device) -> list[dict]:
+    """Per layer: the router (replicated: the same on every rank) and this rank's experts."""
+    local = cfg.experts // world
+    layers = []
+    for layer in range(cfg.layers):
+        g = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + layer)
+        router = torch.randn(cfg.hidden, cfg.experts, generator=g, device=device) / math.sqrt(cfg.hidden)
+        experts = []
+        for e in range(rank * local, (rank + 1) * local):
+            ge = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + 100 + layer * cfg.experts + e)
+            shapes = ((cfg.hidden, cfg.ffn), (cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden))
+            experts.append([(torch.randn(*sh, generator=ge, device=device) / math.sqrt(sh[0]))
+                            .to(torch.bfloat16).requires_grad_() for sh in shapes])  # w1, w3, w2
+        layers.append({"router": router.to(torch.bfloat16).requires_grad_(), "experts": experts})
+    return layers
+
+
+def parameters(params: list[dict]) -> list[torch.Tensor]:
+    return [t for layer in params for t in [layer["router"], *[w for ex in layer["experts"] for w in ex]]]
+
+
+def moe_layer(x: torch.Tensor, layer: dict, bias: torch.Tensor, a2a, rank: int, world: int,
+              counts: dict | None = None) -> torch.Tensor:
+    """One expert-parallel MoE layer: route top-2, dispatch, experts, combine. ``counts`` (if
+    given) receives the rows this rank's experts processed and the split sizes."""
+    T, _ = x.shape
+    E = bias.numel()
+    local = E // world
+    logits = (x @ layer["router"]).float() + bias
+    top_v, top_i = logits.topk(2, dim=-1)
+    weights = F.softmax(top_v, dim=-1).to(x.dtype)  # [T, 2]
+    flat = top_i.reshape(-1)  # slot s = 2 t + k
+    order = torch.argsort(flat, stable=True)  # slots sorted by expert
+    inv_order = torch.argsort(order)  # a permutation's inverse (sorting: deterministic)
+    per_expert = torch.bincount(flat, minlength=E)
+    # the per-expert counts first (small, native): from source j, rows for each local expert
+    got = torch.empty_like(per_expert)
+    dist.all_to_all_single(got, per_expert)
+    send_e = per_expert.view(world, local).cpu()
+    recv_e = got.view(world, local).cpu()  # [source, local expert]
+    in_splits = send_e.sum(1).tolist()
+    out_splits = recv_e.sum(1).tolist()
+
+    x_slots = x.unsqueeze(1).expand(T, 2, x.shape[1]).reshape(2 * T, x.shape[1])
+    xs = Permute.apply(x_slots, order, inv_order)
+    xr = AllToAll.apply(xs, out_splits, in_splits, a2a)  # blocks by source, each sorted by expert
+    # group the received rows by local expert (then source)
+    start = np.concatenate([[0], np.cumsum(recv_e.reshape(-1).numpy())])
+    rows = [np.arange(start[j * local + e], start[j * local + e + 1])
+            for e in range(local) for j in range(world)]
+    perm = torch.from_numpy(np.concatenate(rows).astype(np.int64)).to(x.device)
+    inv = torch.argsort(perm)
+    xg = Permute.apply(xr, perm, inv)
+    outs, pos = [], 0
+    for e, (w1, w3, w2) in enumerate(layer["experts"]):
+        n = int(recv_e[:, e].sum())
+        xe = xg[pos:pos + n]
+        outs.append((F.silu(xe @ w1) * (xe @ w3)) @ w2)
+        pos += n
+    yg = torch.cat(outs) if outs else xg[:0]
+    yr = Permute.apply(yg, inv, perm)
+    ys = AllToAll.apply(yr, in_splits, out_splits, a2a)  # back to the senders, expert order
+    y = Permute.apply(ys, inv_order, order).view(T, 2, -1)
+    if counts is not None:
+        counts.update(rows=int(pos), in_splits=in_splits, out_splits=out_splits)
+    return (y * weights.unsqueeze(-1)).sum(1)
+
+
+def forward_backward(x, dy, params, biases, a2a, rank, world, counts=None):
+    """The layers forward, then backward from ``dy``; returns the output."""
+    h = x
+    for layer, bias in zip(params, biases, strict=True):
+        h = moe_layer(h, layer, bias, a2a, rank, world, counts)
+    h.backward(dy)
+    return h
+
+
+# -- the all-to-all variants, timed ------------------------------------------------------------------
+
+class Timed:
+    """One variant's all-to-all (torch.distributed's signature with split sizes), each call timed."""
+
+    def __init__(self, variant: str, cuda: bool):
+        import zipccl.torch as zt
+
+        self.variant, self.cuda, self.zt = variant, cuda, zt
+        self.stats = zt.Stats()
+        self.pending: list = []
+        self.raw = 0
+
+    def __call__(self, out, inp, out_splits, in_splits):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        if self.variant == "native":
+            dist.all_to_all_single(out, inp, out_splits, in_splits)
+            me = dist.get_rank()
+            self.raw += (sum(in_splits) - in_splits[me]) * inp.shape[1] * inp.element_size()
+        else:
+            self.zt.all_to_all_single(out, inp, out_splits, in_splits, policy="always",
+                                      phases=1 if self.variant == "one_phase" else 2, stats=self.stats)
+        if self.cuda:
+            end.record()
+            self.pending.append((start, end))
+        else:
+            self.pending.append(time.perf_counter() - t0)
+
+    def collect(self) -> tuple[float, int, int]:
+        """(seconds in the calls, raw bytes, wire bytes) since the last collect (after a sync)."""
+        s = sum(x if isinstance(x, float) else x[0].elapsed_time(x[1]) / 1e3 for x in self.pending)
+        self.pending = []
+        if self.variant == "native":
+            raw, wire = self.raw, self.raw
+        else:
+            raw, wire = self.stats.raw_bytes, self.stats.wire_bytes
+            self.stats.reset()
+        self.raw = 0
+        return s, raw, wire
+
+
+# -- bits ----------------------------------------------------------------------------------------------
+
+_POP: dict = {}
+
+
+def differing_bits(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Bits in which two BF16 tensors differ (0: identical bit patterns)."""
+    ia, ib = a.detach().reshape(-1).view(torch.int16), b.detach().reshape(-1).view(torch.int16)
+    if torch.equal(ia, ib):
+        return 0
+    pop = _POP.get(a.device)
+    if pop is None:
+        pop = _POP[a.device] = torch.tensor([bin(i).count("1") for i in range(1 << 16)],
+                                            dtype=torch.int64, device=a.device)
+    return int(pop[(ia ^ ib).to(torch.int64) & 0xFFFF].sum())
+
+
+def results_of(out, x, params) -> list[torch.Tensor]:
+    """What must be identical across variants: the output and every gradient."""
+    return [out.detach().clone(), x.grad.clone(), *[p.grad.clone() for p in parameters(params)]]
+
+
+# -- the sweep -----------------------------------------------------------------------------------------
+
+def run(cfg: Config, device, rank: int, world: int, write, variants=VARIANTS, log=print) -> list[dict]:
+    """Every configuration: check the variants' bits against native, then time them."""
+    cuda = device.type == "cuda"
+    params = make_params(cfg, rank, world, device)
+    alphas = {s: solve_alpha(s, cfg.experts) for s in cfg.skews}
+    timers = {v: Timed(v, cuda) for v in variants}
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    records = []
+    for tokens in cfg.tokens:
+        g = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + tokens * 31 + rank)
+        x = torch.randn(tokens, cfg.hidden, generator=g, device=device).to(torch.bfloat16).requires_grad_()
+        dy = (torch.randn(tokens, cfg.hidden, generator=g, device=device) * 1e-2).to(torch.bfloat16)
+        for skew in cfg.skews:
+            bias = torch.from_numpy(zipf_bias(alphas[skew], cfg.experts)).float().to(device)
+            biases = [bias] * cfg.layers
+            ref = None
+            for v in variants:
+                a2a = timers[v]
+                times, counts = [], {}
+                for it in range(cfg.warmup + cfg.iters):
+                    x.grad = None
+                    for p in parameters(params):
+                        p.grad = None
+                    sync()
+                    dist.barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    out = forward_backward(x, dy, params, biases, a2a, rank, world, counts)
+                    sync()
+                    layer_s = time.perf_counter() - t0
+                    a2a_s, raw, wire = a2a.collect()
+                    if it >= cfg.warmup:
+                        times.append((layer_s, a2a_s, raw, wire))
+                res = results_of(out, x, params)
+                is_ref = ref is None  # the first variant (native) is the reference
+                if is_ref:
+                    ref = res
+                diff = [differing_bits(a, b) for a, b in zip(res, ref, strict=True)]
+                del out, res
+                mine = [statistics.median(t[i] for t in times) for i in range(4)] + [counts["rows"]]
+                table = torch.tensor([mine], dtype=torch.float64, device=device)
+                both = [torch.zeros_like(table) for _ in range(world)]
+                dist.all_gather(both, table)
+                both = [t.cpu().numpy()[0].tolist() for t in both]
+                layer_s = [b[0] for b in both]
+                a2a_s = [b[1] for b in both]
+                rows = [int(b[4]) for b in both]
+                compute = [layer_s[r] - a2a_s[r] for r in range(world)]
+                fast = int(np.argmin(compute))
+                slow = int(np.argmax(compute))
+                diff_t = torch.tensor([sum(diff)], device=device)
+                dist.all_reduce(diff_t, op=dist.ReduceOp.MAX)
+                rec = {"kind": "measure", "tokens_per_rank": tokens, "skew_target": skew,
+                       "alpha": alphas[skew], "variant": v, "rows_per_rank": rows,
+                       "recv_ratio": rows[0] / max(1, rows[1]),
+                       "layer_s": max(layer_s), "layer_s_per_rank": layer_s,
+                       "a2a_s": max(a2a_s), "a2a_s_per_rank": a2a_s,
+                       "idle_faster_s": max(0.0, a2a_s[fast] - a2a_s[slow]), "faster_rank": fast,
+                       "raw_bytes": sum(b[2] for b in both), "wire_bytes": sum(b[3] for b in both),
+                       "differing_bits": int(diff_t.item()),
+                       "differing_bits_per_tensor_rank0": diff, "reference": is_ref,
+                       "bit_identical": int(diff_t.item()) == 0}
+                rec["wire_ratio"] = rec["wire_bytes"] / max(1, rec["raw_bytes"])
+                write(rec)
+                records.append(rec)
+                if rank == 0:
+                    log(f"tokens {tokens:6d} skew {rows[0] / max(1, rows[1]):4.2f} {v:9s} "
+                        f"layer {1e3 * rec['layer_s']:8.2f} ms a2a {1e3 * rec['a2a_s']:8.2f} ms "
+                        f"idle {1e3 * rec['idle_faster_s']:7.2f} ms wire/raw {rec['wire_ratio']:.3f} "
+                        f"diff bits {rec['differing_bits']}", flush=True)
+            del ref
+            if cuda:
+                torch.cuda.empty_cache()
+        del x, dy
+    return records
+
+
+def table(path: str) -> str:
+    """The newest run per link: all-to-all ms per variant and speed-ups (printed last on the GPU)."""
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    newest: dict = {}
+    for r in recs:
+        if r.get("kind") == "measure":
+            newest[r["link"]] = max(newest.get(r["link"], ""), r["run"])
+    lines = []
+    for link, run_id in sorted(newest.items()):
+        rows: dict = {}
+        for r in recs:
+            if r.get("kind") == "measure" and r["link"] == link and r["run"] == run_id:
+                rows.setdefault((r["tokens_per_rank"], r["skew_target"]), {})[r["variant"]] = r
+        lines.append(f"{link} ({run_id}): a2a ms native / 1-phase / 2-phase; speed-up vs native; "
+                     f"2-phase vs 1-phase; layer ms; idle ms; diff bits")
+        for (tok, _), v in sorted(rows.items()):
+            if not all(k in v for k in VARIANTS):
+                continue
+            n, o, t = (v[k]["a2a_s"] * 1e3 for k in VARIANTS)
+            lines.append(
+                f"  {tok:6d} tok ratio {v['native']['recv_ratio']:4.2f}: {n:7.2f} / {o:7.2f} / {t:7.2f}"
+                f"  {n / o:4.2f}x {n / t:4.2f}x  {o / t:4.2f}x  layer "
+                + " / ".join(f"{v[k]['layer_s'] * 1e3:.1f}" for k in VARIANTS)
+                + "  idle " + " / ".join(f"{v[k]['idle_faster_s'] * 1e3:.2f}" for k in VARIANTS)
+                + f"  bits {max(v[k]['differing_bits'] for k in VARIANTS)}")
+    return "\n".join(lines)
+
+
+def start_ranks(cuda: bool) -> torch.device:
+    """The job's process group: NCCL on this rank's GPU (torchrun's LOCAL_RANK), or gloo."""
+    if not cuda:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default=None, help="comma-separated tokens per rank")
+    ap.add_argument("--skews", default=None, help="comma-separated target ratios (>= 1)")
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--toy", action="store_true", help="toy sizes on the CPU (gloo): a smoke test")
+    ap.add_argument("--cpu", action="store_true", help="gloo on the CPU even if a GPU is present")
+    ap.add_argument("--nondeterministic", action="store_true",
+                    help="allow torch's nondeterministic kernels (default: deterministic algorithms)")
+    ap.add_argument("--table", metavar="JSONL", help="print the table of the newest run per link and exit")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                  "moe_ep.jsonl"))
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return
+    given = {"tokens": args.tokens and tuple(int(t) for t in args.tokens.split(",")),
+             "skews": args.skews and tuple(float(s) for s in args.skews.split(",")),
+             "iters": args.iters, "layers": args.layers}
+    cfg = Config(**{**(TOY if args.toy else {}), **{k: v for k, v in given.items() if v}})
+
+    use_cuda = torch.cuda.is_available() and not (args.cpu or args.toy)
+    if not args.nondeterministic:
+        # as in train_e2e.py: deterministic kernels, so that a difference can only come from
+        # the all-to-all (cuBLAS picks reduction orders per workspace otherwise)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    device = start_ranks(use_cuda)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != 2 or cfg.experts % world:
+        raise SystemExit("moe_ep.py runs expert parallelism 2: 2 ranks, an even expert count")
+
+    import zipccl
+
+    meta = {"config": asdict(cfg), "world": world,
+            "machine": "2 x H200" if use_cuda and "H200" in torch.cuda.get_device_name(device) else
+            (torch.cuda.get_device_name(device) if use_cuda else platform.processor() or "cpu"),
+            "gpu": torch.cuda.get_device_name(device) if use_cuda else None,
+            "link": ("shared memory (NCCL_P2P_DISABLE=1)" if os.environ.get("NCCL_P2P_DISABLE") == "1"
+                     else "NVLink (default)") if use_cuda else "gloo (CPU)",
+            "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
+            "deterministic": not args.nondeterministic, "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    def write(rec: dict) -> None:  # rank 0 appends one JSON line per record, at once
+        if rank == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps({**rec, **meta}) + "\n")
+
+    try:
+        write({"kind": "config", "alphas": {str(s): solve_alpha(s, cfg.experts) for s in cfg.skews}})
+        run(cfg, device, rank, world, write)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
