@@ -8,5 +8,5 @@ SCALING_INPUTS := $(sort $(wildcard ../experiments/results/collectives*.jsonl) \
 		../zipccl/scaling.py ../zipccl/costmodel.py $(SCALING_INPUTS)
 	$(PYTHON) ../experiments/project_scaling.py --out $@ > /dev/null
 
-out/scaling.png: fig_scaling.py ../experiments/results/scaling_projection.jsonl
+out/scaling.png: fig_scaling.py ../experiments/records.py ../experiments/results/scaling_projection.jsonl
 	$(PYTHON) fig_scaling.py $@ $(filter %.jsonl,$^)

@@ -38,7 +38,13 @@ The same model, given an ``Exchange``, predicts zipccl's own compressed path as
 ``zipccl.comm.collectives`` runs it and as ``Communicator.calibrate`` measures it:
 a fixed cost per call, then rounds of one chunk each whose stages (host work
 per round, encode, transfer on a ``wire`` link, decode with any reduction on the
-decode stream) overlap. The adaptive policy (``zipccl.comm.policy``) uses it.
+decode stream) overlap. The adaptive policy (``zipccl.comm.policy``) uses it, with the
+per-call cost fitted to calibration calls (``fit_exchange``) and each path scaled to the
+nearest steady measurement (``anchored``).
+
+The module holds no measured numbers: links and codecs are fitted to (``link_from_busbw``,
+``link_from_fits``, ``fit_alpha_beta``) or built from the project's committed records
+(``experiments/records.py`` reads them: ``nccl_link``, ``baseline_codec``).
 
 >>> link = Link("shm", bandwidth=25.0, latency=20e-6)
 >>> codec = Codec("zipccl", encode_gbps=2000.0, decode_gbps=2000.0, ratio=0.70)
