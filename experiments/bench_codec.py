@@ -31,7 +31,8 @@ sees, host overhead included; the larger of host and device time). Inputs rotate
 over K buffer sets so that small sizes are not served from L2. GB/s = BF16 input
 bytes / seconds (``zipccl.metrics.algbw``), for encode and decode alike; the
 median of ``--repeats`` runs is kept. ``host_us`` is the Python time to enqueue
-one call. One JSON record per (size, op, variant, mode) goes to ``--out``.
+one call. One JSON record per (size, op, variant, mode) goes to ``--out``. The
+clock (CUDA events), the data and the record writer are ``experiments/harness.py``'s.
 
     python experiments/bench_codec.py --out $OUT/codec_gpu.jsonl
     python experiments/bench_codec.py --sizes 1 16 256 --repeats 3
@@ -40,7 +41,6 @@ one call. One JSON record per (size, op, variant, mode) goes to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import sys
@@ -51,6 +51,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import append_records, gaussian_bits, median_of, time_calls  # noqa: E402
 
 from zipccl import format as fmt  # noqa: E402
 from zipccl.codebook import Codebook  # noqa: E402
@@ -74,28 +77,11 @@ def machine_info(cp) -> dict:
             "cuda_runtime": cp.cuda.runtime.runtimeGetVersion()}
 
 
-def gaussian_bits(cp, n: int, seed: int):
-    """BF16 bit patterns of N(0, 0.02) values, rounded to nearest even, on the device."""
-    rs = cp.random.RandomState(seed)
-    u = (rs.standard_normal(n, dtype=cp.float32) * cp.float32(0.02)).view(cp.uint32)
-    return ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
-
-
 class Timer:
-    """CUDA-event timing of one call, eager and as a replayed graph of K calls."""
+    """CUDA-event timing of one call (``harness.time_calls``), eager and as a replayed graph of K calls."""
 
     def __init__(self, cp, stream, repeats: int):
         self.cp, self.stream, self.repeats = cp, stream, repeats
-
-    def _events(self, run, iters: int) -> float:
-        cp = self.cp
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(self.stream)
-        for _ in range(iters):
-            run()
-        b.record(self.stream)
-        b.synchronize()
-        return cp.cuda.get_elapsed_time(a, b) / 1e3 / iters
 
     def eager(self, calls: list, iters: int) -> tuple[float, float]:
         """(median seconds per call, Python seconds to enqueue one call)."""
@@ -106,14 +92,9 @@ class Timer:
                 c()
 
         run_all()
-        self.stream.synchronize()
-        t0 = time.perf_counter()
-        run_all()
-        host = (time.perf_counter() - t0) / k
-        self.stream.synchronize()
+        host = time_calls(run_all, stream=self.stream).host_s / k
         reps = max(1, iters // k)
-        ts = [self._events(run_all, reps) / k for _ in range(self.repeats)]
-        return float(np.median(ts)), host
+        return median_of(self.repeats, run_all, reps, stream=self.stream)[0] / k, host
 
     def graph(self, calls: list, iters: int) -> float | None:
         try:
@@ -129,11 +110,9 @@ class Timer:
                 pass
             return None
         g.launch(self.stream)
-        self.stream.synchronize()
         reps = max(1, iters // len(calls))
-        ts = [self._events(lambda: g.launch(self.stream), reps) / len(calls)
-              for _ in range(self.repeats)]
-        return float(np.median(ts))
+        t, _ = median_of(self.repeats, lambda: g.launch(self.stream), reps, stream=self.stream)
+        return t / len(calls)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     v1_ok = [True]  # emptied when the v1 kernels disagree with v2 on a checked buffer
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    def bench_size(mib: float, fh) -> None:
+    def bench_size(mib: float) -> None:
         nbytes = int(mib * MiB)
         n = nbytes // 2
         sets = max(1, min(64, math.ceil(ROTATE_BYTES / nbytes)))
         iters = max(2 * sets, min(2000, int(64 * 1024 * MiB / nbytes)))
         lay = fmt.Layout.for_count(n)
-        bits = [gaussian_bits(cp, n, seed) for seed in range(sets)]
+        bits = [gaussian_bits(n, seed=seed, xp=cp) for seed in range(sets)]
         frames = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
         frames_cs = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
@@ -259,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             if op == "copy":  # also the read + write bandwidth, the usual copy figure
                 rec["rw_gbps"] = algbw(2 * nbytes, secs)
             records.append(rec)
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+            append_records(args.out, [rec])  # at once: a run cut short keeps what it measured
             table.append((mib, op, variant, mode, rec["gbps"], secs * 1e6,
                           rec["host_us"], ratio))
 
@@ -406,9 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{mib} MiB: frame 0 wrong after timing")
         cp.get_default_memory_pool().free_all_blocks()
 
-    with args.out.open("a") as fh:
-        for mib in args.sizes:
-            bench_size(mib, fh)
+    for mib in args.sizes:
+        bench_size(mib)
 
     print(f"\n{'MiB':>6} {'op':>6} {'variant':>8} {'mode':>5} {'GB/s':>8} {'us':>9} {'host_us':>8} ratio")
     for mib, op, var, mode, gbps, us, host, ratio in table:

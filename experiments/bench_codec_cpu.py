@@ -13,7 +13,8 @@ processes used while it was timed (``others_cpu_share_*``, from /proc/stat).
 Under ``mpiexec -n N`` every rank runs the same measurements at the same time (a
 barrier before each), as ranks that share a node do; each record names its rank
 and the world size (the other ranks count as "others" in the CPU shares), and
-rank 0 writes them all, to ``codec_cpu_mpi.jsonl``.
+rank 0 writes them all, to ``codec_cpu_mpi.jsonl``. Data, clock and record writer
+come from ``experiments/harness.py``.
 
     python experiments/bench_codec_cpu.py                 # 1, 4, 16, 64, 256 MiB + checkpoint
     python experiments/bench_codec_cpu.py --sizes 64 --repeats 9 --out /tmp/x.jsonl
@@ -33,13 +34,13 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from zipccl import format as fmt
-from zipccl.arrays import to_bf16
-from zipccl.checkpoints import default_checkpoint, is_floating, iter_tensors
-from zipccl.codebook import Codebook
-from zipccl.codec import cpu, reference
-from zipccl.metrics import algbw, compression_ratio
-from zipccl.tools.mpijob import append_records
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import append_records, checkpoint_bits, gaussian_bits, time_calls  # noqa: E402
+
+from zipccl import format as fmt  # noqa: E402
+from zipccl.codebook import Codebook  # noqa: E402
+from zipccl.codec import cpu, reference  # noqa: E402
+from zipccl.metrics import algbw, compression_ratio  # noqa: E402
 
 MACHINE = "2-core CPU dev box"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,21 +83,6 @@ def _threading_layer() -> str:
         return numba.threading_layer()
     except ValueError:  # no parallel region has run yet
         return "not yet chosen"
-
-
-def gaussian(n: int, sigma: float = 0.02, seed: int = 0) -> np.ndarray:
-    x = np.random.default_rng(seed).normal(0.0, sigma, n).astype(np.float32)
-    return to_bf16(x).view(np.uint16)
-
-
-def checkpoint_bits() -> tuple[str, np.ndarray] | None:
-    path = default_checkpoint()
-    if path is None:
-        return None
-    parts = [to_bf16(a).view(np.uint16).reshape(-1) for _, a in iter_tensors(path)
-             if is_floating(a)]
-    return f"checkpoint {path.parent.parent.name} (all floating tensors, BF16)", \
-        np.concatenate(parts)
 
 
 def check(bits: np.ndarray, cb: Codebook, checksum: bool) -> np.ndarray:
@@ -160,9 +146,7 @@ def timed(fn, repeats: int, warmup: int, min_seconds: float = 0.5,
     out = []
     busy0, own0, sys0, wall0 = _busy_cpu_s(), _own_cpu_s(), _own_sys_s(), time.perf_counter()
     while len(out) < repeats or (sum(out) < min_seconds and len(out) < max_runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
+        out.append(time_calls(fn).seconds)
     busy1, own1, sys1 = _busy_cpu_s(), _own_cpu_s(), _own_sys_s()
     wall = time.perf_counter() - wall0
     sys_share = round((sys1 - sys0) / wall, 3)
@@ -197,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out = DEFAULT_OUT if comm.Get_size() == 1 else DEFAULT_OUT_MPI
 
     t0 = time.perf_counter()
-    cpu.decode(cpu.encode(gaussian(1 << 16), Codebook.from_sigma(0.02)))
+    cpu.decode(cpu.encode(gaussian_bits(1 << 16), Codebook.from_sigma(0.02)))
     first_call_s = round(time.perf_counter() - t0, 3)  # JIT compile or cache load
     info = machine_info()
     info["run"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # groups this invocation's records
@@ -208,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     info["codec_threads_large"] = cpu.threads_per_call(1 << 30)
     info["run"] = comm.bcast(info["run"])
 
-    buffers = [(f"gaussian sigma=0.02, {s:g} MiB", gaussian(int(s * (1 << 20)) // 2))
+    buffers = [(f"gaussian sigma=0.02, {s:g} MiB", gaussian_bits(int(s * (1 << 20)) // 2))
                for s in args.sizes]
     if not args.no_checkpoint and (ck := checkpoint_bits()) is not None:
         buffers.append(ck)
@@ -269,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(others' CPU {enc_others}, {dec_others}; own sys {enc_sys}, {dec_sys})",
                   flush=True)
 
-    append_records(comm, records, args.out)  # every rank's, from rank 0
+    if append_records(args.out, records, comm, every_rank=True):  # every rank's, from rank 0
+        print(f"{comm.Get_size() * len(records)} records appended to {args.out}")
     return 0
 
 

@@ -10,7 +10,8 @@ a job whose ranks share one machine's cores:
   ``zipccl.Communicator`` (``policy="always"`` and ``"never"``), outputs checked bit
   for bit against every rank's seeded input.
 
-Times are ``MPI.Wtime`` between barriers, slowest rank; one JSON record per
+Times are ``MPI.Wtime`` between barriers, slowest rank (``experiments/harness.py``,
+which also makes the data and writes the records); one JSON record per
 measurement (with the world size, the ranks on this node, the codec's threads per
 call and the threading layer) is appended by rank 0 to ``--out``.
 
@@ -34,6 +35,9 @@ import ml_dtypes
 import numba
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import append_records, gaussian_bits, time_calls  # noqa: E402
+
 MACHINE = "2-core CPU dev box"
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "experiments" / "results" / "cpu_mpi.jsonl"
@@ -51,19 +55,12 @@ def git_commit() -> str:
 
 
 def bf16_values(n: int, seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).normal(0.0, 0.02, n).astype(np.float32)
-    return x.astype(ml_dtypes.bfloat16)
+    return gaussian_bits(n, seed=seed).view(ml_dtypes.bfloat16)
 
 
 def slowest(comm, fn, calls: int) -> float:
     """Seconds per call of ``fn`` on the slowest rank, ``calls`` calls in a row."""
-    from mpi4py import MPI
-
-    comm.Barrier()
-    t0 = MPI.Wtime()
-    for _ in range(calls):
-        fn()
-    return comm.allreduce((MPI.Wtime() - t0) / calls, op=MPI.MAX)
+    return time_calls(fn, calls, comm=comm).seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import zipccl
     from zipccl.codec import cpu
-    from zipccl.tools.mpijob import append_records
 
     comm = MPI.COMM_WORLD  # an experiment's main() may name the world
     me, p = comm.Get_rank(), comm.Get_size()
@@ -145,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                checked="every rank's output bit-exact (the timed buffers)")
         zc.close()
 
-    append_records(comm, records if me == 0 else [], args.out)  # rank 0's hold the slowest times
+    if append_records(args.out, records, comm):  # rank 0's hold the slowest times
+        print(f"{len(records)} records appended to {args.out}")
     return 0
 
 

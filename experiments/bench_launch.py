@@ -15,7 +15,7 @@ zipccl's kernels), 2,000 launches back to back and one synchronisation, per rout
 Then the host µs of the codec calls users make (``encode_into`` / ``decode_into``
 with a workspace, ``zipccl.compress`` / ``decompress`` of a CuPy array) at 1 MiB,
 split into their parts. Each result is checked (the kernel's output) before it is
-timed. One JSON record per route.
+timed. One JSON record per route. Clock, data and record writer: ``experiments/harness.py``.
 
     python experiments/bench_launch.py --out $OUT/launch.jsonl
 """
@@ -23,8 +23,8 @@ timed. One JSON record per route.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,23 +32,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import append_records, gaussian_bits, time_calls  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_gpu.jsonl"
 LAUNCHES = 2000
 BURST = 64  # launches per timed burst: far below the launch queue, so the host never waits
 
 
-def host_us(call, bursts: int = 30, sync=None) -> float:
+def host_us(call, stream, bursts: int = 30) -> float:
     """Median host µs of one call, over bursts of BURST calls that start on an idle GPU."""
-    ts = []
-    for _ in range(bursts):
-        if sync is not None:
-            sync()
-        t0 = time.perf_counter()
-        for _ in range(BURST):
-            call()
-        ts.append((time.perf_counter() - t0) / BURST)
-    return float(np.median(ts)) * 1e6
+    return statistics.median(time_calls(call, BURST, stream=stream).host_s for _ in range(bursts)) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,96 +108,82 @@ def main(argv: list[str] | None = None) -> int:
     }
     want = cp.asnumpy(a + b + 5)
     rows = []
-    with args.out.open("a") as fh:
-        for route, call in routes.items():
-            c.fill(0)
-            call()
-            stream.synchronize()
-            if not np.array_equal(cp.asnumpy(c), want):
-                raise SystemExit(f"{route}: wrong result")
-            for _ in range(50):
-                call()
-            us = host_us(call, sync=stream.synchronize)
-            stream.synchronize()
-            rows.append((route, us))
-            fh.write(json.dumps({**info, "route": route, "host_us_per_launch": us}) + "\n")
-        # graph replay of 100 direct launches
-        stream.begin_capture()
-        for _ in range(100):
-            routes["ctypes"]()
-        g = stream.end_capture()
-        g.launch(stream)
-        stream.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(LAUNCHES // 100):
-            g.launch(stream)
-        host = (time.perf_counter() - t0) / LAUNCHES
-        stream.synchronize()
-        rows.append(("graph (per launch)", host * 1e6))
-        fh.write(json.dumps({**info, "route": "graph", "host_us_per_launch": host * 1e6}) + "\n")
 
-        # the codec calls users make, 1 MiB, host µs per call and its parts
-        m = 1 << 19
-        x = (cp.random.RandomState(0).standard_normal(m, dtype=cp.float32) * 0.02).view(cp.uint32)
-        x = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(cp.uint16)
-        cb = Codebook.from_sigma(0.02)
-        frame = cp.zeros(zipccl.max_compressed_size(m), cp.uint8)
-        out = cp.zeros(m, cp.uint16)
-        ws = gpu.Workspace(m)
-        parts = {
-            "encode_into": lambda: gpu.encode_into(x, frame, cb, s, workspace=ws),
-            "decode_into": lambda: gpu.decode_into(frame, out, s, workspace=ws),
-            "_values": lambda: gpu._values(x),
-            "current_device": lr.current_device,
-            "stream_key": lambda: gpu._stream_key(stream),
-            "compress (sync)": lambda: zipccl.compress(x, dtype="bfloat16", stream=stream),
-        }
-        f = zipccl.compress(x, dtype="bfloat16", stream=stream)
-        parts["decompress (sync)"] = lambda: zipccl.decompress(f, stream=stream)
-        if not cp.array_equal(parts["decompress (sync)"](), x):
-            raise SystemExit("compress/decompress round trip differs")
-        for what, call in parts.items():
-            for _ in range(20):
-                call()
-            us = host_us(call, bursts=10, sync=stream.synchronize)
-            stream.synchronize()
-            rows.append((what, us))
-            fh.write(json.dumps({**info, "route": what, "size_bytes": 2 * m,
-                                 "host_us_per_call": us}) + "\n")
-        # device time of the on-device codebook choice (events over back-to-back launches)
-        ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
-        xp = int(x.data.ptr)
-        for _ in range(10):
-            gpu._choose(xp, m, ws, s)
-        ev0.record(stream)
+    def write(rec: dict) -> None:
+        append_records(args.out, [{**info, **rec}])
+
+    for route, call in routes.items():
+        c.fill(0)
+        call()
+        stream.synchronize()
+        if not np.array_equal(cp.asnumpy(c), want):
+            raise SystemExit(f"{route}: wrong result")
+        for _ in range(50):
+            call()
+        us = host_us(call, stream)
+        rows.append((route, us))
+        write({"route": route, "host_us_per_launch": us})
+    # graph replay of 100 direct launches
+    stream.begin_capture()
+    for _ in range(100):
+        routes["ctypes"]()
+    g = stream.end_capture()
+    g.launch(stream)
+    host = time_calls(lambda: g.launch(stream), LAUNCHES // 100, stream=stream).host_s / 100
+    rows.append(("graph (per launch)", host * 1e6))
+    write({"route": "graph", "host_us_per_launch": host * 1e6})
+
+    # the codec calls users make, 1 MiB, host µs per call and its parts
+    m = 1 << 19
+    x = gaussian_bits(m, seed=0, xp=cp)
+    cb = Codebook.from_sigma(0.02)
+    frame = cp.zeros(zipccl.max_compressed_size(m), cp.uint8)
+    out = cp.zeros(m, cp.uint16)
+    ws = gpu.Workspace(m)
+    parts = {
+        "encode_into": lambda: gpu.encode_into(x, frame, cb, s, workspace=ws),
+        "decode_into": lambda: gpu.decode_into(frame, out, s, workspace=ws),
+        "_values": lambda: gpu._values(x),
+        "current_device": lr.current_device,
+        "stream_key": lambda: gpu._stream_key(stream),
+        "compress (sync)": lambda: zipccl.compress(x, dtype="bfloat16", stream=stream),
+    }
+    f = zipccl.compress(x, dtype="bfloat16", stream=stream)
+    parts["decompress (sync)"] = lambda: zipccl.decompress(f, stream=stream)
+    if not cp.array_equal(parts["decompress (sync)"](), x):
+        raise SystemExit("compress/decompress round trip differs")
+    for what, call in parts.items():
+        for _ in range(20):
+            call()
+        us = host_us(call, stream, bursts=10)
+        rows.append((what, us))
+        write({"route": what, "size_bytes": 2 * m, "host_us_per_call": us})
+    # device time of the on-device codebook choice (events over back-to-back launches)
+    xp = int(x.data.ptr)
+    for _ in range(10):
+        gpu._choose(xp, m, ws, s)
+    us = time_calls(lambda: gpu._choose(xp, m, ws, s), 200, stream=stream).seconds * 1e6
+    rows.append(("choose_codebook (device)", us))
+    write({"route": "choose_codebook device us", "size_bytes": 2 * m, "device_us_per_call": us})
+    # the same codec call through libcuda's cuLaunchKernel by ctypes instead of cuda.bindings
+    via_bindings = lr._LAUNCH
+    lr._LAUNCH = raw_launch
+    us = host_us(parts["encode_into"], stream, bursts=10)
+    lr._LAUNCH = via_bindings
+    rows.append(("encode_into (ctypes)", us))
+    write({"route": "encode_into (ctypes)", "size_bytes": 2 * m, "host_us_per_call": us})
+    # where the host time of the synchronising calls goes
+    import cProfile
+    import pstats
+    for what in ("encode_into", "compress (sync)", "decompress (sync)"):
+        prof = cProfile.Profile()
+        prof.enable()
         for _ in range(200):
-            gpu._choose(xp, m, ws, s)
-        ev1.record(stream)
-        ev1.synchronize()
-        us = cp.cuda.get_elapsed_time(ev0, ev1) * 1e3 / 200
-        rows.append(("choose_codebook (device)", us))
-        fh.write(json.dumps({**info, "route": "choose_codebook device us", "size_bytes": 2 * m,
-                             "device_us_per_call": us}) + "\n")
-        # the same codec call through libcuda's cuLaunchKernel by ctypes instead of cuda.bindings
-        via_bindings = lr._LAUNCH
-        lr._LAUNCH = raw_launch
-        us = host_us(parts["encode_into"], bursts=10, sync=stream.synchronize)
-        lr._LAUNCH = via_bindings
-        rows.append(("encode_into (ctypes)", us))
-        fh.write(json.dumps({**info, "route": "encode_into (ctypes)", "size_bytes": 2 * m,
-                             "host_us_per_call": us}) + "\n")
-        # where the host time of the synchronising calls goes
-        import cProfile
-        import pstats
-        for what in ("encode_into", "compress (sync)", "decompress (sync)"):
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                parts[what]()
-            prof.disable()
-            stream.synchronize()
-            print(f"--- profile of 200 x {what}")
-            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+            parts[what]()
+        prof.disable()
+        stream.synchronize()
+        print(f"--- profile of 200 x {what}")
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     print(f"{info['machine']}")
     print(f"{'route / call':>22} {'host us':>9}")
     for route, us in rows:
