@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Nsight Compute on the codec kernels (profile_codec.py) at 16 and 256 MiB; text reports to $1.
+set -u
+OUT=${1:?usage: profile_ncu.sh OUTDIR [v5 AHEAD:BLOCKS]}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+V5=${2:+--v5 $2}
+timeout ${NCU_S:-240} ncu --clock-control none --section SpeedOfLight --section Occupancy \
+  --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
+  -k regex:'(en|de)code_' -o /tmp/codec_prof -f \
+  python3 experiments/kernels/profile_codec.py --sizes-mib 16 256 $V5 > "$OUT/ncu_log.txt" 2>&1
+ncu -i /tmp/codec_prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
+ncu -i /tmp/codec_prof.ncu-rep --page raw --csv --metrics \
+gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum.per_second,\
+sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.avg.per_cycle_active,\
+smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,\
+launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,\
+smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,\
+smsp__average_warp_latency_issue_stalled_lg_throttle \
+  > "$OUT/ncu_raw.csv" 2>&1
+tail -3 "$OUT/ncu_log.txt"; wc -l "$OUT"/ncu_*.txt

@@ -1,0 +1,423 @@
+"""v5 encoder: v4's per-value code, with the input staged through shared memory by
+asynchronous copies (``cp.async``) up to ``ahead`` tiles before it is coded, and the code
+planes assembled in shared memory and stored as 16-byte words.
+
+What changes against v4 (``zipccl/kernels/encode.py``), everything else is v4's:
+
+* Staging: ``ahead + 1`` shared buffers of one tile (8 KiB of BF16) per block. A block
+  holds the tickets of its current tile and the ``ahead`` tiles after it; at barrier B of
+  tile i thread 0 draws the ticket of tile i + ahead and every lane issues the
+  ``cp.async.cg`` 16-byte copies of its own 4 units of that tile (the units it will code),
+  then commits one group. Before coding tile i + 1 a lane waits until all but its newest
+  ``ahead - 1`` groups have landed (``cp.async.wait_group``). Each lane reads only what it
+  copied itself, so no block barrier is needed for the staging, and a buffer is reused
+  only by the lane that read it, after it read it.
+* The escaped exponents are read from the staging buffer instead of global memory.
+* Plane bytes: each lane writes its 12 bytes (4 rounds x 3 planes) into its warp's
+  384-byte region of shared memory; after ``syncwarp`` lanes 0..23 each store 16 bytes of
+  it (a warp-tile's plane bytes are 128 contiguous bytes per plane), 1 global store per
+  lane instead of 12 byte stores.
+* The tile holding the end of the data takes v4's path (2-byte loads from global memory,
+  byte stores), so the asynchronous copies never read past the input.
+
+Simulator: ``cp.async`` is a plain copy, the waits are no-ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from zipccl import format as fmt
+from zipccl.kernels import compat
+from zipccl.kernels._common import (
+    STATUS_AGG,
+    STATUS_INC,
+    TPB,
+    WS_CODEBOOK,
+    WS_CSUM,
+    WS_EPOCH,
+    WS_TICKET,
+    byte_checksum,
+    exclusive_scan8,
+    field8,
+    lookback,
+    popc32,
+    publish,
+    warp_sum,
+)
+from zipccl.kernels.compat import store16, u32, wrap64
+from zipccl.kernels.encode import (
+    U64,
+    _code8,
+    _load_tile,
+    _lut_entry,
+    _round_cs,
+    _store_round,
+)
+
+TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input per tile
+
+if compat.SIMULATOR:
+    def cp_async16(stage, sw, x32, gw):
+        """Copy words gw..gw+3 of x32 to words sw..sw+3 of the shared array stage."""
+        for k in range(4):
+            stage[sw + k] = x32[gw + k]
+
+    def cp_commit():
+        pass
+
+    def cp_wait(n):
+        pass
+
+    def lds16(a, w):
+        """Words w..w+3 of a shared uint32 array."""
+        return a[w], a[w + 1], a[w + 2], a[w + 3]
+
+    def syncwarp():
+        compat.ballot(True)  # all 32 simulated lanes meet here
+
+    def sts8(a32, b, v):
+        """Store the low byte of v at byte b of the shared uint32 array a32."""
+        a32.view(np.uint8)[b] = int(v) & 0xFF
+
+    import sys
+    import traceback
+
+    from numba import types
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi
+
+    _shared_array = kernelapi.FakeCUDAShared.array
+
+    def _aligned_shared_array(self, shape, dtype, alignment=None):
+        """The simulator's shared array (one per source line, as Numba's), accepting
+        ``alignment``: NumPy memory is aligned anyway."""
+        if shape == 0:
+            return _shared_array(self, shape, dtype)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    kernelapi.FakeCUDAShared.array = _aligned_shared_array
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _cp_async16(typingctx, stage, sw, x32, gw):
+        sig = types.void(stage, sw, x32, gw)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            st = context.make_array(sig.args[0])(context, builder, value=args[0])
+            gx = context.make_array(sig.args[2])(context, builder, value=args[2])
+            sp = builder.gep(st.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            gp = builder.gep(gx.data, [context.cast(builder, args[3], sig.args[3], types.int64)])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [i64, i64]),
+                "{ .reg .u64 s64; .reg .u32 s32; cvta.to.shared.u64 s64, $0; cvt.u32.u64 s32, s64; "
+                "cp.async.cg.shared.global [s32], [$1], 16; }",
+                "l,l,~{memory}", side_effect=True)
+            builder.call(asm, [builder.ptrtoint(sp, i64), builder.ptrtoint(gp, i64)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def _cp_commit(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+                               "~{memory}", side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _wait_n(k):
+        @intrinsic
+        def _w(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
+                                   f"cp.async.wait_group {k};", "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+        return _w
+
+    _WAITS = [_wait_n(k) for k in range(4)]
+    _wait0, _wait1, _wait2, _wait3 = _WAITS
+
+    @intrinsic
+    def _lds16(typingctx, arr, w):
+        sig = types.UniTuple(types.uint32, 4)(arr, w)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            p = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            vty = ir.VectorType(ir.IntType(32), 4)
+            val = builder.load(builder.bitcast(p, vty.as_pointer()), align=16)
+            elems = [builder.extract_element(val, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, elems)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async16(stage, sw, x32, gw):
+        _cp_async16(stage, sw, x32, gw)
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_commit():
+        _cp_commit()
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_wait(n):
+        if n == 0:
+            _wait0()
+        elif n == 1:
+            _wait1()
+        elif n == 2:
+            _wait2()
+        else:
+            _wait3()
+
+    @cuda.jit(device=True, forceinline=True)
+    def lds16(a, w):
+        return _lds16(a, w)
+
+    @intrinsic
+    def _sts8(typingctx, arr, b, v):
+        sig = types.void(arr, b, v)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            i8p = ir.IntType(8).as_pointer()
+            p = builder.gep(builder.bitcast(ary.data, i8p),
+                            [context.cast(builder, args[1], sig.args[1], types.int64)])
+            val = context.cast(builder, args[2], sig.args[2], types.uint32)
+            builder.store(builder.trunc(val, ir.IntType(8)), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def syncwarp():
+        cuda.syncwarp()
+
+    @cuda.jit(device=True, forceinline=True)
+    def sts8(a32, b, v):
+        _sts8(a32, b, v)
+
+
+
+def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
+    """The v5 tile kernel staging ``ahead`` tiles ahead (``ahead + 1`` buffers)."""
+    nbuf = ahead + 1
+    stage_words = nbuf * TILE_WORDS
+    opts = {} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}
+
+    @cuda.jit(device=True)
+    def issue(stage, slot, x32, n, t, n_blocks, warp, lane):
+        """This lane's async copies of tile t (full tiles only) into buffer ``slot``; one group."""
+        if t < n_blocks and (t + 1) * fmt.BLOCK <= n:
+            g = t * 512 + warp * 128 + lane
+            s = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+            cp_async16(stage, s, x32, 4 * g)
+            cp_async16(stage, s + 128, x32, 4 * g + 128)
+            cp_async16(stage, s + 256, x32, 4 * g + 256)
+            cp_async16(stage, s + 384, x32, 4 * g + 384)
+        cp_commit()
+
+    @cuda.jit(**opts)
+    def encode_tiles_v5(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
+        n = lay[0]
+        planes_off = lay[2]
+        stride = lay[3]
+        counts_off = lay[4]
+        eo = lay[5]
+        raw_size = lay[6]
+        pwords = lay[7]
+        n_blocks = lay[8]
+        lut = cuda.shared.array(256, dtype=np.uint32)
+        stage = cuda.shared.array(stage_words, dtype=np.uint32, alignment=16)
+        pl = cuda.shared.array(4 * 96, dtype=np.uint32, alignment=16)  # per warp: 3 planes x 128 B
+        smem = cuda.shared.array(16, dtype=np.int64)
+        tid = np.int64(cuda.threadIdx.x)
+        lane = tid & 31
+        warp = tid >> 5
+        if cb64 < 0:
+            cb64 = ws[WS_CODEBOOK]
+        lut[tid] = _lut_entry(tid, cb64)
+        lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
+        if tid == 0:
+            for j in range(ahead):
+                smem[8 + j] = cuda.atomic.add(ws, WS_TICKET, 1)
+            smem[1] = ws[WS_EPOCH]
+        cuda.syncthreads()
+        epoch = smem[1]
+        for j in range(ahead):
+            issue(stage, j, x32, n, smem[8 + j], n_blocks, warp, lane)
+        tile = smem[8]
+        i = 0
+        cs = np.int64(0)
+        while tile < n_blocks:
+            slot = i % nbuf
+            g = tile * 512 + warp * 128 + lane
+            full = (tile + 1) * fmt.BLOCK <= n
+            cp_wait(ahead - 1)  # this lane's copies of tile i have landed
+            if full:
+                s = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+                a0, a1, a2, a3 = lds16(stage, s)
+                b0, b1, b2, b3 = lds16(stage, s + 128)
+                c0, c1, c2, c3 = lds16(stage, s + 256)
+                d0, d1, d2, d3 = lds16(stage, s + 384)
+                va = u32(0xFF)
+                vb = va
+                vc = va
+                vd = va
+            else:
+                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+                 va, vb, vc, vd) = _load_tile(x32, x16, n, tile, warp, lane)
+            acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
+            acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
+            acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
+            acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
+            if full:
+                b = U64(fmt.HEADER_SIZE // 8 + g)
+                out64[b] = np.int64(s0) | (np.int64(s1) << 32)
+                out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
+                out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
+                out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
+                pb = warp * 384 + lane
+                sts8(pl, pb, acc0)
+                sts8(pl, pb + 32, acc1)
+                sts8(pl, pb + 64, acc2)
+                sts8(pl, pb + 96, acc3)
+                sts8(pl, pb + 128, u32(acc0 >> 8))
+                sts8(pl, pb + 160, u32(acc1 >> 8))
+                sts8(pl, pb + 192, u32(acc2 >> 8))
+                sts8(pl, pb + 224, u32(acc3 >> 8))
+                sts8(pl, pb + 256, u32(acc0 >> 16))
+                sts8(pl, pb + 288, u32(acc1 >> 16))
+                sts8(pl, pb + 320, u32(acc2 >> 16))
+                sts8(pl, pb + 352, u32(acc3 >> 16))
+                syncwarp()
+                if lane < 24:  # plane lane >> 3, 16-byte unit lane & 7 of the warp's 128 bytes
+                    w0, w1, w2, w3 = lds16(pl, warp * 96 + 4 * lane)
+                    q = planes_off + (lane >> 3) * stride + tile * 512 + warp * 128 + 16 * (lane & 7)
+                    store16(out32, q >> 4, w0, w1, w2, w3)
+                syncwarp()
+            else:
+                acc0 = u32(acc0 & u32(va * 0x01010101))
+                acc1 = u32(acc1 & u32(vb * 0x01010101))
+                acc2 = u32(acc2 & u32(vc * 0x01010101))
+                acc3 = u32(acc3 & u32(vd * 0x01010101))
+                _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
+                _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
+            if do_cs:
+                cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
+                            + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                            + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                            + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
+            escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
+                       | u32(u32(acc2 >> 8) & 0xFF0000) | u32(acc3 & 0xFF000000))
+            cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
+                      | u32(popc32(u32(escm & 0xFF0000)) << 16)
+                      | u32(popc32(u32(escm & 0xFF000000)) << 24))
+            ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
+            if lane == 0:
+                smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
+            cuda.syncthreads()  # A: warp totals
+            woff = np.int64(0)
+            btot = np.int64(0)
+            for w in range(4):
+                v = smem[2 + w]
+                if w < warp:
+                    woff += v
+                btot += v
+            if warp == 0:
+                if lane == 0:
+                    out32[(counts_off >> 2) + tile] = btot
+                    if do_cs:
+                        cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                    if tile == 0:
+                        publish(ws, tile, epoch, STATUS_INC, btot)
+                    else:
+                        publish(ws, tile, epoch, STATUS_AGG, btot)
+                prefix = np.int64(0)
+                if tile > 0:
+                    prefix = lookback(ws, tile, epoch, lane)
+                    if lane == 0:
+                        publish(ws, tile, epoch, STATUS_INC, prefix + btot)
+                if lane == 0:
+                    smem[6] = prefix
+                    smem[8 + (i + ahead) % nbuf] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cuda.syncthreads()  # B: this tile's prefix, the ticket of tile i + ahead
+            prefix = smem[6]
+            issue(stage, (i + ahead) % nbuf, x32, n, smem[8 + (i + ahead) % nbuf], n_blocks, warp, lane)
+            if escm != 0:
+                base = eo + prefix + woff
+                k0 = base + np.int64(field8(ex, 0))
+                k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+                k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+                k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
+                                         - popc32(u32(escm & 0xFFFFFF))))
+                e0 = 8 * g
+                m = escm
+                sbase = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+                while m != 0:
+                    low = u32(m & u32(u32(~m) + 1))
+                    m = u32(m ^ low)
+                    bb = popc32(u32(low - 1))
+                    r = u32(bb >> 3)
+                    sidx = u32(bb & 7)
+                    if full:
+                        wv = stage[sbase + np.int64(u32(u32(r << 7) + u32(sidx >> 1)))]
+                        v = u32(u32(wv >> u32(16 * u32(sidx & 1))) & 0xFFFF)
+                    else:
+                        v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + sidx)))])
+                    pos = k0
+                    if r == 1:
+                        pos = k1
+                    elif r == 2:
+                        pos = k2
+                    elif r == 3:
+                        pos = k3
+                    pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                    if pos < raw_size:
+                        x = u32(u32(v >> 7) & 0xFF)
+                        out8[U64(pos)] = x
+                        if do_cs:
+                            cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
+            i += 1
+            tile = smem[8 + i % nbuf]
+        cp_wait(0)
+        if do_cs:
+            cs = warp_sum(cs)
+            if lane == 0:
+                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+    return encode_tiles_v5
+
+
+def grid(tiles: int, blocks_per_sm: int) -> int:
+    if compat.SIMULATOR:
+        return max(1, min(tiles, 2))
+    sms = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return max(1, min(tiles, sms * blocks_per_sm))
+
+
+__all__ = ["make_encode_tiles", "grid"]
