@@ -37,7 +37,7 @@ def known() -> sc.Calibration:
                             per_op_latency={"all_gather": 38e-6, "reduce_scatter": 35e-6,
                                             "all_to_all": 42e-6, "all_reduce": 27e-6})}
     codec = cm.Codec("zipccl", 1500.0, 1500.0, 0.7, 0.6e-3, 850.0)
-    return sc.Calibration(links, {k: sc.wire_link(v) for k, v in links.items()}, codec,
+    return sc.Calibration(links, {k: cm.sendrecv_wire(v) for k, v in links.items()}, codec,
                           {"nvlink": 0.6986, "shm": 0.6990})
 
 

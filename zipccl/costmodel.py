@@ -417,6 +417,21 @@ def exchange_wire(link: Link, nranks: int) -> Link:
                         "all_reduce": pairs})
 
 
+def sendrecv_wire(link: Link) -> Link:
+    """The link frames cross when they move as grouped send/recv: all-to-all's alpha and B, for
+    every op.
+
+    The scaling projection's assumption, from the library of its first calibration runs; today's
+    pipelined exchange moves frames as an all-gather on two ranks (``exchange_wire``, which the
+    policy uses), and the projection does not model that yet.
+
+    >>> w = sendrecv_wire(Link("nv", 250.0, 1e-5, per_op={"all_to_all": 230.0}))
+    >>> w.bw("all_gather"), w.lat("all_reduce")
+    (230.0, 1e-05)
+    """
+    return Link(f"{link.name}:send/recv", link.bw("all_to_all"), link.lat("all_to_all"))
+
+
 def _exchange_part(op: str, nbytes: float, p: int, wire: Link, codec: Codec,
                    ex: Exchange) -> tuple[float, int, dict[str, float]]:
     """(seconds without the per-call cost, rounds, stage totals) of one compressed exchange."""

@@ -11,7 +11,7 @@ fields) and hands this module plain numbers.
 - the *link*: NCCL's latency alpha and bus bandwidth B per operation, fitted to
   the native records with ``costmodel.link_from_busbw`` (median bus bandwidth per
   size over the records used; ``experiments/records.py``'s ``nccl_link``);
-- the *wire* (``wire_link``): compressed frames travel as grouped NCCL
+- the *wire* (``costmodel.sendrecv_wire``): compressed frames travel as grouped NCCL
   send/recv (``comm.collectives.compressed_exchange``), i.e. at the link's
   all-to-all alpha and B, whatever the operation;
 - the *ratio*: the median wire ratio (frame bytes / BF16 bytes) the compressed
@@ -81,11 +81,6 @@ MiB = 1 << 20
 # Calibration
 # --------------------------------------------------------------------------------------------
 
-def wire_link(link: cm.Link) -> cm.Link:
-    """The link compressed frames travel on: grouped send/recv, i.e. the all-to-all fit, for every op."""
-    return cm.Link(f"{link.name}:send/recv", link.bw("all_to_all"), link.lat("all_to_all"))
-
-
 @dataclass(frozen=True)
 class Calibration:
     """Model parameters: a native link and a wire link per transport, one codec, ratio, pipeline.
@@ -127,7 +122,7 @@ class Calibration:
                   ratio: float = 0.70) -> Calibration:
         """Round numbers near the 2 x H200 measurements (NVLink 280 GB/s, shm 25 GB/s), for examples."""
         links = {"nvlink": cm.Link("nvlink", 280.0, 30e-6), "shm": cm.Link("shm", 25.0, 40e-6)}
-        return Calibration(links, {k: wire_link(v) for k, v in links.items()},
+        return Calibration(links, {k: cm.sendrecv_wire(v) for k, v in links.items()},
                            cm.Codec("zipccl", codec_gbps, codec_gbps, ratio, overhead, reduce_gbps),
                            {k: ratio for k in links})
 
@@ -263,7 +258,7 @@ def calibrate(links: Mapping[str, cm.Link], ratio: Mapping[str, float], timed: S
     >>> round(cal.codec.encode_gbps), round(cal.codec.overhead * 1e6), round(cal.codec.reduce_gbps)
     (1500, 500, 800)
     """
-    wires = {n: wire_link(lk) for n, lk in links.items()}
+    wires = {n: cm.sendrecv_wire(lk) for n, lk in links.items()}
     codec, overlap, diag = fit_codec(timed, wires, ratio, codec_known, chunks)
     return Calibration(dict(links), wires, codec, dict(ratio), overlap, chunks, {**diag, **(source or {})})
 
