@@ -27,6 +27,7 @@ Records (``append_records``): JSON lines appended to a results file, from rank 0
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -110,7 +111,7 @@ def gaussian_bits(n: int, sigma: float = 0.02, seed: int = 0, xp=np, stream=None
     if xp is np:
         x = np.random.default_rng(seed).normal(0.0, sigma, n).astype(np.float32)
         return round_bf16(x.view(np.uint32))
-    with (stream if stream is not None else _nothing()):
+    with (stream if stream is not None else contextlib.nullcontext()):
         x = xp.random.RandomState(seed).standard_normal(n, dtype=xp.float32) * xp.float32(sigma)
         return round_bf16(x.view(xp.uint32), xp)
 
@@ -125,14 +126,6 @@ def checkpoint_bits() -> tuple[str, np.ndarray] | None:
         return None
     parts = [to_bf16(a).view(np.uint16).reshape(-1) for _, a in iter_tensors(path) if is_floating(a)]
     return f"checkpoint {path.parent.parent.name} (all floating tensors, BF16)", np.concatenate(parts)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # -- the reduction oracle ----------------------------------------------------------------------
