@@ -320,16 +320,16 @@ def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
         got = tr.exchange_lengths([[s_len[j], 1 if bad else 0] for j in range(p)], reduce=False)
         r_len = [int(x) for x in got[:, 0]]
         failed = bool(got[:, 1].any())
-    r_caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(recvs)]
-    r_off = offsets(r_caps)
+    if failed:  # every rank saw every flag: all raise here together, before anything moves
+        agree("the local encoder wrote a frame longer than its slot (a codec bug)")
+    # a length that does not fit its element count (ranks disagreeing on the counts) is still
+    # received, so that the transfer stays matched on every rank, and reported after it
     err = None
-    if failed:  # every rank saw every flag: all skip the transfer together
-        err = "the local encoder wrote a frame longer than its slot (a codec bug)"
-    else:
-        for j, (_, c) in enumerate(recvs):
-            if j != me and not (r_len[j] <= r_caps[j] and (r_len[j] == 0) == (c == 0)):
-                err = err or f"frame from rank {j}: {r_len[j]} bytes announced for {c} elements"
-    agree(err)
+    for j, (_, c) in enumerate(recvs):
+        if j != me and (r_len[j] > slot_size(c) or (r_len[j] == 0) != (c == 0)):
+            err = err or f"frame from rank {j}: {r_len[j]} bytes announced for {c} elements"
+    r_caps = [max(slot_size(c), fmt.align(r_len[j])) if j != me else 0 for j, (_, c) in enumerate(recvs)]
+    r_off = offsets(r_caps)
 
     # -- one transfer of exact sizes, then decode and the copy to self -------------------------
     rbuf = eng.workspace("recv", sum(r_caps))
@@ -338,7 +338,7 @@ def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
         if j != me:
             stats.wire_bytes += s_len[j]
             stats.raw_bytes += 2 * sends[j][1]
-    agree(_decode_frames(eng, rbuf, r_off, r_len, recv, recvs, send, sends, me))
+    agree(err or _decode_frames(eng, rbuf, r_off, r_len, recv, recvs, send, sends, me))
     return stats
 
 

@@ -1,0 +1,184 @@
+"""The expert-parallel MoE layer (experiments/moe_ep.py) and the one-phase all-to-all, on 2 gloo ranks.
+
+Two CPU ranks (``python -m torch.distributed.run``) run this file's ``worker`` once per
+session and write their checks to JSON; the tests read them. Checks:
+
+- the layer forward and backward with dispatch and combine through the native all-to-all,
+  zipccl's one-phase and zipccl's two-phase one: output and every gradient the same bits
+  (skewed and balanced routing); the compressed runs really compressed; a corrupted
+  all-to-all (one bit flipped) is caught by the same comparison;
+- the one-phase all-to-all on uneven splits (zero rows one way, every row one way, edge-case
+  bit patterns, NaN payloads) against ``torch.distributed.all_to_all_single``, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+LAYER_CHECKS = [f"layer/{v}/skew{s}" for s in ("1.0", "4.2") for v in ("one_phase", "two_phase")] + \
+    ["layer/compressed", "layer/corruption_detected"]
+SPLITS = {"even": ([3, 3], [3, 3]), "none_back": ([5, 0], [7, 2]), "all_out": ([0, 9], [4, 1]),
+          "empty": ([0, 0], [0, 0]), "single": ([1, 1], [0, 1])}  # rank 0's / rank 1's input splits
+ONE_PHASE_CHECKS = [f"one_phase/{name}/{kind}" for name in SPLITS for kind in ("gauss", "edges")]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("moe_ranks")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.abspath(__file__), str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-4000:] + run.stdout[-1000:]
+    return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
+
+
+@pytest.mark.parametrize("name", LAYER_CHECKS + ONE_PHASE_CHECKS)
+def test_rank_check(rank_results, name):
+    for r, res in enumerate(rank_results):
+        assert name in res, f"rank {r} did not run {name}"
+        assert res[name]["ok"], f"rank {r}: {name}: {res[name]['detail']}"
+
+
+def test_phases_is_validated():
+    pytest.importorskip("torch")
+    from zipccl.comm.collectives import check_phases
+    from zipccl.torch import Collectives
+
+    for bad in (0, 3, "1"):
+        with pytest.raises(ValueError, match="phases"):
+            check_phases(bad, 0)
+    with pytest.raises(ValueError, match="chunk"):
+        Collectives("always", phases=1, chunk_bytes=1 << 20)
+    assert Collectives("always", phases=1).phases == 1
+
+
+def test_skew_is_reached():
+    """The router bias solved for a target skew gives at least that ratio on the calibration sample."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import moe_ep
+
+    assert moe_ep.solve_alpha(1.0, 8) == 0.0
+    for skew in (1.5, 4.2):
+        assert moe_ep.rank0_ratio(moe_ep.solve_alpha(skew, 8), 8) >= skew
+
+
+# -- the ranks ----------------------------------------------------------------------------------------
+
+def _bits(t) -> np.ndarray:
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.int16).numpy().view(np.uint16).copy()
+
+
+def _record(res: dict, name: str, ok: bool, detail: str) -> None:
+    res[name] = {"ok": bool(ok), "detail": detail}
+
+
+def check_layer(rank: int, world: int, res: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import moe_ep
+
+    cfg = moe_ep.Config(hidden=32, experts=8, ffn=48, tokens=(96,), skews=(1.0, 4.2), iters=1, warmup=0)
+    device = torch.device("cpu")
+    params = moe_ep.make_params(cfg, rank, world, device)
+    g = torch.Generator().manual_seed(5 + rank)
+    x = torch.randn(96, cfg.hidden, generator=g).to(torch.bfloat16).requires_grad_()
+    dy = (torch.randn(96, cfg.hidden, generator=g) * 1e-2).to(torch.bfloat16)
+    compressed = []
+
+    def outcome(a2a, bias):
+        x.grad = None
+        for p in moe_ep.parameters(params):
+            p.grad = None
+        out = moe_ep.forward_backward(x, dy, params, [bias], a2a, rank, world)
+        return moe_ep.results_of(out, x, params)
+
+    def flipped(out, inp, out_splits, in_splits):  # native, then one bit of the first row flipped
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        if out.shape[0]:
+            out.view(torch.int16)[0, 0] ^= 1
+
+    for skew in cfg.skews:
+        bias = torch.from_numpy(moe_ep.zipf_bias(moe_ep.solve_alpha(skew, cfg.experts), cfg.experts)).float()
+        ref = outcome(moe_ep.Timed("native", False), bias)
+        for v in ("one_phase", "two_phase"):
+            t = moe_ep.Timed(v, False)
+            got = outcome(t, bias)
+            diff = [moe_ep.differing_bits(a, b) for a, b in zip(got, ref, strict=True)]
+            same = all(np.array_equal(_bits(a), _bits(b)) for a, b in zip(got, ref, strict=True))
+            _record(res, f"layer/{v}/skew{skew}", same and sum(diff) == 0,
+                    f"differing bits per tensor {diff}")
+            compressed.append((t.stats.compressed_calls, t.stats.wire_bytes, t.stats.raw_bytes))
+        if skew == cfg.skews[-1]:
+            bad = outcome(flipped, bias)
+            diff = sum(moe_ep.differing_bits(a, b) for a, b in zip(bad, ref, strict=True))
+            _record(res, "layer/corruption_detected", diff > 0, f"{diff} differing bits")
+    _record(res, "layer/compressed", all(c >= 4 and 0 < w < r for c, w, r in compressed),
+            f"(compressed calls, wire, raw) per run: {compressed}")
+
+
+def check_one_phase(rank: int, world: int, res: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from conftest import edge_corpus, gaussian_bits
+
+    import zipccl.torch as zt
+
+    width = 300  # elements per row: rows of a message together are not a multiple of a block
+    for name, splits in SPLITS.items():
+        send_rows = splits[rank]
+        recv_rows = [splits[j][rank] for j in range(world)]
+        n = sum(send_rows) * width
+        for kind in ("gauss", "edges"):
+            if kind == "gauss":
+                u = gaussian_bits(n, sigma=0.02 * (rank + 1), seed=40 + rank)
+            else:
+                u = np.roll(np.resize(edge_corpus(), n), 11 * rank)
+            inp = torch.from_numpy(u.view(np.int16).copy()).view(torch.bfloat16).reshape(-1, width)
+            want = torch.empty(sum(recv_rows), width, dtype=torch.bfloat16)
+            got = torch.full_like(want, 7.0)
+            dist.all_to_all_single(want, inp, recv_rows, send_rows)
+            stats = zt.Stats()
+            zt.all_to_all_single(got, inp, recv_rows, send_rows, policy="always", phases=1, stats=stats)
+            a, b = _bits(got), _bits(want)
+            bad = np.flatnonzero(a != b)
+            moved = stats.compressed_calls == 1 and (stats.raw_bytes == 0 or stats.wire_bytes > 0)
+            _record(res, f"one_phase/{name}/{kind}", bad.size == 0 and moved,
+                    f"{bad.size} of {a.size} elements differ; stats {stats.as_dict()}")
+
+
+def worker(out_dir: str) -> None:
+    import torch.distributed as dist
+
+    sys.path.insert(0, HERE)  # conftest's generators
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res: dict = {}
+    for check in (check_layer, check_one_phase):
+        try:
+            check(rank, world, res)
+        except Exception:  # recorded, so that the test names what failed
+            _record(res, f"{check.__name__}/crashed", False, traceback.format_exc()[-2000:])
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
