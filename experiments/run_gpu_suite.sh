@@ -17,4 +17,4 @@ for link in ${LINKS_TO_RUN:-shm nvlink}; do
       --sizes-mib ${COLL_SIZES:-1,16,64,256,1024} --variants ${COLL_VARIANTS:-nccl,always,auto} \
       --time-budget-s $(( ${COLL_S:-200} - 30 )) --out "$OUT/collectives_gpu.jsonl" 2>&1 | grep -v "Warn\|^  warn" | tail -40
 done
-step collective tests; timeout ${TEST_S:-200} python -m pytest -q -m gpu tests/test_comm_gpu.py 2>&1 | tail -5
+step collective tests; timeout ${TEST_S:-400} python -m pytest -q -m gpu tests/test_comm_gpu.py 2>&1 | tail -5
