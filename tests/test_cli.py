@@ -214,3 +214,18 @@ def test_analyze_exit_status_1_only_for_a_round_trip_that_is_not_bit_exact(tmp_p
     monkeypatch.setattr(analyze.api, "decompress", flip_one_bit)
     assert cli_main(["analyze", "--no-progress", "--summary", str(good)]) == analyze.NOT_EXACT == 1
     assert "NOT bit-exact" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype,item,raw_bits", [("float32", 4, 24), ("float16", 2, 11)])
+def test_analyze_per_dtype(tmp_path, tensors, capsys, dtype, item, raw_bits):
+    st = tmp_path / "m.safetensors"
+    _write_safetensors(st, tensors)
+    out = io.StringIO()
+    total = analyze.run([st], as_json=True, out=out, progress=False, dtype=dtype)
+    per_tensor = [json.loads(s) for s in out.getvalue().splitlines()[:-1]]
+    assert total["bit_exact"] and [r["dtype"] for r in per_tensor] == [dtype, dtype]
+    v = per_tensor[1]
+    assert v["bf16_bytes"] == item * 5000 and v["frame_bytes"] < v["bf16_bytes"]
+    assert v["entropy_ratio"] == pytest.approx((raw_bits + v["entropy_bits"]) / (8 * item))
+    assert analyze.main([str(st), "--summary", "--dtype", dtype, "--no-progress"]) == 0
+    assert f"{dtype.replace('float', 'FP')} bytes" in capsys.readouterr().out

@@ -4,6 +4,8 @@ For every floating tensor (cast to BF16, round-to-nearest-even) it reports sigma
 the exponent entropy, the top-7 coverage of the sigma codebook and of the
 histogram codebook, the compressed ratio (frame bytes / BF16 bytes), the
 entropy-limit ratio (8 + H) / 16, and whether the round trip was bit-exact.
+``--dtype float32`` / ``float16`` casts to that type instead (``bf16_bytes`` then
+counts that type's bytes; the entropy limits are (24 + H) / 32 and (11 + H) / 16).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from . import api
-from .arrays import host_bits, to_bf16
+from . import format as fmt
+from .arrays import host_bits, host_values, to_bf16
 from .checkpoints import default_checkpoint, is_floating, iter_tensors
 from .codebook import Codebook, estimate_sigma, exponent_entropy, exponent_histogram
 
@@ -36,9 +39,10 @@ class TensorReport:
     entropy_bits: float
     coverage_sigma: float
     coverage_hist: float
-    bf16_bytes: int
+    bf16_bytes: int  # bytes of the tensor in the analysed type (BF16 unless ``dtype`` says)
     frame_bytes: int
     bit_exact: bool
+    dtype: str = "bfloat16"
 
     @property
     def ratio(self) -> float:
@@ -46,11 +50,21 @@ class TensorReport:
 
     @property
     def entropy_ratio(self) -> float:
-        return (8.0 + self.entropy_bits) / 16.0
+        """(raw bits + H) / value bits: what a coder of the exponent alone can reach."""
+        raw, width = _RAW_BITS[self.dtype]
+        return (raw + self.entropy_bits) / width
 
 
-def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto") -> TensorReport:
-    """Compress one tensor (cast to BF16) and measure it."""
+# sign and mantissa bits stored raw, bits per value
+_RAW_BITS = {"bfloat16": (8.0, 16.0), "float32": (24.0, 32.0), "float16": (11.0, 16.0)}
+DTYPES = tuple(_RAW_BITS)
+
+
+def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto",
+                   dtype: str = "bfloat16") -> TensorReport:
+    """Compress one tensor (cast to BF16, or to ``dtype``) and measure it."""
+    if dtype != "bfloat16":
+        return _analyze_wide(file, name, arr, backend, dtype)
     bf = to_bf16(arr)
     bits = host_bits(bf)
     cb = Codebook.from_sample(bits)
@@ -63,6 +77,23 @@ def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto")
                         coverage_hist=Codebook.from_histogram(bits, dtype="bfloat16").coverage(
                             bits, dtype="bfloat16"),
                         bf16_bytes=int(bf.nbytes), frame_bytes=int(frame.size), bit_exact=bool(exact))
+
+
+def _analyze_wide(file: str, name: str, arr: np.ndarray, backend: str, dtype: str) -> TensorReport:
+    """``analyze_tensor`` of a tensor cast to float32 or float16."""
+    x = np.ascontiguousarray(np.asarray(arr).astype(np.float32).astype(dtype))
+    bits, code = host_values(x)
+    cb = Codebook.from_sample(bits, dtype=code)
+    frame = api.compress(x, codebook=cb, backend=backend)
+    back = api.decompress(frame, backend=backend)
+    exact = back.shape == x.shape and np.array_equal(back.view(bits.dtype), bits)
+    return TensorReport(file=file, name=name, shape=tuple(x.shape), numel=int(x.size),
+                        sigma=estimate_sigma(bits, dtype=code),
+                        entropy_bits=exponent_entropy(exponent_histogram(bits, code)),
+                        coverage_sigma=cb.coverage(x),
+                        coverage_hist=Codebook.from_histogram(x).coverage(x),
+                        bf16_bytes=int(x.nbytes), frame_bytes=int(frame.size), bit_exact=bool(exact),
+                        dtype=fmt.DTYPE_NAMES[code])
 
 
 def summarize(reports: list[TensorReport]) -> dict:
@@ -120,7 +151,7 @@ def _progress(total: int, enabled: bool):
 
 
 def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backend: str = "auto",
-        progress: bool | None = None, out=None) -> dict:
+        progress: bool | None = None, out=None, dtype: str = "bfloat16") -> dict:
     """Analyze every file; print a table (or JSON lines) to ``out`` (default: sys.stdout); return
     the summary. Raises InputError for a file it cannot read or when no tensor is floating."""
     out = sys.stdout if out is None else out
@@ -135,7 +166,7 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
             if not is_floating(arr):
                 skipped.append(f"{name} ({arr.dtype})")
             else:
-                reports.append(analyze_tensor(str(path), name, arr, backend))
+                reports.append(analyze_tensor(str(path), name, arr, backend, dtype))
             if bar is not None:
                 bar.update(arr.nbytes)
         if bar is not None:
@@ -158,8 +189,9 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
                   f"{r.entropy_ratio:6.4f} {'yes' if r.bit_exact else 'NO'}", file=out)
     if skipped:
         print(f"skipped {len(skipped)} non-floating tensors", file=out)
+    kind = {"bfloat16": "BF16", "float32": "FP32", "float16": "FP16"}[dtype]
     print(f"total: {total['tensors']} tensors, {total['numel']:,} values, "
-          f"{total['bf16_bytes']:,} BF16 bytes -> {total['frame_bytes']:,} frame bytes, "
+          f"{total['bf16_bytes']:,} {kind} bytes -> {total['frame_bytes']:,} frame bytes, "
           f"ratio {total['ratio']:.4f} (entropy limit {total['entropy_ratio']:.4f}); "
           f"coverage sigma {total['coverage_sigma']:.2%} vs histogram {total['coverage_hist']:.2%}; "
           f"round trip {'bit-exact' if total['bit_exact'] else 'NOT bit-exact'}", file=out)
@@ -180,6 +212,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
     p.add_argument("--summary", action="store_true",
                    help="leave out the per-tensor table (the checkpoint, skipped and total lines remain)")
     p.add_argument("--backend", choices=("auto", "cpu", "reference"), default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                   help="cast every tensor to this type before compressing (default: bfloat16)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     files = args.files
@@ -195,7 +229,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
         for f in files:  # the common mistakes, before any output
             check_file(f)
         total = run(files, as_json=args.json, quiet=args.summary, backend=args.backend,
-                    progress=False if args.no_progress else None)
+                    progress=False if args.no_progress else None, dtype=args.dtype)
     except InputError as e:
         sys.stdout.flush()
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -337,7 +337,8 @@ def estimate_sigma(bits: np.ndarray, samples: int = SAMPLE_SIZE, dtype=fmt.DTYPE
     0.5
     """
     code = fmt.dtype_code(dtype)
-    return _rms(sample_bits(strided_sample_any(bits, samples), code), code)
+    return _rms(sample_bits(strided_sample_any(bits, samples), code),
+                fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16 else fmt.DTYPE_BF16)
 
 
 def strided_sample_any(bits: np.ndarray, samples: int = SAMPLE_SIZE) -> np.ndarray:
@@ -437,7 +438,9 @@ class Codebook:
         patterns of BF16 or FP16 (``dtype``), or uint32 patterns of FP32.
         """
         if not fallback:
-            return cls.from_sigma(estimate_sigma(bits, samples, dtype), dtype)
+            code = fmt.dtype_code(dtype)  # FP32 is chosen as the BF16 data of its upper halves
+            return cls.from_sigma(estimate_sigma(bits, samples, code),
+                                  fmt.DTYPE_BF16 if code == fmt.DTYPE_FP32 else code)
         return choose_codebook(bits, samples, dtype=dtype).codebook
 
     @classmethod
@@ -512,6 +515,8 @@ def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
     """
     code = fmt.dtype_code(dtype)
     sample = sample_bits(strided_sample_any(bits, samples), code)
+    if code == fmt.DTYPE_FP32:  # from here on the sample is BF16 data (the upper halves)
+        code = fmt.DTYPE_BF16
     sigma = _rms(sample, code)
     by_sigma = Codebook.from_sigma(sigma, code)
     if sample.size == 0:

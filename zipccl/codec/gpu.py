@@ -40,6 +40,13 @@ host (one read, skipped when ``out=`` is given) to size the output, then reads
 the error bits after decoding so a corrupted frame raises ValueError.
 Collectives use the ``*_into`` functions.
 
+FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
+and float16 arrays (or 16-bit integers with ``dtype="float16"``) and run the kernels
+of ``kernels/encode_wide.py`` / ``decode_wide.py`` through the same plans and
+workspaces; ``compress`` picks their default codebook from the strided sample,
+gathered on the device and read back (one synchronisation more than for BF16,
+whose codebook is chosen on the device).
+
 Launching: on a GPU every kernel is launched from a *plan* (``kernels/launch.py``:
 compiled once per signature and device, parameters packed once, one
 ``cuLaunchKernel`` each), cached by sizes, workspace, codebook and flags and
@@ -72,6 +79,18 @@ def _kernels():
         from ..kernels import _common, decode, encode, launch, runtime, stats
         _MODULES.extend(((_common, encode, decode, runtime, stats), launch))
     return _MODULES[0]
+
+
+_WIDE: list = []
+
+
+def _wide():
+    """(encode_wide, decode_wide), imported on the first FP32 / FP16 call."""
+    if not _WIDE:
+        _kernels()
+        from ..kernels import decode_wide, encode_wide
+        _WIDE.extend((encode_wide, decode_wide))
+    return _WIDE
 
 
 def _launch():
@@ -121,6 +140,72 @@ def _bits_view(x, dtype: str | None):
                             "(pass dtype=\"bfloat16\" to read uint16 bit patterns as BF16)")
         return x, shape
     raise TypeError(f"zipccl compresses BF16 tensors; got a device array of dtype {dt}")
+
+
+def _dtype_name(x) -> str:
+    """The dtype of a device array as text ('float32', 'torch.float16', 'uint16', ...)."""
+    torch = _torch_of(x)
+    if torch is not None:
+        return str(x.dtype)
+    cupy = _cupy_of(x)
+    if cupy is not None:
+        return str(x.dtype)
+    return str(_kernels()[3].interface(x)[2])
+
+
+def element_code(x, dtype: str | None = None) -> int:
+    """The element type (``format.DTYPE_*``) a device array holds for the codec's ``*_into``
+    calls: float32 and 32-bit integers are FP32, float16 (or 16-bit integers with
+    ``dtype="float16"``) FP16, bfloat16 and other 16-bit integers BF16. Raises TypeError
+    otherwise."""
+    name = _dtype_name(x).replace("torch.", "")
+    want = fmt.dtype_code(dtype) if dtype is not None else None
+    if name == "float32" or (name in ("uint32", "int32") and want in (None, fmt.DTYPE_FP32)):
+        code = fmt.DTYPE_FP32
+    elif name == "float16" or (name in ("uint16", "int16") and want == fmt.DTYPE_FP16):
+        code = fmt.DTYPE_FP16
+    elif name in ("bfloat16", "uint16", "int16"):
+        code = fmt.DTYPE_BF16
+    else:
+        raise TypeError(f"zipccl compresses bfloat16, float32 and float16 tensors; got a device "
+                        f"array of dtype {name}")
+    if want is not None and want != code:
+        raise TypeError(f"a device array of dtype {name} cannot be read as {fmt.DTYPE_NAMES[want]}")
+    return code
+
+
+def _typed_view(x, dtype: str | None):
+    """(object exposing the values as integers of their size, shape, element code) for
+    ``compress``: BF16 through ``_bits_view`` (its checks and messages); float32 / float16
+    arrays as they are (torch tensors viewed as int32 / int16); integer bit patterns of
+    FP32 / FP16 with ``dtype=``."""
+    name = _dtype_name(x)
+    short = name.replace("torch.", "")
+    if short not in ("float32", "float16") and dtype in (None, "bfloat16", "bf16"):
+        xb, shape = _bits_view(x, dtype)
+        return xb, shape, fmt.DTYPE_BF16
+    from ..arrays import value_type
+
+    code = value_type(name, dtype, "device array")
+    if code == fmt.DTYPE_BF16:
+        xb, shape = _bits_view(x, dtype)
+        return xb, shape, code
+    torch = _torch_of(x)
+    if torch is not None:
+        _check_cuda_tensor(x)
+        return x.view(torch.int32 if code == fmt.DTYPE_FP32 else torch.int16), tuple(x.shape), code
+    return x, tuple(x.shape), code
+
+
+def _wide_values(obj, code: int) -> tuple[int, int]:
+    """(pointer, n) of n device values of element type ``code`` (FP32 / FP16), 16-byte aligned."""
+    ptr, nbytes, item = _raw(obj)
+    if item != fmt.ITEMSIZE[code]:
+        raise TypeError(f"{fmt.DTYPE_NAMES[code]} values are {fmt.ITEMSIZE[code]}-byte items, got "
+                        f"{item}-byte items")
+    if ptr % _ALIGN and nbytes:
+        raise ValueError(f"device data must be {_ALIGN}-byte aligned (pointer 0x{ptr:x})")
+    return ptr, nbytes // item
 
 
 def _u16(obj):
@@ -225,7 +310,7 @@ class Workspace:
     @staticmethod
     def describe(bits: int) -> str:
         """The error bits of ``last_error`` in words."""
-        text = _kernels()[0].ERROR_TEXT
+        text = {**_kernels()[0].ERROR_TEXT, **_wide()[1].ERROR_TEXT}
         return "; ".join(msg for bit, msg in text.items() if bits & bit) or "no error"
 
 
@@ -259,14 +344,15 @@ def default_workspace(stream, n: int) -> Workspace:
 
 
 @lru_cache(maxsize=512)
-def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...] | None):
+def _template(n: int, shape: tuple[int, ...], exponents: tuple[int, ...] | None,
+              dtype: int = fmt.DTYPE_BF16):
     """(16 header words with n_escapes, frame_len, checksum, flags and CRC left 0, CRC-32 of
     its first 124 bytes, codebook as int). ``exponents=None``: the codebook is chosen on
     the device; its bytes are left 0 here (the encoder fills them in and in the CRC) and
     the codebook int is -1, which tells the encoder to read it from the workspace."""
     h = fmt.Header(n=n, n_escapes=0, frame_len=0, flags=0,
                    codebook=tuple(range(fmt.CODEBOOK_SIZE)) if exponents is None else exponents,
-                   shape=shape)
+                   shape=shape, dtype=dtype)
     raw = bytearray(h.pack())
     raw[fmt.HEADER_SIZE - 4:] = bytes(4)
     cb64 = -1
@@ -307,16 +393,24 @@ def _check_workspace(ws: Workspace, n: int, lay: fmt.Layout) -> None:
 
 
 def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = False,
-                shape: tuple[int, ...] | None = None, workspace: Workspace | None = None) -> None:
-    """Write the frame of ``bits`` (n BF16 values on the device) at the start of ``out``.
+                shape: tuple[int, ...] | None = None, workspace: Workspace | None = None,
+                dtype: str | None = None) -> None:
+    """Write the frame of ``bits`` (n BF16, FP32 or FP16 values on the device) at the start
+    of ``out``.
 
     No synchronisation, no allocation when ``workspace`` is given. See the module
-    docstring for the buffer rules and where the frame length is. The first call
-    with a new (size, workspace, codebook, flags) builds its plan (checks, packed kernel
-    parameters); later calls only point it at their buffers and launch.
+    docstring for the buffer rules and where the frame length is; ``out`` holds at least
+    ``format.max_compressed_size(n, dtype)`` bytes. The element type follows the array's
+    dtype (``element_code``; ``dtype="float16"`` reads 16-bit integers as FP16). The first
+    call with a new (size, workspace, codebook, flags) builds its plan (checks, packed
+    kernel parameters); later calls only point it at their buffers and launch.
     """
     if type(codebook) is not Codebook and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+    if dtype is not None or _torch_of(bits) is None or bits.dtype != _torch_of(bits).bfloat16:
+        code = element_code(bits, dtype)
+        if code != fmt.DTYPE_BF16:
+            return _encode_wide_into(bits, out, codebook, stream, checksum, shape, workspace, code)
     if _kernels()[3].SIMULATOR:
         return _encode_into_numba(bits, out, codebook.exponents, stream, checksum, shape, workspace)
     x_ptr, n = _values(bits)
@@ -376,12 +470,18 @@ def _encode_into_numba(bits, out, exponents, stream, checksum, shape, workspace)
                   ws.array, lay, hdr, crc_base, runtime.crc_table(), cb64, checksum, s)
 
 
-def decode_into(frame, out, stream=None, workspace: Workspace | None = None) -> None:
-    """Decode the frame at the start of ``frame`` into ``out`` (n BF16 values on the device).
+def decode_into(frame, out, stream=None, workspace: Workspace | None = None,
+                dtype: str | None = None) -> None:
+    """Decode the frame at the start of ``frame`` into ``out`` (n BF16, FP32 or FP16 values
+    on the device, the frame's type: ``element_code`` of ``out``).
 
-    No synchronisation; errors go to the workspace (``Workspace.last_error``). Plans
-    are cached as in ``encode_into``.
+    No synchronisation; errors go to the workspace (``Workspace.last_error``), a frame
+    of another element type included. Plans are cached as in ``encode_into``.
     """
+    if dtype is not None or _torch_of(out) is None or out.dtype != _torch_of(out).bfloat16:
+        code = element_code(out, dtype)
+        if code != fmt.DTYPE_BF16:
+            return _decode_wide_into(frame, out, stream, workspace, code)
     if _kernels()[3].SIMULATOR:
         return _decode_into_numba(frame, out, stream, workspace)
     f_ptr, nbytes = _frame_buffer(frame)
@@ -436,6 +536,142 @@ def _decode_into_numba(frame, out, stream, workspace) -> None:
                   runtime.crc_table(), s)
 
 
+# ---------------------------------------------------------------- FP32 and FP16
+
+
+def _check_wide_codebook(codebook: Codebook, code: int) -> None:
+    fmt.check_codebook(codebook.exponents, code)
+
+
+def _encode_wide_into(bits, out, codebook: Codebook, stream, checksum, shape, workspace, code):
+    _check_wide_codebook(codebook, code)
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return _encode_wide_numba(bits, out, codebook.exponents, stream, checksum, shape, workspace,
+                                  code)
+    x_ptr, n = _wide_values(bits, code)
+    o_ptr, nbytes = _frame_buffer(out)
+    s = _stream_key(stream)
+    ws = workspace if workspace is not None else default_workspace(s, n)
+    _encode_wide(x_ptr, n, o_ptr, nbytes, codebook.exponents, s, checksum, shape, ws, code)
+
+
+def _wide_lay(n: int, nbytes: int, shape, code: int, ws: Workspace | None):
+    lay = fmt.Layout.for_count(n, code)
+    if nbytes < lay.raw_size:
+        raise ValueError(f"out holds {nbytes} bytes; a frame of {n} {fmt.DTYPE_NAMES[code]} values "
+                         f"may need {lay.raw_size} (max_compressed_size)")
+    if ws is not None:
+        _check_workspace(ws, n, lay)
+    return lay, ((n,) if shape is None else tuple(int(d) for d in shape))
+
+
+def _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code) -> None:
+    key = (3, code, n, nbytes, ws.ptr, exponents, bool(checksum), shape)
+    plan = _PLANS.get(key)
+    if plan is None:
+        lay, shp = _wide_lay(n, nbytes, shape, code, ws)
+        hdr, crc_base, cb64 = _template(n, shp, exponents, code)
+        crc = _kernels()[3].crc_table()
+        plan = _wide()[0].Plan(ws.device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
+                               _launch().device_pointer(crc), crc.size, cb64, checksum)
+        plan.workspace = ws
+        plan = _remember(key, plan)
+    plan.retarget(x_ptr, o_ptr)
+    plan.launch(s)
+
+
+def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace, code) -> None:
+    """``encode_into`` of FP32 / FP16 through Numba's dispatcher (the simulator's route)."""
+    runtime = _kernels()[3]
+    _wide_values(bits, code)  # the checks
+    xb = bits.view(_torch_of(bits).int32 if code == fmt.DTYPE_FP32 else _torch_of(bits).int16) \
+        if _torch_of(bits) is not None else bits
+    n = _raw(bits)[1] // fmt.ITEMSIZE[code]
+    ob, nbytes = _u8(out)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    lay, shp = _wide_lay(n, nbytes, shape, code, ws)
+    hdr, crc_base, cb64 = _template(n, shp, exponents, code)
+    units = n * fmt.ITEMSIZE[code] // 2
+    v = runtime.view
+    fp32 = code == fmt.DTYPE_FP32
+    _wide()[0].launch(v(xb, n if fp32 else 0, np.uint32), v(xb, 0 if fp32 else n, np.uint16),
+                      v(xb, (units & ~7) // 2, np.uint32), v(xb, units, np.uint16),
+                      v(ob, nbytes, np.uint8), v(ob, nbytes // 2, np.uint16), v(ob, nbytes // 4, np.uint32),
+                      v(ob, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base, runtime.crc_table(), cb64,
+                      checksum, runtime.stream(stream))
+
+
+def _decode_wide_into(frame, out, stream, workspace, code) -> None:
+    runtime = _kernels()[3]
+    if runtime.SIMULATOR:
+        return _decode_wide_numba(frame, out, stream, workspace, code)
+    f_ptr, nbytes = _frame_buffer(frame)
+    o_ptr, n = _wide_values(out, code)
+    s = _stream_key(stream)
+    ws = workspace if workspace is not None else default_workspace(s, n)
+    _decode_wide(f_ptr, nbytes, o_ptr, n, s, ws, code)
+
+
+def _decode_wide(f_ptr, nbytes, o_ptr, n, s, ws, code) -> None:
+    key = (4, code, nbytes, n, ws.ptr)
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_frame_bytes(nbytes)
+        lay = fmt.Layout.for_count(n, code)
+        _check_workspace(ws, n, lay)
+        _common = _kernels()[0]
+        crc = _kernels()[3].crc_table()
+        plan = _wide()[1].Plan(ws.device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
+                               _launch().device_pointer(crc), crc.size)
+        plan.workspace = ws
+        plan = _remember(key, plan)
+    plan.retarget(f_ptr, o_ptr)
+    plan.launch(s)
+
+
+def _decode_wide_numba(frame, out, stream, workspace, code) -> None:
+    """``decode_into`` of FP32 / FP16 through Numba's dispatcher (the simulator's route)."""
+    _common, _, _, runtime, _ = _kernels()
+    fb, nbytes = _u8(frame)
+    _, n = _wide_values(out, code)
+    torch = _torch_of(out)
+    ob = out.view(torch.int32 if code == fmt.DTYPE_FP32 else torch.int16) if torch is not None else out
+    _check_frame_bytes(nbytes)
+    lay = fmt.Layout.for_count(n, code)
+    ws = workspace if workspace is not None else default_workspace(stream, n)
+    _check_workspace(ws, n, lay)
+    v = runtime.view
+    fp32 = code == fmt.DTYPE_FP32
+    _wide()[1].launch(v(fb, nbytes, np.uint8), v(fb, nbytes // 2, np.uint16), v(fb, nbytes // 4, np.uint32),
+                      v(fb, nbytes // 8, np.int64), v(ob, n if fp32 else 0, np.uint32),
+                      v(ob, 0 if fp32 else n, np.uint16), ws.array, lay, _common.CRC_ZERO,
+                      runtime.crc_table(), runtime.stream(stream))
+
+
+def _wide_sample(xb, n: int, code: int, samples: int, stream) -> np.ndarray:
+    """The strided sample ``codebook.choose_codebook`` reads, gathered on the device and read
+    back (a synchronisation): FP16 values, or the upper halves of FP32 values."""
+    from ..codebook import sample_stride
+
+    _, _, _, runtime, stats = _kernels()
+    if n == 0:
+        return np.zeros(0, np.uint16)
+    stride = sample_stride(n, samples)
+    count = min(samples, (n + stride - 1) // stride)
+    if code == fmt.DTYPE_FP32:  # the upper half of value i is uint16 2i + 1
+        src = runtime.view(_raw(xb)[0] + 2, 2 * n - 1, np.uint16) if not runtime.SIMULATOR \
+            else runtime.view(xb, 2 * n, np.uint16)[1:]
+        stride *= 2
+    else:
+        src = runtime.view(xb if runtime.SIMULATOR else _raw(xb)[0], n, np.uint16)
+    buf = runtime.device_empty(count, np.uint16) if not runtime.SIMULATOR \
+        else runtime.view(np.zeros(count, np.uint16), count, np.uint16)
+    s = runtime.stream(stream)
+    stats.gather_sample[1, stats.SUM_TPB, s](src, stride, count, buf)
+    return runtime.to_host(buf, count, s)
+
+
 def estimate_sigma(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None = "bfloat16") -> float:
     """``codebook.estimate_sigma`` on the device (reads one 16-byte result: a synchronisation)."""
     _, _, _, runtime, stats = _kernels()
@@ -455,8 +691,15 @@ def estimate_sigma(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None
 def sample_codebook(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | None = "bfloat16") -> Codebook:
     """``Codebook.from_sample`` of a device tensor: the strided sample (at most ``samples``
     values, 8 KiB) is gathered on the device and read back (a synchronisation), so the
-    codebook is exactly the one the host codec picks for the same values."""
+    codebook is exactly the one the host codec picks for the same values. FP32 and FP16
+    arrays (``dtype`` is ignored for float arrays) get theirs from the same positions."""
     _, _, _, runtime, stats = _kernels()
+    xw, _, code = _typed_view(x, None if dtype == "bfloat16" and not _is_int16(x) else dtype)
+    if code != fmt.DTYPE_BF16:
+        n = _raw(xw)[1] // fmt.ITEMSIZE[code]
+        sample = _wide_sample(xw, n, code, samples, stream)
+        return Codebook.from_sample(sample, samples, dtype=fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16
+                                    else fmt.DTYPE_BF16)
     xb, _ = _bits_view(x, dtype)
     xb, n = _u16(xb)
     s = runtime.stream(stream)
@@ -465,6 +708,10 @@ def sample_codebook(x, samples: int = SAMPLE_SIZE, stream=None, dtype: str | Non
     count = stats.launch_gather(runtime.view(xb, n, np.uint16), n, samples, buf, s)
     return Codebook.from_sample(runtime.to_host(buf, count, s) if count else np.zeros(0, np.uint16),
                                 samples)
+
+
+def _is_int16(x) -> bool:
+    return _dtype_name(x).replace("torch.", "") in ("uint16", "int16")
 
 
 def histogram_codebook(x, stream=None, dtype: str | None = "bfloat16") -> Codebook:
@@ -482,23 +729,29 @@ def histogram_codebook(x, stream=None, dtype: str | None = "bfloat16") -> Codebo
     return Codebook(tuple(int(e) for e in order[:fmt.CODEBOOK_SIZE]))
 
 
+_KINDS_NP = {"u8": np.uint8, "bf16": np.uint16, "f32": np.float32, "f16": np.float16}
+_KIND_OF = {fmt.DTYPE_BF16: "bf16", fmt.DTYPE_FP32: "f32", fmt.DTYPE_FP16: "f16"}
+
+
 def _empty_like_framework(like, nbytes_or_shape, kind: str):
-    """A new device array in the framework of ``like``: kind 'u8' (frame) or 'bf16' (values)."""
+    """A new device array in the framework of ``like``: kind 'u8' (frame) or 'bf16', 'f32',
+    'f16' (values)."""
     torch = _torch_of(like)
     if torch is not None:
-        dt = torch.uint8 if kind == "u8" else torch.bfloat16
+        dt = {"u8": torch.uint8, "bf16": torch.bfloat16, "f32": torch.float32,
+              "f16": torch.float16}[kind]
         return torch.empty(nbytes_or_shape, dtype=dt, device=like.device)
     cupy = _cupy_of(like)
     if cupy is not None:
-        dt = np.uint8 if kind == "u8" else np.uint16
+        dt = _KINDS_NP[kind]
         if like.device.id == cupy.cuda.runtime.getDevice():
             return cupy.empty(nbytes_or_shape, dtype=dt)
         with cupy.cuda.Device(like.device.id):
             return cupy.empty(nbytes_or_shape, dtype=dt)
     runtime = _kernels()[3]
     if runtime.SIMULATOR:
-        return np.empty(nbytes_or_shape, dtype=np.uint8 if kind == "u8" else np.uint16)
-    return runtime.device_empty(nbytes_or_shape, np.uint8 if kind == "u8" else np.uint16)
+        return np.empty(nbytes_or_shape, dtype=_KINDS_NP[kind])
+    return runtime.device_empty(nbytes_or_shape, _KINDS_NP[kind])
 
 
 def _default_stream_for(x, stream):
@@ -563,8 +816,10 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         raise ValueError("give either codebook= or sigma=, not both")
     if codebook is not None and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
-    xb, shape = _bits_view(x, dtype)
+    xb, shape, code = _typed_view(x, dtype)
     stream = _default_stream_for(x, stream)
+    if code != fmt.DTYPE_BF16:
+        return _compress_wide(x, xb, shape, code, codebook, sigma, checksum, out, stream)
     if codebook is None and sigma is not None:
         codebook = Codebook.from_sigma(sigma)
     exponents = None if codebook is None else codebook.exponents
@@ -583,6 +838,35 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         _choose(x_ptr, n, ws, s)
     _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
     flen = int(_launch().pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
+    return _flat(buf)[:flen]
+
+
+def _compress_wide(x, xw, shape, code, codebook, sigma, checksum, out, stream):
+    """``compress`` of FP32 / FP16: the default codebook from the gathered sample (one
+    synchronisation), then ``encode_into`` and the frame length (another)."""
+    runtime = _kernels()[3]
+    n = _wide_values(xw, code)[1]
+    if codebook is None:
+        if sigma is not None:
+            codebook = Codebook.from_sigma(sigma, code)
+        else:
+            codebook = Codebook.from_sample(_wide_sample(xw, n, code, SAMPLE_SIZE, stream),
+                                            dtype=fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16
+                                            else fmt.DTYPE_BF16)
+    raw_size = fmt.Layout.for_count(n, code).raw_size
+    buf = out if out is not None else _empty_like_framework(x, raw_size, "u8")
+    nbytes = _u8(buf)[1]
+    if nbytes < raw_size:
+        raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
+                         f"(max_compressed_size({n}, {fmt.DTYPE_NAMES[code]!r}))")
+    ws = default_workspace(stream if runtime.SIMULATOR else _stream_key(stream), n)
+    _encode_wide_into(xw, buf, codebook, stream, checksum, shape, ws, code)
+    if runtime.SIMULATOR:
+        head = runtime.host_bytes(buf, _FRAME_LEN_AT + 8, runtime.stream(stream))
+        flen = int(head[_FRAME_LEN_AT:_FRAME_LEN_AT + 8].view("<i8")[0])
+    else:
+        flen = int(_launch().pinned().read(_frame_buffer(buf)[0] + _FRAME_LEN_AT, 8,
+                                           _stream_key(stream)).view("<i8")[0])
     return _flat(buf)[:flen]
 
 
@@ -627,12 +911,21 @@ def decompress(frame, out=None, stream=None):
     _check_frame_bytes(nbytes)
     if out is None:
         h = fmt.parse_header(read(fmt.HEADER_SIZE), buffer_len=nbytes)
-        dst = _empty_like_framework(frame, h.shape if h.shape else (1,), "bf16")
+        dst = _empty_like_framework(frame, h.shape if h.shape else (1,), _KIND_OF[h.dtype])
         result = dst if h.shape else dst.reshape(())
         n = h.n
+        code = h.dtype
     else:
         dst = result = out
         n = None
+        code = element_code(out)
+    if code != fmt.DTYPE_BF16:
+        n_out = _wide_values(dst, code)[1]
+        if n is not None and n_out != n:
+            raise ValueError(f"out= has {n_out} elements; the frame holds {n}")
+        ws = default_workspace(stream if runtime.SIMULATOR else s, n_out)
+        _decode_wide_into(frame, dst, stream, ws, code)
+        return _checked(ws, stream, n, n_out, read, nbytes, result)
     if runtime.SIMULATOR:
         ob, n_out = _u16(dst)
     else:
@@ -645,9 +938,15 @@ def decompress(frame, out=None, stream=None):
     else:
         ws = default_workspace(s, n_out)
         _decode(f_ptr, nbytes, o_ptr, n_out, s, ws)
+    return _checked(ws, stream, n, n_out, read, nbytes, result)
+
+
+def _checked(ws: Workspace, stream, n, n_out: int, read, nbytes: int, result):
+    """``result`` once the decode's error bits (a synchronisation) say the frame was valid;
+    ValueError otherwise, in the header's own words when the header is what is wrong."""
     err = ws.last_error(stream)
     if err:
-        if n is None:  # say what is wrong in the header's own words when it is the header
+        if n is None:
             h = fmt.parse_header(read(fmt.HEADER_SIZE), buffer_len=nbytes)
             if h.n != n_out:
                 raise ValueError(f"out= has {n_out} elements; the frame holds {h.n}")

@@ -1,0 +1,411 @@
+"""GPU decoder for FP32 and FP16 frames, accepting exactly what ``codec.reference.decode``
+accepts and never writing outside the output.
+
+Two launches, no host synchronisation, as for BF16 (``decode.py``):
+
+1. ``wide_tiles``: a persistent grid whose blocks take tiles from the ticket counter.
+   Thread 0 of every block checks the header fields it relies on (magic, version,
+   element type, flags, n = the output's, lengths, FP16 codebook entries <= 31); if
+   they do not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp
+   decodes 1024 values as 32 groups of 32: every lane reads the group's plane words
+   (one broadcast load each), takes its code from bit j, its byte-plane byte (and
+   FP32 low half, FP16 raw bits) and writes its value; escaped values are written
+   once the look-back (``_common.lookback``, over the stored counts) has given the
+   tile's first escape, each at its rank among the group's escape votes. Each tile
+   compares the escape codes it saw with its stored count; escape reads are checked
+   against the header's total, and FP16 escape bytes against 31.
+2. ``wide_finish`` (one block): header CRC, escape total, payload checksum (the
+   tiles' sums plus the padding bytes it reads), then the call's error bits, counter
+   reset and the next epoch, as ``decode.decode_finish`` does for BF16.
+
+Error bits are ``_common``'s, plus ``ERR_ESCAPE_VALUE`` (an FP16 escape byte above 31).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .. import format as fmt
+from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from . import launch as launch_route
+from ._common import (
+    BLOCKS_PER_SM,
+    ERR_CHECKSUM,
+    ERR_COUNTS,
+    ERR_ESCAPE_RANGE,
+    ERR_HEADER,
+    ERR_HEADER_CRC,
+    ERR_TOTAL,
+    LOW32,
+    STATUS_AGG,
+    STATUS_INC,
+    TPB,
+    WS_CSUM,
+    WS_EPOCH,
+    WS_ERR,
+    WS_ERR_LAST,
+    WS_ERR_STICKY,
+    WS_TICKET,
+    advance_epoch,
+    byte_checksum,
+    grid_size,
+    lookback,
+    publish,
+    warp_sum,
+    warp_xor,
+)
+from .compat import atomic_read, ballot, popc, wrap64
+from .encode_wide import FP16, FP32, HDR, wide_tuple
+
+ERR_ESCAPE_VALUE = 64
+ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
+_MAGIC48 = {d: int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, d]), "little") for d in (FP32, FP16)}
+_M32 = _MAGIC48[FP32]
+_M16 = _MAGIC48[FP16]
+
+
+@cuda.jit(device=True)
+def header_ok(f64, nbytes, lay):
+    """(valid, raw, n_escapes, has_checksum) of the frame header for an output of lay[0]
+    values of type lay[11]."""
+    n = lay[0]
+    eo = lay[5]
+    raw_size = lay[6]
+    kind = lay[11]
+    w0 = f64[0]
+    flags = (w0 >> 48) & 0xFFFF
+    nesc = f64[2]
+    flen = f64[3]
+    magic = _M32 if kind == FP32 else _M16
+    ok = (w0 & 0xFFFFFFFFFFFF) == magic and (flags & ~np.int64(3)) == 0 and f64[1] == n
+    ok = ok and flen >= 0 and flen <= nbytes and nesc >= 0
+    if (flags & 1) != 0:
+        ok = ok and nesc == 0 and flen == raw_size
+    else:
+        ok = ok and nesc <= n and flen == eo + nesc and flen <= raw_size
+    if (flags & 2) == 0 and f64[4] != 0:
+        ok = False
+    if kind == FP16:
+        cb = f64[5]
+        for i in range(7):
+            if ((cb >> (8 * i)) & 0xFF) > 31:
+                ok = False
+    return ok, flags & 1, nesc, (flags >> 1) & 1
+
+
+@cuda.jit(device=True)
+def _assemble(kind, ex, byte, low, r8, r9, r15):
+    """One value's bits from its exponent, byte-plane byte and raw bits (see encode_wide)."""
+    if kind == FP32:
+        return ((byte & 0x80) << 24) | (ex << 23) | ((byte & 0x7F) << 16) | low
+    return (r15 << 15) | (ex << 10) | (r9 << 9) | (r8 << 8) | byte
+
+
+@cuda.jit(device=True)
+def _copy_raw(f8, f16, f32, out32, out16, n, kind, tile, tid, do_cs):
+    """RAW frame: the tile's values from the payload; returns their checksum terms."""
+    cs = np.int64(0)
+    e = tile * fmt.BLOCK + tid
+    for _ in range(fmt.BLOCK // TPB):
+        if e < n:
+            if kind == FP32:
+                v = np.int64(f32[(HDR >> 2) + e])
+                out32[e] = v
+                if do_cs:
+                    cs = wrap64(cs + v * (2 * e + 1))
+            else:
+                v = np.int64(f16[(HDR >> 1) + e])
+                out16[e] = v
+                if do_cs:
+                    cs = wrap64(cs + byte_checksum(v, 2 * e))
+        e += TPB
+    return cs
+
+
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
+    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
+    n = lay[0]
+    planes_off = lay[2]
+    stride = lay[3]
+    counts_off = lay[4]
+    eo = lay[5]
+    pwords = lay[7]
+    n_blocks = lay[8]
+    lo_off = lay[9]
+    kind = lay[11]
+    votes = cuda.shared.array(128, dtype=np.int64)
+    smem = cuda.shared.array(16, dtype=np.int64)
+    tid = np.int64(cuda.threadIdx.x)
+    lane = tid & 31
+    warp = tid >> 5
+    below = (np.int64(1) << lane) - 1
+    if tid == 0:
+        ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
+        smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+        smem[1] = ws[WS_EPOCH]
+        smem[2] = 1 if ok else 0
+        smem[3] = raw
+        smem[4] = nesc
+        smem[5] = has_cs
+        smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
+        if not ok and smem[0] == 0:
+            cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
+    cuda.syncthreads()
+    if smem[2] == 0:
+        return
+    tile = smem[0]
+    epoch = smem[1]
+    nesc = smem[4]
+    do_cs = smem[5] != 0
+    cb = smem[6]
+    cs = np.int64(0)
+    err = np.int64(0)
+    if smem[3] != 0:
+        while tile < n_blocks:
+            cs = wrap64(cs + _copy_raw(f8, f16, f32, out32, out16, n, kind, tile, tid, do_cs))
+            cuda.syncthreads()  # everyone has read this ticket
+            if tid == 0:
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cuda.syncthreads()
+            tile = smem[0]
+    while smem[3] == 0 and tile < n_blocks:
+        if tid == 0:
+            craw = np.int64(f32[(counts_off >> 2) + tile])
+            lim = min(n - tile * fmt.BLOCK, fmt.BLOCK)
+            cnt = craw
+            if cnt > lim:
+                cnt = lim
+                cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
+            smem[7] = cnt
+            smem[8] = craw
+            publish(ws, tile, epoch, STATUS_INC if tile == 0 else STATUS_AGG, cnt)
+        wbase = tile * fmt.BLOCK + warp * 1024
+        seen = np.int64(0)
+        for q in range(32):
+            e = wbase + 32 * q + lane
+            word = tile * 128 + warp * 32 + q
+            valid = e < n
+            p0 = np.int64(0)
+            p1 = np.int64(0)
+            p2 = np.int64(0)
+            r8 = np.int64(0)
+            r9 = np.int64(0)
+            r15 = np.int64(0)
+            if word < pwords:
+                p0 = np.int64(f32[(planes_off >> 2) + word])
+                p1 = np.int64(f32[((planes_off + stride) >> 2) + word])
+                p2 = np.int64(f32[((planes_off + 2 * stride) >> 2) + word])
+                if do_cs and lane < lay[10]:
+                    at = planes_off + lane * stride
+                    cs = wrap64(cs + np.int64(f32[(at >> 2) + word]) * (2 * (((at - HDR) >> 2) + word) + 1))
+                if kind == FP16:
+                    r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
+                    r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
+                    r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
+            code = ((p0 >> lane) & 1) | (((p1 >> lane) & 1) << 1) | (((p2 >> lane) & 1) << 2)
+            esc = ballot(valid and code == 0)
+            if valid:
+                byte = np.int64(f8[HDR + e])
+                low = np.int64(0)
+                if do_cs:
+                    cs = wrap64(cs + byte_checksum(byte, e))
+                if kind == FP32:
+                    low = np.int64(f16[(lo_off >> 1) + e])
+                    if do_cs:
+                        cs = wrap64(cs + byte_checksum(low, lo_off - HDR + 2 * e))
+                ex = np.int64(0)
+                if code != 0:
+                    ex = (cb >> (8 * (code - 1))) & 0xFF
+                v = _assemble(kind, ex, byte, low, r8, r9, r15)
+                if kind == FP32:
+                    out32[e] = v
+                else:
+                    out16[e] = v
+            if lane == 0:
+                votes[warp * 32 + q] = esc
+            seen += popc(esc)
+        if lane == 0:
+            smem[9 + warp] = seen
+        cuda.syncthreads()  # A: warp totals, votes, the stored count
+        woff = np.int64(0)
+        btot = np.int64(0)
+        for w in range(4):
+            c = smem[9 + w]
+            if w < warp:
+                woff += c
+            btot += c
+        if warp == 0:
+            cnt = smem[7]
+            prefix = np.int64(0)
+            if tile > 0:
+                prefix = lookback(ws, tile, epoch, lane)
+                if lane == 0:
+                    publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
+            if lane == 0:
+                smem[13] = prefix
+                if btot != smem[8]:
+                    err |= ERR_COUNTS
+                if tile == n_blocks - 1 and prefix + cnt != nesc:
+                    err |= ERR_TOTAL
+                if do_cs:
+                    cs = wrap64(cs + smem[8] * (2 * (((counts_off - HDR) >> 2) + tile) + 1))
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+        cuda.syncthreads()  # B: this tile's prefix, the next ticket
+        if btot != 0:
+            run = smem[13] + woff
+            for q in range(32):
+                esc = votes[warp * 32 + q]
+                if (esc >> lane) & 1:
+                    pos = run + popc(esc & below)
+                    e = wbase + 32 * q + lane
+                    if pos < 0 or pos >= nesc:
+                        err |= ERR_ESCAPE_RANGE
+                    else:
+                        ex = np.int64(f8[eo + pos])
+                        if do_cs:
+                            cs = wrap64(cs + byte_checksum(ex, eo + pos - HDR))
+                        if kind == FP16 and ex > 31:
+                            err |= ERR_ESCAPE_VALUE
+                        word = tile * 128 + warp * 32 + q
+                        byte = np.int64(f8[HDR + e])
+                        if kind == FP32:
+                            out32[e] = _assemble(kind, ex, byte, np.int64(f16[(lo_off >> 1) + e]), 0, 0, 0)
+                        else:
+                            r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
+                            r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
+                            r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
+                            out16[e] = _assemble(kind, ex & 0x1F, byte, 0, r8, r9, r15)
+                run += popc(esc)
+        tile = smem[0]
+        cuda.syncthreads()  # C: smem and votes are reused by the next tile
+    if err != 0:
+        cuda.atomic.or_(ws, WS_ERR, err)
+    if do_cs:
+        cs = warp_sum(cs)
+        if lane == 0:
+            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+
+@cuda.jit(device=True)
+def _padding_sum(f8, lay, tid):
+    """Checksum terms of the padding bytes between sections (runs shorter than ALIGN)."""
+    n = lay[0]
+    planes_off = lay[2]
+    stride = lay[3]
+    cs = np.int64(0)
+    starts = (HDR + n, lay[4] + 4 * lay[8], lay[9] + 2 * n if lay[11] == FP32 else lay[5])
+    ends = (planes_off, lay[9], lay[5])
+    for r in range(3):
+        i = starts[r] + tid
+        if i < ends[r]:
+            cs = wrap64(cs + byte_checksum(np.int64(f8[i]), i - HDR))
+    for k in range(lay[10]):
+        i = planes_off + k * stride + 4 * lay[7] + tid
+        if i < planes_off + (k + 1) * stride:
+            cs = wrap64(cs + byte_checksum(np.int64(f8[i]), i - HDR))
+    return cs
+
+
+@cuda.jit
+def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
+    """Header CRC, escape total, payload checksum; publish the call's errors (one block)."""
+    smem = cuda.shared.array(4, dtype=np.int64)
+    tid = np.int64(cuda.threadIdx.x)
+    lane = tid & 31
+    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
+    cs = np.int64(0)
+    if ok and raw == 0 and has_cs != 0:
+        cs = _padding_sum(f8, lay, tid)
+    cs = warp_sum(cs)
+    if lane == 0:
+        smem[tid >> 5] = cs
+    cuda.syncthreads()
+    if tid < 32:
+        crc = np.int64(0)
+        for i in range(lane, 8 * (HDR - 4), 32):  # CRC-32 of header bytes 0..123, bit by bit
+            if (f64[i >> 6] >> (i & 63)) & 1:
+                crc ^= crc_tab[i]
+        crc = warp_xor(crc) ^ crc_zero
+        part = np.int64(0)
+        if lane < 8:
+            part = atomic_read(ws, WS_CSUM + lane)
+        total = wrap64(warp_sum(part) + smem[0] + smem[1] + smem[2] + smem[3])
+        if lane == 0:
+            err = atomic_read(ws, WS_ERR)
+            if not ok:
+                err |= ERR_HEADER
+            if crc != ((f64[15] >> 32) & LOW32):
+                err |= ERR_HEADER_CRC
+            if ok and has_cs != 0 and total != f64[4]:
+                err |= ERR_CHECKSUM
+            if ok and raw == 0 and lay[8] == 0 and nesc != 0:
+                err |= ERR_TOTAL
+            ws[WS_ERR] = 0
+            ws[WS_ERR_LAST] = err
+            ws[WS_ERR_STICKY] = ws[WS_ERR_STICKY] | err
+            ws[WS_TICKET] = 0
+        if lane < 8:
+            ws[WS_CSUM + lane] = 0
+    advance_epoch(ws, tid)
+
+
+def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
+    """Enqueue the decoder through Numba's dispatcher (the simulator's route). ``f*``: the
+    frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the n output values
+    (FP32 / FP16; the other one empty)."""
+    lt = wide_tuple(lay)
+    if lay.n_blocks:
+        wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out32, out16, ws, lt)
+    wide_finish[1, TPB, stream](f8, f64, ws, lt, crc_zero, crc_tab)
+
+
+_A = launch_route.array
+TILES = launch_route.Kernel(wide_tiles, (_A(np.uint8), _A(np.uint16), _A(np.uint32), _A(np.int64),
+                                         _A(np.uint32), _A(np.uint16), _A(np.int64),
+                                         launch_route.int_tuple(12)))
+FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int64),
+                                           launch_route.int_tuple(12), launch_route.I64, _A(np.int64)))
+
+
+class Plan:
+    """The launches of one FP32 / FP16 decode with everything but the stream fixed."""
+
+    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace")
+
+    def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
+                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
+        n = lay.n
+        lt = wide_tuple(lay)
+        frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
+        outs = ((out_ptr, n if lay.dtype == FP32 else 0), (out_ptr, n if lay.dtype == FP16 else 0))
+        self.device = device
+        self.tiles = None
+        if lay.n_blocks:
+            self.tiles = TILES.function(device)
+            self.tiles_grid = grid_size(lay.n_blocks)
+            self.p_tiles = launch_route.Params(TILES, (*frame, *outs, (ws_ptr, ws_count), lt))
+        self.finish = FINISH.function(device)
+        self.p_finish = launch_route.Params(FINISH, (frame[0], frame[3], (ws_ptr, ws_count), lt, crc_zero,
+                                                     (crc_ptr, crc_count)))
+
+    def retarget(self, f_ptr: int, out_ptr: int) -> None:
+        """Point the plan at other buffers of the same sizes (the frame, the values)."""
+        if self.tiles is not None:
+            for slot in _F_SLOTS:
+                self.p_tiles.set(slot, f_ptr)
+            for slot in _OUT_SLOTS:
+                self.p_tiles.set(slot, out_ptr)
+        for slot in _FIN_F_SLOTS:
+            self.p_finish.set(slot, f_ptr)
+
+    def launch(self, stream: int) -> None:
+        if self.tiles is not None:
+            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
+        launch_route.launch(self.finish, 1, TPB, stream, self.p_finish)
+
+
+_F_SLOTS = tuple(TILES.data_slot(i) for i in range(4))
+_OUT_SLOTS = (TILES.data_slot(4), TILES.data_slot(5))
+_FIN_F_SLOTS = (FINISH.data_slot(0), FINISH.data_slot(1))

@@ -1,0 +1,343 @@
+"""GPU encoder for FP32 and FP16 frames, byte-identical to ``codec.reference.encode``.
+
+Two launches, no host synchronisation, as for BF16 (``encode.py``):
+
+1. ``wide_tiles``: a persistent grid whose blocks take tiles (one escape block of
+   4096 values) from the workspace ticket counter. A warp codes 1024 consecutive
+   values as 32 groups of 32; in a group lane j holds value 32g + j (one coalesced
+   load of 4 or 2 bytes per lane). The code comes from a 256-entry shared table
+   (code = 1 + codebook index, 0 = escape), and each code plane word is one warp
+   vote (``ballot``): bit j is lane j's code bit, which is exactly the format's
+   plane word. Lane k stores plane k's word, so one store instruction writes all
+   3 (FP16: 6) words of a group. Lane j stores value j's byte of the byte plane
+   (FP32: sign | top 7 mantissa bits; FP16: the low byte) and, for FP32, its low
+   half (a warp writes 32 and 64 contiguous bytes). The group's escape vote goes
+   to shared memory; once the tile's escape count is known it is published for
+   the decoupled look-back (``_common.lookback``), and the lanes of escaped values
+   write their exponent bytes at the tile's prefix + their rank (a population
+   count of the votes below them), re-reading their value (still cached). Block 0
+   also zeroes the padding between sections. Payload checksum terms go to the
+   workspace's 8 checksum slots, as for BF16.
+2. ``encode.encode_finish``, the BF16 encoder's second kernel, unchanged: RAW
+   decision (the same ``Layout.is_raw`` rule on the escape total of the last
+   tile's inclusive status word), RAW copy, header with its CRC, counters and
+   epoch. It is given a layout tuple (``finish_tuple``) in which the value count
+   is counted in 2-byte units (an FP32 RAW frame copies 4n bytes) and the
+   "counts" field is placed so that the one padding run it zeroes is the padding
+   after the low halves (``wide_tiles`` zeroes the others).
+
+All offsets come from ``zipccl.format.Layout`` (``wide_tuple``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .. import format as fmt
+from . import (
+    compat,  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+    encode,
+)
+from . import launch as launch_route
+from ._common import (
+    BLOCKS_PER_SM,
+    STATUS_AGG,
+    STATUS_INC,
+    TPB,
+    WS_CSUM,
+    WS_EPOCH,
+    WS_TICKET,
+    byte_checksum,
+    grid_size,
+    lookback,
+    publish,
+    warp_sum,
+)
+from .compat import ballot, popc, wrap64
+
+HDR = fmt.HEADER_SIZE
+FP32 = fmt.DTYPE_FP32
+FP16 = fmt.DTYPE_FP16
+
+
+def wide_tuple(lay: fmt.Layout) -> tuple[int, ...]:
+    """The Layout fields ``wide_tiles`` reads, as one int tuple (a single kernel argument)."""
+    return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
+            lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks, lay.lo_offset,
+            lay.n_planes, lay.dtype)
+
+
+def finish_tuple(lay: fmt.Layout) -> tuple[int, ...]:
+    """``encode.layout_tuple`` as ``encode.encode_finish`` must see a wide frame: n in 2-byte
+    units (its RAW copy moves 2n' bytes) and the counts offset moved so that the padding it
+    zeroes after "counts + 4 n_blocks" is the padding after FP32's low halves (FP16: the
+    padding after the counts, as for BF16)."""
+    units = lay.n * fmt.ITEMSIZE[lay.dtype] // 2
+    counts = lay.counts_offset
+    if lay.dtype == FP32:
+        counts = lay.lo_offset + lay.lo_size - 4 * lay.n_blocks
+    return (units, lay.sm_offset, lay.planes_offset, lay.plane_stride, counts, lay.escapes_offset,
+            lay.raw_size, lay.plane_words, lay.n_blocks)
+
+
+@cuda.jit(device=True)
+def value_parts(v, kind):
+    """(exponent, byte-plane byte) of one value (uint32 bits; FP16 in the low 16)."""
+    if kind == FP32:
+        return (v >> 23) & 0xFF, ((v >> 24) & 0x80) | ((v >> 16) & 0x7F)
+    return (v >> 10) & 0x1F, v & 0xFF
+
+
+@cuda.jit(device=True)
+def _zero_padding(out8, lay, tid):
+    """Zero the padding bytes between sections (each run is shorter than ALIGN)."""
+    n = lay[0]
+    planes_off = lay[2]
+    stride = lay[3]
+    counts_off = lay[4]
+    eo = lay[5]
+    pwords = lay[7]
+    lo_off = lay[9]
+    i = HDR + n + tid
+    if i < planes_off:
+        out8[i] = 0
+    for k in range(lay[10]):
+        i = planes_off + k * stride + 4 * pwords + tid
+        if i < planes_off + (k + 1) * stride:
+            out8[i] = 0
+    i = counts_off + 4 * lay[8] + tid
+    if i < lo_off:
+        out8[i] = 0
+    if lay[11] == FP32:
+        i = lo_off + 2 * n + tid
+        if i < eo:
+            out8[i] = 0
+
+
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
+    """Code tiles taken from the ticket counter until none is left (module docstring)."""
+    n = lay[0]
+    planes_off = lay[2]
+    stride = lay[3]
+    counts_off = lay[4]
+    eo = lay[5]
+    raw_size = lay[6]
+    pwords = lay[7]
+    n_blocks = lay[8]
+    lo_off = lay[9]
+    n_planes = lay[10]
+    kind = lay[11]
+    lut = cuda.shared.array(256, dtype=np.int32)
+    votes = cuda.shared.array(128, dtype=np.int64)  # escape vote of each group of the tile
+    smem = cuda.shared.array(8, dtype=np.int64)
+    tid = np.int64(cuda.threadIdx.x)
+    lane = tid & 31
+    warp = tid >> 5
+    below = (np.int64(1) << lane) - 1
+    for e in (tid, tid + TPB):
+        c = 0
+        for i in range(7):
+            if ((cb64 >> (8 * i)) & 0xFF) == e:
+                c = i + 1
+        lut[e] = c
+    if tid == 0:
+        smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+        smem[1] = ws[WS_EPOCH]
+    if cuda.blockIdx.x == 0:
+        _zero_padding(out8, lay, tid)
+    cuda.syncthreads()
+    tile = smem[0]
+    epoch = smem[1]
+    cs = np.int64(0)
+    plane_at = planes_off + lane * stride  # lane k < n_planes stores plane k
+    while tile < n_blocks:
+        wbase = tile * fmt.BLOCK + warp * 1024
+        cnt = np.int64(0)
+        for q in range(32):
+            e = wbase + 32 * q + lane
+            valid = e < n
+            v = np.int64(0)
+            if valid:
+                v = np.int64(x32[e]) if kind == FP32 else np.int64(x16[e])
+            ex, byte = value_parts(v, kind)
+            code = lut[ex] if valid else 0
+            p0 = ballot((code & 1) != 0)
+            p1 = ballot((code & 2) != 0)
+            p2 = ballot((code & 4) != 0)
+            esc = ballot(valid and code == 0)
+            p3 = np.int64(0)
+            p4 = np.int64(0)
+            p5 = np.int64(0)
+            if kind == FP16:
+                p3 = ballot(valid and ((v >> 8) & 1) != 0)
+                p4 = ballot(valid and ((v >> 9) & 1) != 0)
+                p5 = ballot(valid and ((v >> 15) & 1) != 0)
+            word = tile * 128 + warp * 32 + q
+            if word < pwords and lane < n_planes:
+                w = p0
+                if lane == 1:
+                    w = p1
+                elif lane == 2:
+                    w = p2
+                elif lane == 3:
+                    w = p3
+                elif lane == 4:
+                    w = p4
+                elif lane == 5:
+                    w = p5
+                out32[(plane_at >> 2) + word] = w
+                if do_cs:
+                    cs = wrap64(cs + w * (2 * (((plane_at - HDR) >> 2) + word) + 1))
+            if valid:
+                out8[HDR + e] = byte
+                if do_cs:
+                    cs = wrap64(cs + byte_checksum(byte, e))
+                if kind == FP32:
+                    lo = v & 0xFFFF
+                    out16[(lo_off >> 1) + e] = lo
+                    if do_cs:
+                        cs = wrap64(cs + byte_checksum(lo, lo_off - HDR + 2 * e))
+            if lane == 0:
+                votes[warp * 32 + q] = esc
+            cnt += popc(esc)
+        if lane == 0:
+            smem[2 + warp] = cnt
+        cuda.syncthreads()  # A: warp totals, votes
+        woff = np.int64(0)
+        btot = np.int64(0)
+        for w in range(4):
+            c = smem[2 + w]
+            if w < warp:
+                woff += c
+            btot += c
+        if warp == 0:
+            if lane == 0:
+                out32[(counts_off >> 2) + tile] = btot
+                if do_cs:
+                    cs = wrap64(cs + btot * (2 * (((counts_off - HDR) >> 2) + tile) + 1))
+                publish(ws, tile, epoch, STATUS_INC if tile == 0 else STATUS_AGG, btot)
+            prefix = np.int64(0)
+            if tile > 0:
+                prefix = lookback(ws, tile, epoch, lane)
+                if lane == 0:
+                    publish(ws, tile, epoch, STATUS_INC, prefix + btot)
+            if lane == 0:
+                smem[6] = prefix
+                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+        cuda.syncthreads()  # B: this tile's prefix, the next ticket
+        if btot != 0:
+            run = smem[6] + woff
+            for q in range(32):
+                esc = votes[warp * 32 + q]
+                if (esc >> lane) & 1:
+                    pos = eo + run + popc(esc & below)
+                    if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
+                        e = wbase + 32 * q + lane
+                        v = np.int64(x32[e]) if kind == FP32 else np.int64(x16[e])
+                        ex, _ = value_parts(v, kind)
+                        out8[pos] = ex
+                        if do_cs:
+                            cs = wrap64(cs + byte_checksum(ex, pos - HDR))
+                run += popc(esc)
+        tile = smem[0]
+        cuda.syncthreads()  # C: smem and votes are reused by the next tile
+    if do_cs:
+        cs = warp_sum(cs)
+        if lane == 0:
+            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+
+def finish_blocks(lay: fmt.Layout) -> int:
+    units = finish_tuple(lay)[0]
+    return max(1, min(encode.FINISH_MAX_BLOCKS, (units + 8 * TPB - 1) // (8 * TPB)))
+
+
+def force_raw(lay: fmt.Layout) -> int:
+    return 1 if lay.static_size > lay.raw_size else 0
+
+
+def launch(x32, x16, xu32, xu16, out8, out16, out32, out64, ws, lay: fmt.Layout, hdr, crc_base: int,
+           crc_tab, cb64: int, checksum: bool, stream) -> None:
+    """Enqueue the encoder through Numba's dispatcher (the simulator's route).
+
+    ``x32`` / ``x16``: the n values as uint32 (FP32) / uint16 (FP16), the other one
+    empty; ``xu32`` / ``xu16``: the same bytes as uint32 / uint16 for the RAW copy
+    (``finish_tuple``'s units); ``out*``: the frame buffer as uint8 / 16 / 32 / int64.
+    """
+    do_cs = 1 if checksum else 0
+    raw = force_raw(lay)
+    tiles = 0
+    if lay.n_blocks and not raw:
+        wide_tiles[grid_size(lay.n_blocks), TPB, stream](x32, x16, out8, out16, out32, ws,
+                                                         wide_tuple(lay), cb64, do_cs)
+        tiles = lay.n_blocks
+    encode.encode_finish[finish_blocks(lay), TPB, stream](xu32, xu16, out8, out32, out64, ws,
+                                                          finish_tuple(lay), hdr, crc_base, crc_tab,
+                                                          raw, do_cs, tiles, 0)
+
+
+# -- the lean route (see launch.py) --
+_A = launch_route.array
+TILES = launch_route.Kernel(wide_tiles, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint16),
+                                         _A(np.uint32), _A(np.int64), launch_route.int_tuple(12),
+                                         launch_route.I64, launch_route.I64))
+
+
+class Plan:
+    """The launches of one FP32 / FP16 encode with everything but the stream fixed (as
+    ``encode.Plan``): ``wide_tiles`` and ``encode.encode_finish``."""
+
+    __slots__ = ("device", "tiles", "finish", "tiles_grid", "finish_grid", "p_tiles", "p_finish",
+                 "workspace", "x_slots", "o_slots")
+
+    def __init__(self, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int,
+                 ws_count: int, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int, crc_ptr: int,
+                 crc_count: int, cb64: int, checksum: bool):
+        n = lay.n
+        nbytes = n * fmt.ITEMSIZE[lay.dtype]
+        do_cs = 1 if checksum else 0
+        raw = force_raw(lay)
+        x32 = (x_ptr, n if lay.dtype == FP32 else 0)
+        x16 = (x_ptr, n if lay.dtype == FP16 else 0)
+        out = ((out_ptr, out_nbytes), (out_ptr, out_nbytes // 2), (out_ptr, out_nbytes // 4))
+        ws = (ws_ptr, ws_count)
+        self.device = device
+        self.tiles = None
+        tiles = 0
+        if lay.n_blocks and not raw:
+            self.tiles = TILES.function(device)
+            self.tiles_grid = grid_size(lay.n_blocks)
+            self.p_tiles = launch_route.Params(TILES, (x32, x16, *out, ws, wide_tuple(lay), cb64, do_cs))
+            tiles = lay.n_blocks
+        units = nbytes // 2
+        self.finish = encode.FINISH.function(device)
+        self.finish_grid = finish_blocks(lay)
+        self.p_finish = launch_route.Params(encode.FINISH, (
+            (x_ptr, (units & ~7) // 2), (x_ptr, units), (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4),
+            (out_ptr, out_nbytes // 8), ws, finish_tuple(lay), hdr, crc_base, (crc_ptr, crc_count), raw,
+            do_cs, tiles, 0))
+
+    def retarget(self, x_ptr: int, out_ptr: int) -> None:
+        """Point the plan at other buffers of the same sizes (the values, the frame)."""
+        if self.tiles is not None:
+            for slot in _TILE_X:
+                self.p_tiles.set(slot, x_ptr)
+            for slot in _TILE_OUT:
+                self.p_tiles.set(slot, out_ptr)
+        for slot in _FIN_X:
+            self.p_finish.set(slot, x_ptr)
+        for slot in _FIN_OUT:
+            self.p_finish.set(slot, out_ptr)
+
+    def launch(self, stream: int) -> None:
+        if self.tiles is not None:
+            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
+        launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)
+
+
+_TILE_X = (TILES.data_slot(0), TILES.data_slot(1))
+_TILE_OUT = (TILES.data_slot(2), TILES.data_slot(3), TILES.data_slot(4))
+_FIN_X = (encode.FINISH.data_slot(0), encode.FINISH.data_slot(1))
+_FIN_OUT = (encode.FINISH.data_slot(2), encode.FINISH.data_slot(3), encode.FINISH.data_slot(4))
