@@ -1,7 +1,8 @@
 """A NumPy stand-in for the CuPy calls zipccl's device engine makes, for tests without a GPU.
 
 With ``NUMBA_ENABLE_CUDASIM=1`` the GPU codec's kernels run in Numba's simulator
-on host memory; this module lets the rest of the device path run there too:
+on host memory (or ``fake_gpu_codec`` stands in for them, on the CPU codec); this
+module lets the rest of the device path run there too:
 ``DeviceEngine`` (workspaces, pinned length slots, streams, events, the reduction
 kernel), the pipelined exchange's stream and event hooks and the host-staged MPI
 transport. ``install()`` puts it in ``sys.modules["cupy"]``.
