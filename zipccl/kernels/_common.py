@@ -57,6 +57,19 @@ WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, whe
 WS_SLOTS = 32
 WS_STATUS = WS_SLOTS
 
+# The kernels take the frame layout as one tuple argument (``encode.layout_tuple``); its fields
+# by name (Numba folds these constants, so ``lay[LAY_N]`` is the same code as ``lay[0]``)
+LAY_N = 0  # number of values
+LAY_SM = 1  # sign-mantissa section offset
+LAY_PLANES = 2  # first code plane's offset
+LAY_STRIDE = 3  # bytes from one plane to the next
+LAY_COUNTS = 4  # escape counts' offset
+LAY_ESCAPES = 5  # escape section's offset
+LAY_RAW = 6  # size of the RAW frame
+LAY_PWORDS = 7  # uint32 words in one code plane
+LAY_NBLOCKS = 8  # escape blocks (tiles)
+LAY_FIELDS = 9
+
 STATUS_AGG = 1
 STATUS_INC = 2
 EPOCH_LIMIT = 1 << 29
@@ -251,6 +264,14 @@ else:
     @cuda.jit(device=True, forceinline=True)
     def popc32(x):
         return np.uint32(cuda.popc(np.uint32(x)))
+
+
+@dev
+def layout_fields(lay):
+    """(n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks): the fields of the
+    layout tuple the kernels read, by name (``encode.layout_tuple``; ``LAY_*`` give the order)."""
+    return (lay[LAY_N], lay[LAY_PLANES], lay[LAY_STRIDE], lay[LAY_COUNTS], lay[LAY_ESCAPES],
+            lay[LAY_RAW], lay[LAY_PWORDS], lay[LAY_NBLOCKS])
 
 
 @dev

@@ -54,6 +54,10 @@ from ._common import (
     ERR_HEADER,
     ERR_HEADER_CRC,
     ERR_TOTAL,
+    LAY_ESCAPES,
+    LAY_FIELDS,
+    LAY_N,
+    LAY_RAW,
     LOW32,
     STATUS_AGG,
     STATUS_INC,
@@ -70,6 +74,7 @@ from ._common import (
     exclusive_scan8,
     field8,
     grid_size,
+    layout_fields,
     lookback,
     popc32,
     prmt,
@@ -86,10 +91,10 @@ HDR8 = fmt.HEADER_SIZE // 8
 
 @cuda.jit(device=True)
 def header_ok(f64, nbytes, lay):
-    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[0] values."""
-    n = lay[0]
-    eo = lay[5]
-    raw_size = lay[6]
+    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[LAY_N] values."""
+    n = lay[LAY_N]
+    eo = lay[LAY_ESCAPES]
+    raw_size = lay[LAY_RAW]
     w0 = f64[0]
     flags = (w0 >> 48) & 0xFFFF
     nh = f64[1]
@@ -259,13 +264,7 @@ def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
     """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    pwords = lay[7]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
     spread = cuda.shared.array(256, dtype=np.uint32)
     smem = cuda.shared.array(16, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
@@ -440,13 +439,7 @@ def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
 @cuda.jit
 def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
     """Header CRC, escape total, payload checksum; publish the call's errors (one block)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    pwords = lay[7]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
     smem = cuda.shared.array(8, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
@@ -469,17 +462,20 @@ def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
         i = counts_off + 4 * n_blocks + 4 * tid
         if i < eo:
             cs = wrap64(cs + np.int64(f32[i >> 2]) * (2 * ((i - fmt.HEADER_SIZE) >> 2) + 1))
+    # CRC-32 of header bytes 0..123: bit i (i < 992) by thread i % 128, all loads at once
+    crc = np.int64(0)
+    for k in range(8):
+        i = tid + TPB * k
+        if i < 992:
+            crc ^= crc_tab[i] & -((f64[i >> 6] >> (i & 63)) & 1)
+    crc = warp_xor(crc)
     cs = warp_sum(cs)
     if lane == 0:
         smem[warp] = cs
+        smem[4 + warp] = crc
     cuda.syncthreads()
     if tid < 32:
-        # CRC-32 of header bytes 0..123, one bit per lane and step
-        crc = np.int64(0)
-        for i in range(lane, 992, 32):
-            if (f64[i >> 6] >> (i & 63)) & 1:
-                crc ^= crc_tab[i]
-        crc = warp_xor(crc) ^ crc_zero
+        crc = smem[4] ^ smem[5] ^ smem[6] ^ smem[7] ^ crc_zero
         v = np.int64(0)
         if lane < 8:
             v = atomic_read(ws, WS_CSUM + lane)
@@ -520,9 +516,10 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
 # -- the lean route (see launch.py): compiled once per device, launched from packed parameters --
 _A = launch_route.array
 TILES = launch_route.Kernel(decode_tiles, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.uint32),
-                                           _A(np.uint16), _A(np.int64), launch_route.int_tuple(9)))
+                                           _A(np.uint16), _A(np.int64), launch_route.int_tuple(LAY_FIELDS)))
 FINISH = launch_route.Kernel(decode_finish, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.int64),
-                                             launch_route.int_tuple(9), launch_route.I64, _A(np.int64)))
+                                             launch_route.int_tuple(LAY_FIELDS), launch_route.I64,
+                                             _A(np.int64)))
 
 
 class Plan:

@@ -52,6 +52,16 @@ from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anythi
 from . import launch as launch_route
 from ._common import (
     BLOCKS_PER_SM,
+    LAY_COUNTS,
+    LAY_ESCAPES,
+    LAY_FIELDS,
+    LAY_N,
+    LAY_NBLOCKS,
+    LAY_PLANES,
+    LAY_PWORDS,
+    LAY_RAW,
+    LAY_SM,
+    LAY_STRIDE,
     LOW32,
     STATUS_AGG,
     STATUS_INC,
@@ -71,6 +81,7 @@ from ._common import (
     exclusive_scan8,
     field8,
     grid_size,
+    layout_fields,
     lookback,
     popc32,
     prmt,
@@ -85,9 +96,14 @@ HDR8 = fmt.HEADER_SIZE // 8  # the sign-mantissa plane starts at this int64 word
 
 
 def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """The Layout fields the kernels read, as one int tuple (a single kernel argument)."""
+    """The Layout fields the kernels read, as one int tuple (a single kernel argument),
+    field k at index ``_common.LAY_*`` = k."""
     return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
             lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks)
+
+
+assert (LAY_N, LAY_SM, LAY_PLANES, LAY_STRIDE, LAY_COUNTS, LAY_ESCAPES, LAY_RAW, LAY_PWORDS,
+        LAY_NBLOCKS, LAY_FIELDS) == tuple(range(10)), "layout_tuple's order"
 
 
 @cuda.jit(device=True)
@@ -236,14 +252,7 @@ def _round_cs(acc, sm0, sm1, vm, u, planes_off, stride, pwords):
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     """Code tiles taken from the ticket counter until none is left (module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    raw_size = lay[6]
-    pwords = lay[7]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
     lut = cuda.shared.array(256, dtype=np.uint32)
     smem = cuda.shared.array(8, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
@@ -366,14 +375,7 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
 def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, force_raw, do_cs,
                   tiles, cb_dev):
     """RAW decision and RAW copy, zero padding, header (see the module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    raw_size = lay[6]
-    pwords = lay[7]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
     smem = cuda.shared.array(2, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     bid = np.int64(cuda.blockIdx.x)
@@ -409,7 +411,9 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
             cs = warp_sum(cs)
             if lane == 0:
                 cuda.atomic.add(ws, WS_CSUM_RAW + (bid & 7), cs)
-    elif bid == 0:
+    elif bid != 0:
+        return  # a coded frame: block 0 alone writes the padding and the header
+    else:
         # padding bytes: each region is shorter than ALIGN (128) bytes
         i = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)) + tid
         if i < planes_off:
@@ -421,14 +425,16 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
         i = counts_off + 4 * n_blocks + tid
         if i < eo:
             out8[i] = 0
-    cuda.threadfence()
-    cuda.syncthreads()
-    if tid == 0:
-        smem[0] = cuda.atomic.add(ws, WS_DONE, 1)
-    cuda.syncthreads()
-    if smem[0] != nblk - 1:
-        return
-    # the last block to finish: header
+    if raw != 0:  # every block copied a part: the last one to finish writes the header
+        cuda.threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            smem[0] = cuda.atomic.add(ws, WS_DONE, 1)
+        cuda.syncthreads()
+        if smem[0] != nblk - 1:
+            return
+    else:
+        cuda.syncthreads()  # block 0: padding stored before the header says the frame is done
     if tid < 32:
         v = np.int64(0)
         if do_cs and lane < 8:
@@ -526,10 +532,10 @@ def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ..
 # -- the lean route (see launch.py): compiled once per device, launched from packed parameters --
 _A = launch_route.array
 TILES = launch_route.Kernel(encode_tiles, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
-                                           _A(np.int64), _A(np.int64), launch_route.int_tuple(9),
+                                           _A(np.int64), _A(np.int64), launch_route.int_tuple(LAY_FIELDS),
                                            launch_route.I64, launch_route.I64))
 FINISH = launch_route.Kernel(encode_finish, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
-                                             _A(np.int64), _A(np.int64), launch_route.int_tuple(9),
+                                             _A(np.int64), _A(np.int64), launch_route.int_tuple(LAY_FIELDS),
                                              launch_route.int_tuple(16), launch_route.I64, _A(np.int64),
                                              launch_route.I64, launch_route.I64, launch_route.I64,
                                              launch_route.I64))
