@@ -13,7 +13,8 @@ rotating over buffer sets so that small sizes are not served from L2:
 * ``zipccl-api``: ``zipccl.compress`` / ``zipccl.decompress`` of a CuPy array (codebook
   chosen on the device, checksum on): what a user calls; each call synchronises once.
 * ``zipccl``: ``codec.gpu.encode_into`` / ``decode_into`` into preallocated buffers
-  (codebook from a host sample, no checksum), eager and as a replayed CUDA graph.
+  (the codebook ``compress`` chose for the first buffer set, no checksum), eager and as a
+  replayed CUDA graph.
 * ``dietgpu``: DietGPU's float codec (BF16, ANS probability bits 10, its default), built from
   its public source for sm_90 into a plain shared library with C entry points
   (``--dietgpu``; see experiments/README.md), preallocated outputs and temporary memory.
@@ -43,7 +44,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_codec import Timer, gaussian_bits, machine_info  # noqa: E402
+from bench_codec import Timer, machine_info  # noqa: E402
+from harness import gaussian_bits  # noqa: E402
 
 from zipccl.metrics import algbw  # noqa: E402
 
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     import zipccl
+    from zipccl import format as fmt
     from zipccl.codebook import Codebook
     from zipccl.codec import gpu
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         n = nbytes // 2
         sets = max(1, min(64, math.ceil(ROTATE_BYTES / nbytes)))
         if kind == "gaussian":
-            bits = [gaussian_bits(cp, n, seed) for seed in range(sets)]
+            bits = [gaussian_bits(n, seed=seed, xp=cp) for seed in range(sets)]
         else:
             bits = checkpoint_sets(cp, args.checkpoint, n, sets)
         stream.synchronize()
@@ -192,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    for f in frames], ratio)
             del frames
         if "zipccl" in codecs:
-            cb = Codebook.from_sample(cp.asnumpy(bits[0][: min(n, 1 << 20)]))
+            # the codebook compress chose on the device for the first buffer (its frame header)
+            f0 = zipccl.compress(bits[0], dtype="bfloat16", stream=stream)
+            cb = Codebook(tuple(int(e) for e in cp.asnumpy(f0[fmt.CODEBOOK_AT:fmt.CODEBOOK_AT + 7])))
+            del f0
             ws = gpu.Workspace(n)
             size = zipccl.max_compressed_size(n)
             frames = [cp.zeros(size, cp.uint8) for _ in bits]
@@ -205,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             if bad or err:
                 failed("zipccl", f"{bad} round trips differ, error bits {err}")
             else:
-                from zipccl import format as fmt
-
                 flen = int(cp.asnumpy(frames[0][fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8]).view("<i8")[0])
                 ratio = flen / nbytes
                 enc = [(lambda b=b, f=f: gpu.encode_into(b, f, cb, stream, checksum=False,

@@ -45,7 +45,7 @@ def views(xb, fb, n, lay, ws):
 
 
 def launch_v5(kernel, bps, a, lay, cb64, cs, hdr, crc_base, stream):
-    kernel[v5.grid(lay.n_blocks, bps), TPB, stream](*a, cb64, cs)
+    kernel[v5.grid(lay.n_blocks, bps, kernel), TPB, stream](*a, cb64, cs)
     blocks = max(1, min(encode.FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
     encode.encode_finish[blocks, TPB, stream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
                                               lay.n_blocks, 0)
@@ -80,7 +80,8 @@ def sim_main(args) -> int:
 
 def gpu_main(args) -> int:
     import cupy as cp
-    from bench_codec import Timer, gaussian_bits, machine_info
+    from bench_codec import Timer, machine_info
+    from harness import gaussian_bits
 
     info = machine_info(cp)
     run_id = time.strftime("%Y%m%dT%H%M%S")
@@ -90,7 +91,7 @@ def gpu_main(args) -> int:
     timer = Timer(cp, stream, args.repeats)
     cb = Codebook.from_sigma(0.02)
     configs = parse_configs(args.configs)
-    kernels = {c: v5.make_encode_tiles(*c) for c in configs}
+    kernels = {c: v5.make_encode_tiles(*c[:2], with_lookback=len(c) < 3) for c in configs}
     rows = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -100,7 +101,7 @@ def gpu_main(args) -> int:
         lay = fmt.Layout.for_count(n)
         sets = max(1, min(64, math.ceil(256 * MiB / nbytes)))
         iters = max(2 * sets, min(400, int(16 * 1024 * MiB / nbytes)))
-        bits = [gaussian_bits(cp, n, seed) for seed in range(sets)]
+        bits = [gaussian_bits(n, seed=seed, xp=cp) for seed in range(sets)]
         frames = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
         ws = gpu.Workspace(n)
         hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
@@ -119,7 +120,7 @@ def gpu_main(args) -> int:
                 a = [views(bits[i], frames[i], n, lay, ws) for i in range(sets)]
                 calls = [(lambda ai=ai, k=k, bps=variant[1]:
                           launch_v5(k, bps, ai, lay, cb64, 0, hdr, crc_base, nstream)) for ai in a]
-                name = f"v5-a{variant[0]}-b{variant[1]}"
+                name = f"v5-a{variant[0]}-b{variant[1]}" + ("-nolookback" if len(variant) > 2 else "")
             try:
                 for c in calls:
                     c()
@@ -127,12 +128,13 @@ def gpu_main(args) -> int:
             except Exception as e:  # noqa: BLE001 - report a variant that does not build or run
                 print(f"{mib:g} MiB {name}: {type(e).__name__}: {e}", flush=True)
                 continue
-            if not np.array_equal(cp.asnumpy(frames[0][:want.size]), want):
+            ablation = variant != "v4" and len(variant) > 2
+            if not ablation and not np.array_equal(cp.asnumpy(frames[0][:want.size]), want):
                 print(f"{mib:g} MiB {name}: frame differs from the {codec.__name__} frame; not timed",
                       flush=True)
                 continue
-            if variant != "v4":  # every set against v4's frames (checked above on set 0)
-                ref = [cp.zeros_like(f) for f in frames]
+            if variant != "v4" and not ablation:  # every set against v4's frames (set 0: above)
+                ref = [cp.full_like(f, 0xAB) for f in frames]
                 for i in range(sets):
                     gpu.encode_into(bits[i], ref[i], cb, stream, workspace=ws)
                 stream.synchronize()
@@ -147,7 +149,8 @@ def gpu_main(args) -> int:
             rec = {"bench": "codec_gpu_v5", "run_id": run_id, **info, "op": "encode",
                    "variant": name, "mode": "graph", "size_mib": mib, "n": n, "input_bytes": nbytes,
                    "buffer_sets": sets, "seconds": secs, "gbps": nbytes / secs / 1e9,
-                   "ratio": want.size / nbytes, "checked": codec.__name__}
+                   "ratio": want.size / nbytes,
+                   "checked": "ablation: frames not valid, timing only" if ablation else codec.__name__}
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
             rows.append((mib, name, nbytes / secs / 1e9))
@@ -167,7 +170,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-k", type=float, nargs="+", default=[9, 20])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256, 1024])
-    ap.add_argument("--configs", nargs="+", default=["1:8", "2:8", "2:6"])
+    ap.add_argument("--configs", nargs="+", default=["1:8", "2:8", "2:6"],
+                    help="AHEAD:BLOCKS_PER_SM[:0] (a third field: the no-look-back ablation)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE.parent / "results" / "codec_gpu_v5.jsonl")
     args = ap.parse_args(argv)

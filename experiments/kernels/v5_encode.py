@@ -4,11 +4,17 @@ planes assembled in shared memory and stored as 16-byte words.
 
 What changes against v4 (``zipccl/kernels/encode.py``), everything else is v4's:
 
-* Staging: ``ahead + 1`` shared buffers of one tile (8 KiB of BF16) per block. A block
-  holds the tickets of its current tile and the ``ahead`` tiles after it; at barrier B of
-  tile i thread 0 draws the ticket of tile i + ahead and every lane issues the
-  ``cp.async.cg`` 16-byte copies of its own 4 units of that tile (the units it will code),
-  then commits one group. Before coding tile i + 1 a lane waits until all but its newest
+* Tiles by rank: one ticket per block gives its rank r (ranks are handed out in order, so
+  every rank below r belongs to a running block), and the block codes tiles r, r + G,
+  r + 2G, ... (G = grid size; the grid never exceeds the resident blocks), so the tiles
+  ``ahead`` of the current one are known without a ticket per tile. (The first draft drew
+  ``ahead`` tickets per block at once: consecutive tiles in one block, so each block's
+  first tile waited in the look-back for the previous block's second: a serial chain,
+  17x slower on the H200.)
+* Staging: ``ahead + 1`` shared buffers of one tile (8 KiB of BF16) per block. After
+  barrier B of tile i every lane issues the ``cp.async.cg`` 16-byte copies of its own 4
+  units of tile i + ahead (the units it will code), then commits one group. Before
+  coding tile i + 1 a lane waits until all but its newest
   ``ahead - 1`` groups have landed (``cp.async.wait_group``). Each lane reads only what it
   copied itself, so no block barrier is needed for the staging, and a buffer is reused
   only by the lane that read it, after it read it.
@@ -41,6 +47,7 @@ from zipccl.kernels._common import (
     byte_checksum,
     exclusive_scan8,
     field8,
+    layout_fields,
     lookback,
     popc32,
     publish,
@@ -221,8 +228,13 @@ else:
 
 
 
-def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
-    """The v5 tile kernel staging ``ahead`` tiles ahead (``ahead + 1`` buffers)."""
+def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6, with_lookback: bool = True):
+    """The v5 tile kernel staging ``ahead`` tiles ahead (``ahead + 1`` buffers).
+
+    ``with_lookback=False`` is an ablation for timing only: no look-back, every tile's
+    escapes placed as if it were the first (wrong frames), to measure what the look-back and
+    the wait for it at barrier B cost.
+    """
     nbuf = ahead + 1
     stage_words = nbuf * TILE_WORDS
     opts = {} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}
@@ -241,14 +253,7 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
 
     @cuda.jit(**opts)
     def encode_tiles_v5(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
-        n = lay[0]
-        planes_off = lay[2]
-        stride = lay[3]
-        counts_off = lay[4]
-        eo = lay[5]
-        raw_size = lay[6]
-        pwords = lay[7]
-        n_blocks = lay[8]
+        n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
         lut = cuda.shared.array(256, dtype=np.uint32)
         stage = cuda.shared.array(stage_words, dtype=np.uint32, alignment=16)
         pl = cuda.shared.array(4 * 96, dtype=np.uint32, alignment=16)  # per warp: 3 planes x 128 B
@@ -261,14 +266,15 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
         lut[tid] = _lut_entry(tid, cb64)
         lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
         if tid == 0:
-            for j in range(ahead):
-                smem[8 + j] = cuda.atomic.add(ws, WS_TICKET, 1)
+            smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)  # this block's rank
             smem[1] = ws[WS_EPOCH]
         cuda.syncthreads()
+        rank = smem[0]
         epoch = smem[1]
+        nblk = np.int64(cuda.gridDim.x)
         for j in range(ahead):
-            issue(stage, j, x32, n, smem[8 + j], n_blocks, warp, lane)
-        tile = smem[8]
+            issue(stage, j, x32, n, rank + j * nblk, n_blocks, warp, lane)
+        tile = rank
         i = 0
         cs = np.int64(0)
         while tile < n_blocks:
@@ -358,16 +364,15 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
                     else:
                         publish(ws, tile, epoch, STATUS_AGG, btot)
                 prefix = np.int64(0)
-                if tile > 0:
+                if with_lookback and tile > 0:
                     prefix = lookback(ws, tile, epoch, lane)
                     if lane == 0:
                         publish(ws, tile, epoch, STATUS_INC, prefix + btot)
                 if lane == 0:
                     smem[6] = prefix
-                    smem[8 + (i + ahead) % nbuf] = cuda.atomic.add(ws, WS_TICKET, 1)
-            cuda.syncthreads()  # B: this tile's prefix, the ticket of tile i + ahead
+            cuda.syncthreads()  # B: this tile's prefix
             prefix = smem[6]
-            issue(stage, (i + ahead) % nbuf, x32, n, smem[8 + (i + ahead) % nbuf], n_blocks, warp, lane)
+            issue(stage, (i + ahead) % nbuf, x32, n, tile + ahead * nblk, n_blocks, warp, lane)
             if escm != 0:
                 base = eo + prefix + woff
                 k0 = base + np.int64(field8(ex, 0))
@@ -403,7 +408,7 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
                         if do_cs:
                             cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
             i += 1
-            tile = smem[8 + i % nbuf]
+            tile += nblk
         cp_wait(0)
         if do_cs:
             cs = warp_sum(cs)
@@ -413,11 +418,17 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6):
     return encode_tiles_v5
 
 
-def grid(tiles: int, blocks_per_sm: int) -> int:
-    if compat.SIMULATOR:
-        return max(1, min(tiles, 2))
+def grid(tiles: int, blocks_per_sm: int, kernel=None) -> int:
+    """Blocks of a launch: at most ``blocks_per_sm`` per multiprocessor and never more than can
+    be resident at once (the rank order needs every block of the grid running)."""
+    if compat.SIMULATOR:  # it runs one block after another: rank 1 would wait for rank 0 forever
+        return 1
     sms = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    return max(1, min(tiles, sms * blocks_per_sm))
+    g = sms * blocks_per_sm
+    if kernel is not None:
+        for k in kernel.overloads.values():
+            g = min(g, int(k.max_cooperative_grid_blocks(TPB)))
+    return max(1, min(tiles, g))
 
 
 __all__ = ["make_encode_tiles", "grid"]
