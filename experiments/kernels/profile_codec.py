@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import cupy as cp
-    from bench_codec import gaussian_bits
+    from harness import gaussian_bits
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     for mib in args.sizes_mib:
         n = int(mib * (1 << 20)) // 2
         lay = fmt.Layout.for_count(n)
-        x = gaussian_bits(cp, n, 0)
+        x = gaussian_bits(n, seed=0, xp=cp)
         frame = cp.zeros(lay.raw_size, cp.uint8)
         out = cp.zeros(n, cp.uint16)
         ws = gpu.Workspace(n)
