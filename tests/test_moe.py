@@ -75,6 +75,49 @@ def test_skew_is_reached():
         assert moe_ep.rank0_ratio(moe_ep.solve_alpha(skew, 8), 8) >= skew
 
 
+COMMUNICATOR_ONE_PHASE = """
+import ml_dtypes, numpy as np
+from mpi4py import MPI
+import zipccl
+w = MPI.COMM_WORLD
+r = w.Get_rank()
+c = zipccl.Communicator(w, policy="always", chunk_bytes=0, phases=1)
+rng = np.random.default_rng(r)
+x = (rng.standard_normal(4000) * 0.02).astype(ml_dtypes.bfloat16)  # equal blocks: agreement folded in
+out, ref = np.empty_like(x), np.empty(4000, np.uint16)
+c.all_to_all(x, out)
+w.Alltoall(x.view(np.uint16), ref)
+assert np.array_equal(out.view(np.uint16), ref)
+assert 0 < c.last_stats.wire_bytes < c.last_stats.raw_bytes
+sc, rc = [[100, 3000], [0, 5]][r], [[100, 0], [3000, 5]][r]  # per-peer counts, one way empty
+x = (rng.standard_normal(sum(sc)) * 0.02).astype(ml_dtypes.bfloat16)
+out, ref = np.empty(sum(rc), ml_dtypes.bfloat16), np.empty(sum(rc), np.uint16)
+c.all_to_all(x, out, sc)
+w.Alltoallv([x.view(np.uint16), sc], [ref, rc])
+assert np.array_equal(out.view(np.uint16), ref)
+c.close()
+print("ok", r)
+"""
+
+
+@pytest.mark.mpi
+def test_communicator_one_phase_under_mpiexec(tmp_path):
+    """``Communicator(phases=1)`` on 2 MPI ranks: equal blocks and per-peer counts, bit for bit."""
+    import shutil
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    launcher = here if os.path.exists(here) else shutil.which("mpiexec")
+    if launcher is None:
+        pytest.fail("mpiexec not found: `make install` installs the mpich wheel that provides it")
+    script = tmp_path / "one_phase.py"
+    script.write_text(COMMUNICATOR_ONE_PHASE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    run = subprocess.run([launcher, "-n", "2", sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.count("ok") == 2, run.stderr[-3000:] + run.stdout
+
+
 # -- the ranks ----------------------------------------------------------------------------------------
 
 def _bits(t) -> np.ndarray:
@@ -139,7 +182,16 @@ def check_one_phase(rank: int, world: int, res: dict) -> None:
     from conftest import edge_corpus, gaussian_bits
 
     import zipccl.torch as zt
+    from zipccl.comm import collectives
 
+    calls = []
+    real = collectives.one_phase_exchange
+
+    def counted(*args, **kwargs):  # the one-phase exchange is what phases=1 runs
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    collectives.one_phase_exchange = counted
     width = 300  # elements per row: rows of a message together are not a multiple of a block
     for name, splits in SPLITS.items():
         send_rows = splits[rank]
@@ -154,13 +206,16 @@ def check_one_phase(rank: int, world: int, res: dict) -> None:
             want = torch.empty(sum(recv_rows), width, dtype=torch.bfloat16)
             got = torch.full_like(want, 7.0)
             dist.all_to_all_single(want, inp, recv_rows, send_rows)
-            stats = zt.Stats()
+            stats, before = zt.Stats(), len(calls)
             zt.all_to_all_single(got, inp, recv_rows, send_rows, policy="always", phases=1, stats=stats)
+            moved_by_one_phase = len(calls) == before + 1
             a, b = _bits(got), _bits(want)
             bad = np.flatnonzero(a != b)
             moved = stats.compressed_calls == 1 and (stats.raw_bytes == 0 or stats.wire_bytes > 0)
-            _record(res, f"one_phase/{name}/{kind}", bad.size == 0 and moved,
-                    f"{bad.size} of {a.size} elements differ; stats {stats.as_dict()}")
+            _record(res, f"one_phase/{name}/{kind}", bad.size == 0 and moved and moved_by_one_phase,
+                    f"{bad.size} of {a.size} elements differ; stats {stats.as_dict()}; "
+                    f"one-phase exchange called: {moved_by_one_phase}")
+    collectives.one_phase_exchange = real
 
 
 def worker(out_dir: str) -> None:
