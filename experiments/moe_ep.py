@@ -61,6 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from harness import append_records
 
 VARIANTS = ("native", "one_phase", "two_phase")
 
@@ -472,11 +473,9 @@ def main(argv=None) -> None:
                      else "NVLink (default)") if use_cuda else "gloo (CPU)",
             "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
             "deterministic": not args.nondeterministic, "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    def write(rec: dict) -> None:  # rank 0 appends one JSON line per record, at once
+    def write(rec: dict) -> None:  # rank 0 appends each record as soon as it is measured
         if rank == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps({**rec, **meta}) + "\n")
+            append_records(args.out, [{**rec, **meta}])
 
     try:
         write({"kind": "config", "alphas": {str(s): solve_alpha(s, cfg.experts) for s in cfg.skews}})
