@@ -24,6 +24,12 @@ Why it exists:
   64-bit, and truncating each result is what lets LLVM emit 32-bit instructions
   (the int64 version of the kernels was instruction-bound on an H200).
 
+* Asynchronous copies into shared memory (``cp_async16`` / ``cp_commit`` / ``cp_wait0``,
+  PTX ``cp.async``), 16-byte shared loads (``lds16``), byte stores into a shared word
+  array (``sts8``) and ``syncwarp``: inline PTX / LLVM on a GPU; plain copies and a warp
+  rendezvous under the simulator, whose ``cuda.shared.array`` is also taught to accept
+  ``alignment=`` (NumPy memory is aligned anyway; Numba's simulator refuses the argument).
+
 Nothing here touches a GPU at import time.
 """
 
@@ -160,6 +166,52 @@ if SIMULATOR:
         """
         return np.int64(a[i])
 
+    def cp_async16(stage, sw, x32, gw):
+        """Copy words gw..gw+3 of x32 to words sw..sw+3 of the shared array stage."""
+        for k in range(4):
+            stage[sw + k] = x32[gw + k]
+
+    def cp_commit():
+        pass
+
+    def cp_wait0():
+        pass
+
+    def lds16(a, w):
+        """Words w..w+3 of a shared uint32 array."""
+        return a[w], a[w + 1], a[w + 2], a[w + 3]
+
+    def sts8(a32, b, v):
+        """Store the low byte of v at byte b of the shared uint32 array a32."""
+        a32.view(np.uint8)[b] = int(v) & 0xFF
+
+    def syncwarp():
+        ballot(True)  # all 32 simulated lanes meet here
+
+    import sys as _sys
+    import traceback as _traceback
+
+    from numba import types as _types
+    from numba.cuda.np import numpy_support as _numpy_support
+    from numba.cuda.simulator import kernelapi as _kernelapi
+
+    _shared_array = _kernelapi.FakeCUDAShared.array
+
+    def _aligned_shared_array(self, shape, dtype, alignment=None):
+        """The simulator's shared array (one per source line, as Numba's), accepting
+        ``alignment``."""
+        if shape == 0:
+            return _shared_array(self, shape, dtype)
+        if isinstance(dtype, _types.Type):
+            dtype = _numpy_support.as_dtype(dtype)
+        caller = _traceback.extract_stack(_sys._getframe())[-2][0:2]
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    _kernelapi.FakeCUDAShared.array = _aligned_shared_array
+
 else:
     from llvmlite import ir
     from numba import types
@@ -259,3 +311,93 @@ else:
     @cuda.jit(device=True, forceinline=True)
     def atomic_read(a, i):
         return cuda.atomic.add(a, i, 0)
+
+    def _asm(text, constraint="~{memory}", args=()):
+        return ir.InlineAsm(ir.FunctionType(ir.VoidType(), [a.type for a in args]), text, constraint,
+                            side_effect=True)
+
+    @intrinsic
+    def _cp_async16(typingctx, stage, sw, x32, gw):
+        sig = types.void(stage, sw, x32, gw)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            st = context.make_array(sig.args[0])(context, builder, value=args[0])
+            gx = context.make_array(sig.args[2])(context, builder, value=args[2])
+            sp = builder.gep(st.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            gp = builder.gep(gx.data, [context.cast(builder, args[3], sig.args[3], types.int64)])
+            ops = [builder.ptrtoint(sp, i64), builder.ptrtoint(gp, i64)]
+            builder.call(_asm("{ .reg .u64 s64; .reg .u32 s32; cvta.to.shared.u64 s64, $0; "
+                              "cvt.u32.u64 s32, s64; cp.async.cg.shared.global [s32], [$1], 16; }",
+                              "l,l,~{memory}", ops), ops)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def _cp_commit(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.call(_asm("cp.async.commit_group;"), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
+    def _cp_wait0(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.call(_asm("cp.async.wait_group 0;"), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
+    def _lds16(typingctx, arr, w):
+        sig = types.UniTuple(types.uint32, 4)(arr, w)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            p = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            vty = ir.VectorType(ir.IntType(32), 4)
+            val = builder.load(builder.bitcast(p, vty.as_pointer()), align=16)
+            elems = [builder.extract_element(val, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, elems)
+
+        return sig, codegen
+
+    @intrinsic
+    def _sts8(typingctx, arr, b, v):
+        sig = types.void(arr, b, v)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            p = builder.gep(builder.bitcast(ary.data, ir.IntType(8).as_pointer()),
+                            [context.cast(builder, args[1], sig.args[1], types.int64)])
+            val = context.cast(builder, args[2], sig.args[2], types.uint32)
+            builder.store(builder.trunc(val, ir.IntType(8)), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async16(stage, sw, x32, gw):
+        _cp_async16(stage, sw, x32, gw)
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_commit():
+        _cp_commit()
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_wait0():
+        _cp_wait0()
+
+    @cuda.jit(device=True, forceinline=True)
+    def lds16(a, w):
+        return _lds16(a, w)
+
+    @cuda.jit(device=True, forceinline=True)
+    def sts8(a32, b, v):
+        _sts8(a32, b, v)
+
+    @cuda.jit(device=True, forceinline=True)
+    def syncwarp():
+        cuda.syncwarp()

@@ -8,37 +8,42 @@ Two launches, no host synchronisation:
    builds the 256-entry code table once: the entry of exponent e holds code bit
    k at bit 8k (code = 1 + codebook index) or the escape flag at bit 24. In a
    tile each warp codes 1024 consecutive elements in 4 rounds; in round r lane j
-   holds elements 256r + 8j .. +7, read with one 16-byte load (the 4 loads of a
-   tile are issued together, and those of the next tile before the current one
-   writes its escapes). Per element: a shift and a mask take the table index
+   holds elements 256r + 8j .. +7. The input is double-buffered through shared
+   memory: once a tile's escape prefix is known (barrier B) every lane issues the
+   asynchronous copies (``cp.async``, 4 x 16 bytes) of its own units of the next
+   tile into the other staging buffer, and waits for them only when it starts that
+   tile; a lane reads only what it copied itself, so the staging needs no block
+   barrier. Per element: a shift and a mask take the table index
    from the 32-bit word, one shared-memory lookup, one multiply-add into the
    lane's accumulator at the element's slot, so that after 8 elements bytes 0..2
    of the accumulator are the lane's byte of each code plane and byte 3 its
-   escape mask. The plane bytes of a round are stored as bytes: a warp's 32
-   stores per plane are 32 contiguous bytes. Sign-mantissa bytes: two byte
-   permutes (PRMT) gather the low and high bytes of 4 values, one LOP3 merges
-   sign and mantissa; 8 bytes per lane and round in one store. All per-element
-   work is 32-bit (``u32`` after every operation), and stores use one unsigned
+   escape mask. The plane bytes of a round are assembled in shared memory (a
+   warp's 3 x 128 bytes) and leave as 16-byte stores by 24 lanes. Sign-mantissa
+   bytes: two byte permutes (PRMT) gather the low and high bytes of 4 values, one
+   LOP3 merges sign and mantissa; 8 bytes per lane and round in one store. All
+   per-element work is 32-bit (``u32`` after every operation), and stores use one unsigned
    base index per section with constant offsets per round. Escapes: one packed
    exclusive warp scan of the 4 rounds' per-lane counts (8-bit fields,
    ``_common.exclusive_scan8``) and a block sum give each escape its rank in
    the tile; the tile's count is published for the decoupled look-back
    (``_common.lookback``), which yields the tile's first position in the escape
    section, and each lane writes its own escaped exponent bytes there
-   (re-read from the input, which is still cached). The tile holding the end of
-   the data takes a masked path (2-byte loads, values past n get code 0 and no
-   escape). Positions are sums of counts: deterministic. Payload checksum
+   (read from the staging buffer). The tile holding the end of the data takes a
+   masked path (2-byte loads from global memory, byte stores, values past n get
+   code 0 and no escape). Positions are sums of counts: deterministic. Payload checksum
    contributions (when asked for) are summed per block and added to 8
    workspace slots (integer sums commute: deterministic).
 2. ``encode_finish`` reads the escape total from the last tile's inclusive
    status word, decides RAW by ``Layout.is_raw``'s rule, writes the RAW frame
    when needed (grid-stride copy, its own checksum), zeroes the padding bytes
-   otherwise, and its last block writes the 128-byte header (CRC-32 computed
+   otherwise; block 0 (a coded frame) or the last block to finish (RAW) writes the
+   128-byte header (CRC-32 computed
    by a warp from a per-bit table, see ``_common``), resets the workspace
    counters and advances the epoch.
 
-Version history and H200 measurements: experiments/kernels/NOTES.md (this is v4;
-v3 is kept as experiments/kernels/v3_encode.py). All offsets come from
+Version history and H200 measurements: experiments/kernels/NOTES.md (this is v5: v4's
+code with the shared-memory staging; v4 is in git history, v3 is kept as
+experiments/kernels/v3_encode.py). All offsets come from
 ``zipccl.format.Layout`` through the ``lay`` tuple built by ``layout_tuple``.
 """
 
@@ -89,10 +94,24 @@ from ._common import (
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, load16, store16, u32, wrap64
+from .compat import (
+    atomic_read,
+    cp_async16,
+    cp_commit,
+    cp_wait0,
+    lds16,
+    load16,
+    store16,
+    sts8,
+    syncwarp,
+    u32,
+    wrap64,
+)
 
 U64 = np.uint64
 HDR8 = fmt.HEADER_SIZE // 8  # the sign-mantissa plane starts at this int64 word
+TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input in one tile
+STAGE_WORDS = 2 * TILE_WORDS  # two staging buffers per block (16 KiB of shared memory)
 
 
 def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
@@ -194,33 +213,6 @@ def _load_tile(x32, x16, n, tile, warp, lane):
 
 
 @dev
-def _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1, r0, r1,
-                q0, q1):
-    """Store the sign-mantissa words and plane bytes of 4 full rounds (lane's 16-byte unit g
-    of round 0; round r is 32 units further): one base index per section."""
-    b = U64(HDR8 + g)
-    out64[b] = np.int64(s0) | (np.int64(s1) << 32)
-    out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
-    out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
-    out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
-    b = U64(planes_off + g)
-    out8[b] = acc0
-    out8[b + U64(32)] = acc1
-    out8[b + U64(64)] = acc2
-    out8[b + U64(96)] = acc3
-    b = U64(planes_off + stride + g)
-    out8[b] = u32(acc0 >> 8)
-    out8[b + U64(32)] = u32(acc1 >> 8)
-    out8[b + U64(64)] = u32(acc2 >> 8)
-    out8[b + U64(96)] = u32(acc3 >> 8)
-    b = U64(planes_off + 2 * stride + g)
-    out8[b] = u32(acc0 >> 16)
-    out8[b + U64(32)] = u32(acc1 >> 16)
-    out8[b + U64(64)] = u32(acc2 >> 16)
-    out8[b + U64(96)] = u32(acc3 >> 16)
-
-
-@dev
 def _store_round(out8, out64, acc, sm0, sm1, vm, u, planes_off, stride, pwords):
     """Tail tile: store one round (values from 8u) where it lies inside the frame's sections:
     the sign-mantissa word while a value of it is < n, a plane byte while it lies inside the
@@ -249,11 +241,28 @@ def _round_cs(acc, sm0, sm1, vm, u, planes_off, stride, pwords):
     return cs
 
 
+@dev
+def _issue(stage, slot, x32, n, t, n_blocks, warp, lane):
+    """This lane's asynchronous copies of its 4 units of tile t (a full tile) into staging
+    buffer ``slot``, committed as one group (an empty group for the tail tile or none)."""
+    if t < n_blocks and (t + 1) * fmt.BLOCK <= n:
+        g = t * 512 + warp * 128 + lane
+        s = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+        cp_async16(stage, s, x32, 4 * g)
+        cp_async16(stage, s + 128, x32, 4 * g + 128)
+        cp_async16(stage, s + 256, x32, 4 * g + 256)
+        cp_async16(stage, s + 384, x32, 4 * g + 384)
+    cp_commit()
+
+
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
-    """Code tiles taken from the ticket counter until none is left (module docstring)."""
+    """Code tiles taken from the ticket counter until none is left, each staged in shared
+    memory while the one before is coded (module docstring)."""
     n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
     lut = cuda.shared.array(256, dtype=np.uint32)
+    stage = cuda.shared.array(STAGE_WORDS, dtype=np.uint32, alignment=16)
+    pl = cuda.shared.array(4 * 96, dtype=np.uint32, alignment=16)  # per warp: 3 planes x 128 B
     smem = cuda.shared.array(8, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
@@ -268,24 +277,60 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
     cuda.syncthreads()
     tile = smem[0]
     epoch = smem[1]
+    _issue(stage, 0, x32, n, tile, n_blocks, warp, lane)
+    slot = 0
     cs = np.int64(0)
-    (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
-     va, vb, vc, vd) = _load_tile(x32, x16, n, tile if tile < n_blocks else 0, warp, lane)
     while tile < n_blocks:
         g = tile * 512 + warp * 128 + lane
+        full = (tile + 1) * fmt.BLOCK <= n
+        cp_wait0()  # this lane's copies of this tile have landed (it reads only those)
+        sb = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+        if full:
+            a0, a1, a2, a3 = lds16(stage, sb)
+            b0, b1, b2, b3 = lds16(stage, sb + 128)
+            c0, c1, c2, c3 = lds16(stage, sb + 256)
+            d0, d1, d2, d3 = lds16(stage, sb + 384)
+            va = u32(0xFF)
+            vb = va
+            vc = va
+            vd = va
+        else:  # the tail tile: 2-byte loads past n & ~7, values past n get code 0 and no escape
+            (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+             va, vb, vc, vd) = _load_tile(x32, x16, n, tile, warp, lane)
         acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
         acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
         acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
         acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
-        if va != 0xFF or vd != 0xFF:  # the tail tile: values past n get code 0, no escape
+        if full:
+            b = U64(HDR8 + g)
+            out64[b] = np.int64(s0) | (np.int64(s1) << 32)
+            out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
+            out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
+            out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
+            pb = warp * 384 + lane  # byte of plane k, round r: pb + 128k + 32r
+            sts8(pl, pb, acc0)
+            sts8(pl, pb + 32, acc1)
+            sts8(pl, pb + 64, acc2)
+            sts8(pl, pb + 96, acc3)
+            sts8(pl, pb + 128, u32(acc0 >> 8))
+            sts8(pl, pb + 160, u32(acc1 >> 8))
+            sts8(pl, pb + 192, u32(acc2 >> 8))
+            sts8(pl, pb + 224, u32(acc3 >> 8))
+            sts8(pl, pb + 256, u32(acc0 >> 16))
+            sts8(pl, pb + 288, u32(acc1 >> 16))
+            sts8(pl, pb + 320, u32(acc2 >> 16))
+            sts8(pl, pb + 352, u32(acc3 >> 16))
+            syncwarp()
+            if lane < 24:  # plane lane >> 3, 16-byte unit lane & 7 of the warp's 128 bytes
+                w0, w1, w2, w3 = lds16(pl, warp * 96 + 4 * lane)
+                q = planes_off + (lane >> 3) * stride + tile * 512 + warp * 128 + 16 * (lane & 7)
+                store16(out32, q >> 4, w0, w1, w2, w3)
+            syncwarp()
+        else:
             acc0 = u32(acc0 & u32(va * 0x01010101))
             acc1 = u32(acc1 & u32(vb * 0x01010101))
             acc2 = u32(acc2 & u32(vc * 0x01010101))
             acc3 = u32(acc3 & u32(vd * 0x01010101))
-        if va == 0xFF and vd == 0xFF:
-            _store_full(out8, out64, g, planes_off, stride, acc0, acc1, acc2, acc3, s0, s1, t0, t1,
-                        r0, r1, q0, q1)
-        else:
             _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
             _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
             _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
@@ -332,9 +377,7 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
         cuda.syncthreads()  # B: this tile's prefix, the next tile's ticket
         prefix = smem[6]
         nxt = smem[0]
-        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
-            (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
-             va, vb, vc, vd) = _load_tile(x32, x16, n, nxt, warp, lane)
+        _issue(stage, slot ^ 1, x32, n, nxt, n_blocks, warp, lane)  # the next tile's copies
         if escm != 0:
             # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
             base = eo + prefix + woff
@@ -348,9 +391,14 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
             while m != 0:
                 low = u32(m & u32(u32(~m) + 1))
                 m = u32(m ^ low)
-                b = popc32(u32(low - 1))  # bit 8r + s: value s of round r
-                r = u32(b >> 3)
-                v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + u32(b & 7))))])  # still cached
+                bb = popc32(u32(low - 1))  # bit 8r + s: value s of round r
+                r = u32(bb >> 3)
+                s = u32(bb & 7)
+                if full:  # the value, from the staging buffer (this lane copied it)
+                    wv = stage[sb + np.int64(u32(u32(r << 7) + u32(s >> 1)))]
+                    v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
+                else:
+                    v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
                 pos = k0
                 if r == 1:
                     pos = k1
@@ -365,6 +413,8 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
                     if do_cs:
                         cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
         tile = nxt
+        slot ^= 1
+    cp_wait0()
     if do_cs:
         cs = warp_sum(cs)
         if lane == 0:
