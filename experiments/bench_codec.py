@@ -9,8 +9,6 @@ input bit for bit; then it times, with CUDA events on one non-blocking stream:
 * ``copy``: CuPy device-to-device copy of the input (the memory ceiling);
 * ``naive``: a kernel that only splits each value into a sign-mantissa byte and
   an exponent byte (one element per thread);
-* ``v1``: experiments/kernels/v1_per_element.py (one element per lane, ballots;
-  off by default: it disagrees with the library on the GPU, see NOTES.md);
 * ``v2``: experiments/kernels/v2_int64_*.py, the first library version (int64
   arithmetic throughout);
 * ``v3``: experiments/kernels/v3_*.py, the library version before v4 (32-bit hot
@@ -128,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import cupy as cp
-    import v1_per_element as v1
     import v2_int64_decode as v2d
     import v2_int64_encode as v2e
     import v3_decode as v3d
     import v3_encode as v3e
+    from naive_split import naive_split
     from numba import cuda
 
     from zipccl.codec import cpu, gpu, reference
@@ -154,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
     records: list[dict] = []
     table: list[tuple] = []
-    v1_ok = [True]  # emptied when the v1 kernels disagree with v2 on a checked buffer
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def bench_size(mib: float) -> None:
@@ -195,33 +192,6 @@ def main(argv: list[str] | None = None) -> int:
                 wrong += int(cp.count_nonzero(outs[i] != bits[i]))
         if wrong:
             raise SystemExit(f"{mib} MiB: {wrong} values decoded wrong")
-        # v1 (when asked for) on the same buffers
-        if "v1" in args.variants:
-            v1f = cp.zeros(lay.raw_size, cp.uint8)
-            hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
-            a = (runtime.view(bits[0], (n & ~7) // 2, np.uint32), runtime.view(bits[0], n, np.uint16),
-                 runtime.view(v1f, v1f.size, np.uint8), runtime.view(v1f, v1f.size // 4, np.uint32),
-                 runtime.view(v1f, v1f.size // 8, np.int64), ws.array, encode.layout_tuple(lay))
-            v1.encode_tiles_v1[lay.n_blocks, TPB, nstream](*a, cb64, 0)
-            encode.encode_finish[min(1024, max(1, n // 1024)), TPB, nstream](
-                *a, hdr, crc_base, runtime.crc_table(), 0, 0, lay.n_blocks, 0)
-            outs[0].fill(0)
-            fv = (runtime.view(frames[0], lay.raw_size, np.uint8),
-                  runtime.view(frames[0], lay.raw_size // 4, np.uint32),
-                  runtime.view(frames[0], lay.raw_size // 8, np.int64))
-            ov = (runtime.view(outs[0], (n & ~7) // 2, np.uint32), runtime.view(outs[0], n, np.uint16))
-            v1.decode_tiles_v1[lay.n_blocks, TPB, nstream](*fv, *ov, ws.array, encode.layout_tuple(lay))
-            decode.decode_finish[1, TPB, nstream](*fv, ws.array, encode.layout_tuple(lay), CRC_ZERO,
-                                                 runtime.crc_table())
-            stream.synchronize()
-            bad_f = int(cp.count_nonzero(v1f[:flen] != frames[0][:flen]))
-            bad_v = int(cp.count_nonzero(outs[0] != bits[0]))
-            if bad_f or bad_v:  # an experiment, not the library: report it and do not time it
-                first = int(cp.flatnonzero(v1f[:flen] != frames[0][:flen])[0]) if bad_f else -1
-                print(f"{mib:g} MiB: v1 disagrees with v2: {bad_f} frame bytes (first at {first}, "
-                      f"layout {encode.layout_tuple(lay)}), {bad_v} decoded values; v1 not timed",
-                      flush=True)
-                v1_ok.clear()
         print(f"{mib:g} MiB: all results match ({codec.__name__} frame, {sets} buffer sets, "
               f"ratio {flen / nbytes:.4f}, check {time.perf_counter() - t0:.1f} s); timing",
               flush=True)
@@ -271,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             views = [(runtime.view(bits[i], n, np.uint16), runtime.view(sm[i], n, np.uint8),
                       runtime.view(ex[i], n, np.uint8)) for i in range(sets)]
             both("encode", "naive", [
-                (lambda v=v: v1.naive_split[grid, 256, nstream](v[0], n, v[1], v[2])) for v in views])
+                (lambda v=v: naive_split[grid, 256, nstream](v[0], n, v[1], v[2])) for v in views])
             del sm, ex, views
         if "v4" in args.variants:  # the library, as callers use it
             both("encode", "v4", [
@@ -327,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         dv_cs = [(*e[2:5], *d[3:]) for e, d in zip(ev_cs, dv, strict=True)]  # frame views of frames_cs
 
         def enc_with(tiles_kernel, a, cs=0):
-            # one CUDA block per escape block (v1-v3); the finishing kernel is the library's
+            # one CUDA block per escape block (v2, v3); the finishing kernel is the library's
             tiles_kernel[lay.n_blocks, TPB, nstream](*a, cb64, cs)
             encode.encode_finish[fin_blocks, TPB, nstream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
                                                            lay.n_blocks, 0)
@@ -337,9 +307,6 @@ def main(argv: list[str] | None = None) -> int:
             decode.decode_finish[1, TPB, nstream](a[0], a[1], a[2], ws.array, lt, CRC_ZERO,
                                                  runtime.crc_table())
 
-        if "v1" in args.variants and v1_ok:
-            both("encode", "v1", [(lambda a=a: enc_with(v1.encode_tiles_v1, a)) for a in ev], ratio)
-            both("decode", "v1", [(lambda a=a: dec_with(v1.decode_tiles_v1, a)) for a in dv], ratio)
         if "v2" in args.variants:  # check the old kernels on these buffers first
             outs[0].fill(0)
             enc_with(v2e.encode_tiles, ev[0])

@@ -41,11 +41,9 @@ from numba import cuda
 from zipccl import format as fmt
 from zipccl.kernels import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from zipccl.kernels._common import (
-    ERR_CHECKSUM,
     ERR_COUNTS,
     ERR_ESCAPE_RANGE,
     ERR_HEADER,
-    ERR_HEADER_CRC,
     ERR_TOTAL,
     LOW32,
     STATUS_AGG,
@@ -54,42 +52,16 @@ from zipccl.kernels._common import (
     WS_CSUM,
     WS_EPOCH,
     WS_ERR,
-    WS_ERR_LAST,
-    WS_ERR_STICKY,
     WS_TICKET,
-    advance_epoch,
     byte_checksum,
     lookback,
     publish,
     warp_sum,
-    warp_xor,
 )
-from zipccl.kernels.compat import atomic_read, load16, popc, shfl, shfl32, shfl_up, store16, wrap64
+from zipccl.kernels.compat import load16, popc, shfl, shfl32, shfl_up, store16, wrap64
+from zipccl.kernels.decode import header_ok
 
 _MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
-
-
-@cuda.jit(device=True)
-def header_ok(f64, nbytes, lay):
-    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[0] values."""
-    n = lay[0]
-    eo = lay[5]
-    raw_size = lay[6]
-    w0 = f64[0]
-    flags = (w0 >> 48) & 0xFFFF
-    nh = f64[1]
-    nesc = f64[2]
-    flen = f64[3]
-    raw = flags & 1
-    ok = (w0 & 0xFFFFFFFFFFFF) == _MAGIC48 and (flags & ~np.int64(3)) == 0 and nh == n
-    ok = ok and flen >= 0 and flen <= nbytes and nesc >= 0
-    if raw != 0:
-        ok = ok and nesc == 0 and flen == raw_size
-    else:
-        ok = ok and nesc <= n and flen == eo + nesc and flen <= raw_size
-    if (flags & 2) == 0 and f64[4] != 0:
-        ok = False
-    return ok, raw, nesc, (flags >> 1) & 1
 
 
 @cuda.jit(device=True)
@@ -368,81 +340,6 @@ def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
             cuda.atomic.add(ws, WS_CSUM + (tile & 7), cs)
 
 
-@cuda.jit
-def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
-    """Header CRC, escape total, payload checksum; publish the call's errors (one block)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    pwords = lay[7]
-    n_blocks = lay[8]
-    smem = cuda.shared.array(8, dtype=np.int64)
-    tid = np.int64(cuda.threadIdx.x)
-    lane = tid & 31
-    warp = tid >> 5
-    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
-    err = np.int64(0)
-    if not ok:
-        err = ERR_HEADER
-    # payload bytes no tile reads: the padding of the static part
-    cs = np.int64(0)
-    if ok and raw == 0 and has_cs != 0:
-        regions_lo0 = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7))
-        i = regions_lo0 + 4 * tid
-        if i < planes_off:
-            cs = wrap64(cs + np.int64(f32[i >> 2]) * (2 * ((i - fmt.HEADER_SIZE) >> 2) + 1))
-        for k in range(3):
-            i = planes_off + k * stride + 4 * pwords + 4 * tid
-            if i < planes_off + (k + 1) * stride:
-                cs = wrap64(cs + np.int64(f32[i >> 2]) * (2 * ((i - fmt.HEADER_SIZE) >> 2) + 1))
-        i = counts_off + 4 * n_blocks + 4 * tid
-        if i < eo:
-            cs = wrap64(cs + np.int64(f32[i >> 2]) * (2 * ((i - fmt.HEADER_SIZE) >> 2) + 1))
-    cs = warp_sum(cs)
-    if lane == 0:
-        smem[warp] = cs
-    cuda.syncthreads()
-    if tid < 32:
-        # CRC-32 of header bytes 0..123, one bit per lane and step
-        crc = np.int64(0)
-        for i in range(lane, 992, 32):
-            if (f64[i >> 6] >> (i & 63)) & 1:
-                crc ^= crc_tab[i]
-        crc = warp_xor(crc) ^ crc_zero
-        v = np.int64(0)
-        if lane < 8:
-            v = atomic_read(ws, WS_CSUM + lane)
-        total = warp_sum(v)
-        if lane == 0:
-            if crc != ((f64[15] >> 32) & LOW32):
-                err |= ERR_HEADER_CRC
-            if ok and has_cs != 0:
-                total = wrap64(total + smem[0] + smem[1] + smem[2] + smem[3])
-                if total != f64[4]:
-                    err |= ERR_CHECKSUM
-            if ok and raw == 0 and n_blocks == 0 and nesc != 0:
-                err |= ERR_TOTAL
-            err |= atomic_read(ws, WS_ERR)
-            ws[WS_ERR] = 0
-            ws[WS_ERR_LAST] = err
-            ws[WS_ERR_STICKY] = ws[WS_ERR_STICKY] | err
-            ws[WS_TICKET] = 0
-        if lane < 8:
-            ws[WS_CSUM + lane] = 0
-    advance_epoch(ws, tid)
-
-
-def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
-    """Enqueue the decoder of the frame in ``f8`` (``f32`` / ``f64``: its first whole
-    uint32 / int64 words) into the ``lay.n`` values of ``out16`` (``out32``: the first
-    n & ~7 of them as uint32). Errors land in the workspace (``_common.WS_ERR_LAST``);
-    nothing here synchronises.
-    """
-    from zipccl.kernels.encode import layout_tuple
-
-    lt = layout_tuple(lay)
-    if lay.n_blocks:
-        decode_tiles[lay.n_blocks, TPB, stream](f8, f32, f64, out32, out16, ws, lt)
-    decode_finish[1, TPB, stream](f8, f32, f64, ws, lt, crc_zero, crc_tab)
+# header_ok and the finishing kernel (CRC, totals, checksum, error bits) are the library's:
+# zipccl.kernels.decode.header_ok / decode_finish (bench_codec.py launches this tile
+# kernel, then decode_finish).

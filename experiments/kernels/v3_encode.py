@@ -47,32 +47,18 @@ from numba import cuda
 from zipccl import format as fmt
 from zipccl.kernels import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from zipccl.kernels._common import (
-    LOW32,
     STATUS_AGG,
     STATUS_INC,
     TPB,
     WS_CSUM,
-    WS_CSUM_RAW,
-    WS_DONE,
     WS_EPOCH,
-    WS_FLEN,
-    WS_NESC,
-    WS_STATUS,
     WS_TICKET,
-    advance_epoch,
     byte_checksum,
     lookback,
     publish,
     warp_sum,
-    warp_xor,
 )
-from zipccl.kernels.compat import atomic_read, load16, popc, shfl, shfl_up, shfl_xor_u32, store16, u32, wrap64
-
-
-def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """The Layout fields the kernels read, as one int tuple (a single kernel argument)."""
-    return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
-            lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks)
+from zipccl.kernels.compat import load16, popc, shfl, shfl_up, shfl_xor_u32, u32, wrap64
 
 
 @cuda.jit(device=True)
@@ -317,151 +303,6 @@ def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
             cuda.atomic.add(ws, WS_CSUM + (tile & 7), cs)
 
 
-@cuda.jit
-def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, force_raw, do_cs,
-                  tiles):
-    """RAW decision and RAW copy, zero padding, header (see the module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    raw_size = lay[6]
-    pwords = lay[7]
-    n_blocks = lay[8]
-    smem = cuda.shared.array(2, dtype=np.int64)
-    tid = np.int64(cuda.threadIdx.x)
-    bid = np.int64(cuda.blockIdx.x)
-    nblk = np.int64(cuda.gridDim.x)
-    lane = tid & 31
-    n_esc = np.int64(0)
-    raw = force_raw
-    if tiles > 0 and force_raw == 0:
-        n_esc = ws[WS_STATUS + tiles - 1] & LOW32
-        if eo + n_esc > raw_size:
-            raw = 1
-    cs = np.int64(0)
-    if raw != 0:
-        groups = n >> 3
-        g = bid * TPB + tid
-        while g < groups:
-            v0, v1, v2, v3 = load16(x32, g)
-            store16(out32, (fmt.HEADER_SIZE >> 4) + g, v0, v1, v2, v3)
-            if do_cs:
-                i = 4 * g
-                cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
-                            + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
-            g += nblk * TPB
-        if bid == 0 and tid < (n & 7):
-            e = (n & ~np.int64(7)) + tid
-            v = np.int64(x16[e])
-            q = 2 * e
-            out8[fmt.HEADER_SIZE + q] = v & 0xFF
-            out8[fmt.HEADER_SIZE + q + 1] = (v >> 8) & 0xFF
-            if do_cs:
-                cs = wrap64(cs + byte_checksum(v & 0xFF, q) + byte_checksum((v >> 8) & 0xFF, q + 1))
-        if do_cs:
-            cs = warp_sum(cs)
-            if lane == 0:
-                cuda.atomic.add(ws, WS_CSUM_RAW + (bid & 7), cs)
-    elif bid == 0:
-        # padding bytes: each region is shorter than ALIGN (128) bytes
-        i = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)) + tid
-        if i < planes_off:
-            out8[i] = 0
-        for k in range(3):
-            i = planes_off + k * stride + 4 * pwords + tid
-            if i < planes_off + (k + 1) * stride:
-                out8[i] = 0
-        i = counts_off + 4 * n_blocks + tid
-        if i < eo:
-            out8[i] = 0
-    cuda.threadfence()
-    cuda.syncthreads()
-    if tid == 0:
-        smem[0] = cuda.atomic.add(ws, WS_DONE, 1)
-    cuda.syncthreads()
-    if smem[0] != nblk - 1:
-        return
-    # the last block to finish: header
-    if tid < 32:
-        v = np.int64(0)
-        if do_cs and lane < 8:
-            if raw != 0:
-                v = atomic_read(ws, WS_CSUM_RAW + lane)
-            else:
-                v = atomic_read(ws, WS_CSUM + lane)
-        csum = warp_sum(v)
-        flags = raw | (do_cs << 1)
-        nesc_f = n_esc
-        flen = eo + n_esc
-        if raw != 0:
-            nesc_f = 0
-            flen = raw_size
-        crc = np.int64(0)
-        for i in range(lane, 208, 32):
-            if i < 16:
-                bit = (flags >> i) & 1
-                idx = 48 + i  # header byte 6 = flags
-            else:
-                j = i - 16
-                f = j >> 6
-                val = csum
-                if f == 0:
-                    val = nesc_f
-                elif f == 1:
-                    val = flen
-                bit = (val >> (j & 63)) & 1
-                idx = 128 + j  # header bytes 16..39 = n_escapes, frame_len, checksum
-            if bit != 0:
-                crc ^= crc_tab[idx]
-        crc = warp_xor(crc) ^ crc_base
-        if lane < 16:
-            w = hdr[lane]
-            if lane == 0:
-                w = w | (flags << 48)
-            elif lane == 2:
-                w = nesc_f
-            elif lane == 3:
-                w = flen
-            elif lane == 4:
-                w = csum
-            elif lane == 15:
-                w = (w & LOW32) | wrap64(crc << 32)
-            out64[lane] = w
-        if lane < 8:
-            ws[WS_CSUM + lane] = 0
-            ws[WS_CSUM_RAW + lane] = 0
-        if lane == 0:
-            ws[WS_TICKET] = 0
-            ws[WS_DONE] = 0
-            ws[WS_NESC] = nesc_f
-            ws[WS_FLEN] = flen
-    advance_epoch(ws, tid)
-
-
-# grid of encode_finish: enough to copy a RAW frame at memory speed (2 under the simulator,
-# where every block costs 128 Python threads, and 2 still exercises the last-block hand-off)
-FINISH_MAX_BLOCKS = 2 if compat.SIMULATOR else 1024
-
-
-def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int,
-           crc_tab, cb64: int, checksum: bool, stream) -> None:
-    """Enqueue the encoder for the ``lay.n`` values of ``x16`` (``x32``: the first n & ~7 of
-    them as uint32) into ``out8`` (``out32`` / ``out64``: the same bytes as uint32 / int64).
-
-    ``hdr`` is the header template (16 little-endian int64 words, with n_escapes,
-    frame_len, checksum, flags and CRC zero) and ``crc_base`` the CRC-32 of its first
-    124 bytes; ``cb64`` the codebook's 7 exponents as little-endian bytes. Nothing here
-    synchronises.
-    """
-    lt = layout_tuple(lay)
-    do_cs = 1 if checksum else 0
-    force_raw = 1 if lay.static_size > lay.raw_size else 0
-    tiles = 0
-    if lay.n_blocks and not force_raw:
-        encode_tiles[lay.n_blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, cb64, do_cs)
-        tiles = lay.n_blocks
-    blocks = max(1, min(FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
-    encode_finish[blocks, TPB, stream](x32, x16, out8, out32, out64, ws, lt, hdr, crc_base, crc_tab,
-                                       force_raw, do_cs, tiles)
+# The finishing kernel (RAW decision, padding, header), the layout tuple and the launcher
+# are the library's: zipccl.kernels.encode.encode_finish / layout_tuple (bench_codec.py
+# launches this tile kernel, then encode_finish).
