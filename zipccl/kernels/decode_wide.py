@@ -8,8 +8,9 @@ Two launches, no host synchronisation, as for BF16 (``decode.py``):
    element type, flags, n = the output's, lengths, FP16 codebook entries <= 31); if
    they do not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp
    decodes 1024 values as 32 groups of 32: every lane reads the group's plane words
-   (one broadcast load each), takes its code from bit j, its byte-plane byte (and
-   FP32 low half, FP16 raw bits) and writes its value; escaped values are written
+   (one broadcast load each; the loads of 8 groups go out together), takes its code
+   from bit j, its byte-plane byte (and FP32 low half, FP16 raw bits) and writes its
+   value; escaped values are written
    once the look-back (``_common.lookback``, over the stored counts) has given the
    tile's first escape, each at its rank among the group's escape votes. Each tile
    compares the escape codes it saw with its stored count; escape reads are checked
@@ -49,14 +50,15 @@ from ._common import (
     WS_TICKET,
     advance_epoch,
     byte_checksum,
+    dev,
     grid_size,
     lookback,
     publish,
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, ballot, popc, wrap64
-from .encode_wide import FP16, FP32, HDR, wide_tuple
+from .compat import atomic_read, popc, wrap64
+from .encode_wide import FP16, FP32, HDR, bcs, vote, wide_tuple
 
 ERR_ESCAPE_VALUE = 64
 ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
@@ -94,12 +96,66 @@ def header_ok(f64, nbytes, lay):
     return ok, flags & 1, nesc, (flags >> 1) & 1
 
 
-@cuda.jit(device=True)
+@dev
 def _assemble(kind, ex, byte, low, r8, r9, r15):
     """One value's bits from its exponent, byte-plane byte and raw bits (see encode_wide)."""
     if kind == FP32:
         return ((byte & 0x80) << 24) | (ex << 23) | ((byte & 0x7F) << 16) | low
     return (r15 << 15) | (ex << 10) | (r9 << 9) | (r8 << 8) | byte
+
+
+@dev
+def _bits3(f32, at, stride, word, lane):
+    """Bit ``lane`` of word ``word`` of the 3 bit planes at ``at``, ``at + stride``, ``at + 2
+    stride``, as bits 0, 1, 2."""
+    b = (np.int64(f32[(at >> 2) + word]) >> lane) & 1
+    b |= ((np.int64(f32[((at + stride) >> 2) + word]) >> lane) & 1) << 1
+    return b | (((np.int64(f32[((at + 2 * stride) >> 2) + word]) >> lane) & 1) << 2)
+
+
+@dev
+def _dload(f8, f16, f32, e, word, lane, lay):
+    """(code | raw bits << 3, byte-plane byte, FP32 low half) of lane's value e of a group
+    (zeros past the sections)."""
+    c = np.int64(0)
+    if word < lay[7]:
+        c = _bits3(f32, lay[2], lay[3], word, lane)
+        if lay[11] == FP16:
+            c |= _bits3(f32, lay[2] + 3 * lay[3], lay[3], word, lane) << 3
+    b = np.int64(0)
+    lo = np.int64(0)
+    if e < lay[0]:
+        b = np.int64(f8[HDR + e])
+        if lay[11] == FP32:
+            lo = np.int64(f16[(lay[9] >> 1) + e])
+    return c, b, lo
+
+
+@dev
+def _dgroup(c, byte, low, e, word, lane, cb, f32, out32, out16, lay, do_cs, cs):
+    """Write lane's value e of one group (an escaped one with exponent 0 for now); returns
+    (checksum, the group's escape vote)."""
+    kind = lay[11]
+    valid = e < lay[0]
+    code = c & 7
+    if do_cs and word < lay[7] and lane < lay[10]:
+        at = lay[2] + lane * lay[3]
+        cs = wrap64(cs + np.int64(f32[(at >> 2) + word]) * (2 * (((at - HDR) >> 2) + word) + 1))
+    esc = vote(valid and code == 0)
+    if valid:
+        if do_cs:
+            cs = wrap64(cs + bcs(byte, e))
+            if kind == FP32:
+                cs = wrap64(cs + bcs(low, lay[9] - HDR + 2 * e))
+        ex = np.int64(0)
+        if code != 0:
+            ex = (cb >> (8 * (code - 1))) & 0xFF
+        v = _assemble(kind, ex, byte, low, (c >> 3) & 1, (c >> 4) & 1, (c >> 5) & 1)
+        if kind == FP32:
+            out32[e] = v
+        else:
+            out16[e] = v
+    return cs, esc
 
 
 @cuda.jit(device=True)
@@ -131,7 +187,6 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
     stride = lay[3]
     counts_off = lay[4]
     eo = lay[5]
-    pwords = lay[7]
     n_blocks = lay[8]
     lo_off = lay[9]
     kind = lay[11]
@@ -183,49 +238,23 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
             publish(ws, tile, epoch, STATUS_INC if tile == 0 else STATUS_AGG, cnt)
         wbase = tile * fmt.BLOCK + warp * 1024
         seen = np.int64(0)
-        for q in range(32):
-            e = wbase + 32 * q + lane
-            word = tile * 128 + warp * 32 + q
-            valid = e < n
-            p0 = np.int64(0)
-            p1 = np.int64(0)
-            p2 = np.int64(0)
-            r8 = np.int64(0)
-            r9 = np.int64(0)
-            r15 = np.int64(0)
-            if word < pwords:
-                p0 = np.int64(f32[(planes_off >> 2) + word])
-                p1 = np.int64(f32[((planes_off + stride) >> 2) + word])
-                p2 = np.int64(f32[((planes_off + 2 * stride) >> 2) + word])
-                if do_cs and lane < lay[10]:
-                    at = planes_off + lane * stride
-                    cs = wrap64(cs + np.int64(f32[(at >> 2) + word]) * (2 * (((at - HDR) >> 2) + word) + 1))
-                if kind == FP16:
-                    r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
-                    r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
-                    r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
-            code = ((p0 >> lane) & 1) | (((p1 >> lane) & 1) << 1) | (((p2 >> lane) & 1) << 2)
-            esc = ballot(valid and code == 0)
-            if valid:
-                byte = np.int64(f8[HDR + e])
-                low = np.int64(0)
-                if do_cs:
-                    cs = wrap64(cs + byte_checksum(byte, e))
-                if kind == FP32:
-                    low = np.int64(f16[(lo_off >> 1) + e])
-                    if do_cs:
-                        cs = wrap64(cs + byte_checksum(low, lo_off - HDR + 2 * e))
-                ex = np.int64(0)
-                if code != 0:
-                    ex = (cb >> (8 * (code - 1))) & 0xFF
-                v = _assemble(kind, ex, byte, low, r8, r9, r15)
-                if kind == FP32:
-                    out32[e] = v
-                else:
-                    out16[e] = v
+        for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
+            e0 = wbase + 32 * q0 + lane
+            w0 = tile * 128 + warp * 32 + q0
+            c0, b0, l0 = _dload(f8, f16, f32, e0, w0, lane, lay)
+            c1, b1, l1 = _dload(f8, f16, f32, e0 + 32, w0 + 1, lane, lay)
+            c2, b2, l2 = _dload(f8, f16, f32, e0 + 64, w0 + 2, lane, lay)
+            c3, b3, l3 = _dload(f8, f16, f32, e0 + 96, w0 + 3, lane, lay)
+            cs, s0 = _dgroup(c0, b0, l0, e0, w0, lane, cb, f32, out32, out16, lay, do_cs, cs)
+            cs, s1 = _dgroup(c1, b1, l1, e0 + 32, w0 + 1, lane, cb, f32, out32, out16, lay, do_cs, cs)
+            cs, s2 = _dgroup(c2, b2, l2, e0 + 64, w0 + 2, lane, cb, f32, out32, out16, lay, do_cs, cs)
+            cs, s3 = _dgroup(c3, b3, l3, e0 + 96, w0 + 3, lane, cb, f32, out32, out16, lay, do_cs, cs)
             if lane == 0:
-                votes[warp * 32 + q] = esc
-            seen += popc(esc)
+                votes[warp * 32 + q0] = s0
+                votes[warp * 32 + q0 + 1] = s1
+                votes[warp * 32 + q0 + 2] = s2
+                votes[warp * 32 + q0 + 3] = s3
+            seen += popc(s0) + popc(s1) + popc(s2) + popc(s3)
         if lane == 0:
             smem[9 + warp] = seen
         cuda.syncthreads()  # A: warp totals, votes, the stored count

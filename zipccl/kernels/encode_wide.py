@@ -5,7 +5,8 @@ Two launches, no host synchronisation, as for BF16 (``encode.py``):
 1. ``wide_tiles``: a persistent grid whose blocks take tiles (one escape block of
    4096 values) from the workspace ticket counter. A warp codes 1024 consecutive
    values as 32 groups of 32; in a group lane j holds value 32g + j (one coalesced
-   load of 4 or 2 bytes per lane). The code comes from a 256-entry shared table
+   load of 4 or 2 bytes per lane; the loads of 4 groups are issued together). The
+   code comes from a 256-entry shared table
    (code = 1 + codebook index, 0 = escape), and each code plane word is one warp
    vote (``ballot``): bit j is lane j's code bit, which is exactly the format's
    plane word. Lane k stores plane k's word, so one store instruction writes all
@@ -48,7 +49,7 @@ from ._common import (
     WS_CSUM,
     WS_EPOCH,
     WS_TICKET,
-    byte_checksum,
+    dev,
     grid_size,
     lookback,
     publish,
@@ -81,12 +82,85 @@ def finish_tuple(lay: fmt.Layout) -> tuple[int, ...]:
             lay.raw_size, lay.plane_words, lay.n_blocks)
 
 
-@cuda.jit(device=True)
+@dev
+def vote(pred):
+    """``ballot`` as an unsigned 32-bit mask: the vote intrinsic returns an int32, whose
+    widening would copy lane 31's bit into bits 32..63 (a plane word's checksum term and
+    popcounts would then be wrong; the simulator's ballot is never negative)."""
+    return ballot(pred) & 0xFFFFFFFF
+
+
+@dev
 def value_parts(v, kind):
     """(exponent, byte-plane byte) of one value (uint32 bits; FP16 in the low 16)."""
     if kind == FP32:
         return (v >> 23) & 0xFF, ((v >> 24) & 0x80) | ((v >> 16) & 0x7F)
     return (v >> 10) & 0x1F, v & 0xFF
+
+
+@dev
+def bcs(byte, q):
+    """``_common.byte_checksum``, inlined (it sits in the per-value path)."""
+    return wrap64((byte << (8 * (q & 3))) * (2 * (q >> 2) + 1))
+
+
+@dev
+def _load(x32, x16, e, n, kind):
+    """Value e (0 past the end) as an int64."""
+    v = np.int64(0)
+    if e < n:
+        if kind == FP32:
+            v = np.int64(x32[e])
+        else:
+            v = np.int64(x16[e])
+    return v
+
+
+@dev
+def _group(v, e, word, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs):
+    """Code lane's value v (element e) of one group of 32 and store its share of the
+    group's sections; returns (checksum, the group's escape vote)."""
+    n = lay[0]
+    kind = lay[11]
+    valid = e < n
+    ex, byte = value_parts(v, kind)
+    code = lut[ex] if valid else 0
+    p0 = vote((code & 1) != 0)
+    p1 = vote((code & 2) != 0)
+    p2 = vote((code & 4) != 0)
+    esc = vote(valid and code == 0)
+    p3 = np.int64(0)
+    p4 = np.int64(0)
+    p5 = np.int64(0)
+    if kind == FP16:
+        p3 = vote(valid and ((v >> 8) & 1) != 0)
+        p4 = vote(valid and ((v >> 9) & 1) != 0)
+        p5 = vote(valid and ((v >> 15) & 1) != 0)
+    if word < lay[7] and lane < lay[10]:
+        w = p0
+        if lane == 1:
+            w = p1
+        elif lane == 2:
+            w = p2
+        elif lane == 3:
+            w = p3
+        elif lane == 4:
+            w = p4
+        elif lane == 5:
+            w = p5
+        out32[(plane_at >> 2) + word] = w
+        if do_cs:
+            cs = wrap64(cs + w * (2 * (((plane_at - HDR) >> 2) + word) + 1))
+    if valid:
+        out8[HDR + e] = byte
+        if do_cs:
+            cs = wrap64(cs + bcs(byte, e))
+        if kind == FP32:
+            lo = v & 0xFFFF
+            out16[(lay[9] >> 1) + e] = lo
+            if do_cs:
+                cs = wrap64(cs + bcs(lo, lay[9] - HDR + 2 * e))
+    return cs, esc
 
 
 @cuda.jit(device=True)
@@ -124,10 +198,7 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
     counts_off = lay[4]
     eo = lay[5]
     raw_size = lay[6]
-    pwords = lay[7]
     n_blocks = lay[8]
-    lo_off = lay[9]
-    n_planes = lay[10]
     kind = lay[11]
     lut = cuda.shared.array(256, dtype=np.int32)
     votes = cuda.shared.array(128, dtype=np.int64)  # escape vote of each group of the tile
@@ -155,53 +226,23 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
     while tile < n_blocks:
         wbase = tile * fmt.BLOCK + warp * 1024
         cnt = np.int64(0)
-        for q in range(32):
-            e = wbase + 32 * q + lane
-            valid = e < n
-            v = np.int64(0)
-            if valid:
-                v = np.int64(x32[e]) if kind == FP32 else np.int64(x16[e])
-            ex, byte = value_parts(v, kind)
-            code = lut[ex] if valid else 0
-            p0 = ballot((code & 1) != 0)
-            p1 = ballot((code & 2) != 0)
-            p2 = ballot((code & 4) != 0)
-            esc = ballot(valid and code == 0)
-            p3 = np.int64(0)
-            p4 = np.int64(0)
-            p5 = np.int64(0)
-            if kind == FP16:
-                p3 = ballot(valid and ((v >> 8) & 1) != 0)
-                p4 = ballot(valid and ((v >> 9) & 1) != 0)
-                p5 = ballot(valid and ((v >> 15) & 1) != 0)
-            word = tile * 128 + warp * 32 + q
-            if word < pwords and lane < n_planes:
-                w = p0
-                if lane == 1:
-                    w = p1
-                elif lane == 2:
-                    w = p2
-                elif lane == 3:
-                    w = p3
-                elif lane == 4:
-                    w = p4
-                elif lane == 5:
-                    w = p5
-                out32[(plane_at >> 2) + word] = w
-                if do_cs:
-                    cs = wrap64(cs + w * (2 * (((plane_at - HDR) >> 2) + word) + 1))
-            if valid:
-                out8[HDR + e] = byte
-                if do_cs:
-                    cs = wrap64(cs + byte_checksum(byte, e))
-                if kind == FP32:
-                    lo = v & 0xFFFF
-                    out16[(lo_off >> 1) + e] = lo
-                    if do_cs:
-                        cs = wrap64(cs + byte_checksum(lo, lo_off - HDR + 2 * e))
+        for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
+            e0 = wbase + 32 * q0 + lane
+            w0 = tile * 128 + warp * 32 + q0
+            v0 = _load(x32, x16, e0, n, kind)
+            v1 = _load(x32, x16, e0 + 32, n, kind)
+            v2 = _load(x32, x16, e0 + 64, n, kind)
+            v3 = _load(x32, x16, e0 + 96, n, kind)
+            cs, s0 = _group(v0, e0, w0, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
+            cs, s1 = _group(v1, e0 + 32, w0 + 1, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
+            cs, s2 = _group(v2, e0 + 64, w0 + 2, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
+            cs, s3 = _group(v3, e0 + 96, w0 + 3, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
             if lane == 0:
-                votes[warp * 32 + q] = esc
-            cnt += popc(esc)
+                votes[warp * 32 + q0] = s0
+                votes[warp * 32 + q0 + 1] = s1
+                votes[warp * 32 + q0 + 2] = s2
+                votes[warp * 32 + q0 + 3] = s3
+            cnt += popc(s0) + popc(s1) + popc(s2) + popc(s3)
         if lane == 0:
             smem[2 + warp] = cnt
         cuda.syncthreads()  # A: warp totals, votes
@@ -239,7 +280,7 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
                         ex, _ = value_parts(v, kind)
                         out8[pos] = ex
                         if do_cs:
-                            cs = wrap64(cs + byte_checksum(ex, pos - HDR))
+                            cs = wrap64(cs + bcs(ex, pos - HDR))
                 run += popc(esc)
         tile = smem[0]
         cuda.syncthreads()  # C: smem and votes are reused by the next tile
