@@ -26,7 +26,11 @@ What changes against v4 (``zipccl/kernels/encode.py``), everything else is v4's:
 * The tile holding the end of the data takes v4's path (2-byte loads from global memory,
   byte stores), so the asynchronous copies never read past the input.
 
-Simulator: ``cp.async`` is a plain copy, the waits are no-ops.
+The asynchronous-copy helpers are the library's (``zipccl.kernels.compat``), as is the
+simulator's ``alignment=`` support. Since commit fced2d3 the library's encoder is this
+design with one tile ahead and v4's ticket per tile (the rank order below is not
+deadlock-free when a grid's blocks cannot all be resident); this file keeps the measured
+variants (rank order, 1 or 2 tiles ahead, the no-look-back ablation).
 """
 
 from __future__ import annotations
@@ -53,7 +57,17 @@ from zipccl.kernels._common import (
     publish,
     warp_sum,
 )
-from zipccl.kernels.compat import store16, u32, wrap64
+from zipccl.kernels.compat import (
+    cp_async16,
+    cp_commit,
+    cp_wait0,
+    lds16,
+    store16,
+    sts8,
+    syncwarp,
+    u32,
+    wrap64,
+)
 from zipccl.kernels.encode import (
     U64,
     _code8,
@@ -66,51 +80,8 @@ from zipccl.kernels.encode import (
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input per tile
 
 if compat.SIMULATOR:
-    def cp_async16(stage, sw, x32, gw):
-        """Copy words gw..gw+3 of x32 to words sw..sw+3 of the shared array stage."""
-        for k in range(4):
-            stage[sw + k] = x32[gw + k]
-
-    def cp_commit():
-        pass
-
     def cp_wait(n):
         pass
-
-    def lds16(a, w):
-        """Words w..w+3 of a shared uint32 array."""
-        return a[w], a[w + 1], a[w + 2], a[w + 3]
-
-    def syncwarp():
-        compat.ballot(True)  # all 32 simulated lanes meet here
-
-    def sts8(a32, b, v):
-        """Store the low byte of v at byte b of the shared uint32 array a32."""
-        a32.view(np.uint8)[b] = int(v) & 0xFF
-
-    import sys
-    import traceback
-
-    from numba import types
-    from numba.cuda.np import numpy_support
-    from numba.cuda.simulator import kernelapi
-
-    _shared_array = kernelapi.FakeCUDAShared.array
-
-    def _aligned_shared_array(self, shape, dtype, alignment=None):
-        """The simulator's shared array (one per source line, as Numba's), accepting
-        ``alignment``: NumPy memory is aligned anyway."""
-        if shape == 0:
-            return _shared_array(self, shape, dtype)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
-        res = self._allocations.get(caller)
-        if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
-        return res
-
-    kernelapi.FakeCUDAShared.array = _aligned_shared_array
 
 else:
     from llvmlite import ir
@@ -118,114 +89,22 @@ else:
     from numba.cuda.extending import intrinsic
 
     @intrinsic
-    def _cp_async16(typingctx, stage, sw, x32, gw):
-        sig = types.void(stage, sw, x32, gw)
-
+    def _wait1(typingctx):
         def codegen(context, builder, sig, args):
-            i64 = ir.IntType(64)
-            st = context.make_array(sig.args[0])(context, builder, value=args[0])
-            gx = context.make_array(sig.args[2])(context, builder, value=args[2])
-            sp = builder.gep(st.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
-            gp = builder.gep(gx.data, [context.cast(builder, args[3], sig.args[3], types.int64)])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [i64, i64]),
-                "{ .reg .u64 s64; .reg .u32 s32; cvta.to.shared.u64 s64, $0; cvt.u32.u64 s32, s64; "
-                "cp.async.cg.shared.global [s32], [$1], 16; }",
-                "l,l,~{memory}", side_effect=True)
-            builder.call(asm, [builder.ptrtoint(sp, i64), builder.ptrtoint(gp, i64)])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def _cp_commit(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 1;",
                                "~{memory}", side_effect=True)
             builder.call(asm, [])
             return context.get_dummy_value()
 
-        return sig, codegen
-
-    def _wait_n(k):
-        @intrinsic
-        def _w(typingctx):
-            sig = types.void()
-
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
-                                   f"cp.async.wait_group {k};", "~{memory}", side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return sig, codegen
-        return _w
-
-    _WAITS = [_wait_n(k) for k in range(4)]
-    _wait0, _wait1, _wait2, _wait3 = _WAITS
-
-    @intrinsic
-    def _lds16(typingctx, arr, w):
-        sig = types.UniTuple(types.uint32, 4)(arr, w)
-
-        def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            p = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
-            vty = ir.VectorType(ir.IntType(32), 4)
-            val = builder.load(builder.bitcast(p, vty.as_pointer()), align=16)
-            elems = [builder.extract_element(val, ir.Constant(ir.IntType(32), k)) for k in range(4)]
-            return context.make_tuple(builder, sig.return_type, elems)
-
-        return sig, codegen
-
-    @cuda.jit(device=True, forceinline=True)
-    def cp_async16(stage, sw, x32, gw):
-        _cp_async16(stage, sw, x32, gw)
-
-    @cuda.jit(device=True, forceinline=True)
-    def cp_commit():
-        _cp_commit()
+        return types.void(), codegen
 
     @cuda.jit(device=True, forceinline=True)
     def cp_wait(n):
+        """Wait until at most n (0 or 1) of this thread's newest copy groups are in flight."""
         if n == 0:
-            _wait0()
-        elif n == 1:
-            _wait1()
-        elif n == 2:
-            _wait2()
+            cp_wait0()
         else:
-            _wait3()
-
-    @cuda.jit(device=True, forceinline=True)
-    def lds16(a, w):
-        return _lds16(a, w)
-
-    @intrinsic
-    def _sts8(typingctx, arr, b, v):
-        sig = types.void(arr, b, v)
-
-        def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            i8p = ir.IntType(8).as_pointer()
-            p = builder.gep(builder.bitcast(ary.data, i8p),
-                            [context.cast(builder, args[1], sig.args[1], types.int64)])
-            val = context.cast(builder, args[2], sig.args[2], types.uint32)
-            builder.store(builder.trunc(val, ir.IntType(8)), p)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @cuda.jit(device=True, forceinline=True)
-    def syncwarp():
-        cuda.syncwarp()
-
-    @cuda.jit(device=True, forceinline=True)
-    def sts8(a32, b, v):
-        _sts8(a32, b, v)
-
+            _wait1()
 
 
 def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6, with_lookback: bool = True):
@@ -235,6 +114,7 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6, with_lookback: boo
     escapes placed as if it were the first (wrong frames), to measure what the look-back and
     the wait for it at barrier B cost.
     """
+    assert ahead in (1, 2), "cp_wait knows 0 and 1 groups in flight"
     nbuf = ahead + 1
     stage_words = nbuf * TILE_WORDS
     opts = {} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}
