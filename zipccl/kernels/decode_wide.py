@@ -8,13 +8,13 @@ Two launches, no host synchronisation, as for BF16 (``decode.py``):
    element type, flags, n = the output's, lengths, FP16 codebook entries <= 31); if
    they do not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp
    decodes 1024 values as 32 groups of 32: every lane reads the group's plane words
-   (one broadcast load each; the loads of 8 groups go out together), takes its code
+   (one broadcast load each; the loads of 4 groups go out together), takes its code
    from bit j, its byte-plane byte (and FP32 low half, FP16 raw bits) and writes its
-   value; escaped values are written
-   once the look-back (``_common.lookback``, over the stored counts) has given the
-   tile's first escape, each at its rank among the group's escape votes. Each tile
-   compares the escape codes it saw with its stored count; escape reads are checked
-   against the header's total, and FP16 escape bytes against 31.
+   value; escaped values are written once the look-back (``_common.lookback``, over
+   the stored counts) has given the tile's first escape, each at its rank among the
+   group's escape votes. Each tile compares the escape codes it saw with its stored
+   count; escape reads are checked against the header's total, and FP16 escape bytes
+   against 31.
 2. ``wide_finish`` (one block): header CRC, escape total, payload checksum (the
    tiles' sums plus the padding bytes it reads), then the call's error bits, counter
    reset and the next epoch, as ``decode.decode_finish`` does for BF16.
