@@ -6,7 +6,8 @@ collective: the job hangs instead of failing. ``run_main`` wraps a script's
 ``main()`` so that an exception (or ``SystemExit`` with an error) on any rank
 prints its traceback, names the rank, and calls ``comm.Abort``: every process of
 the job ends and ``mpiexec`` exits with a non-zero status, as under
-``python -m mpi4py``. ``append_records`` writes a job's result records from one rank.
+``python -m mpi4py``. (Result records are written by the experiments' own
+``harness.append_records``.)
 
 Only entry points use this (``python -m zipccl demo``, ``experiments/*.py``); the
 library itself never aborts a caller's job.
@@ -14,12 +15,10 @@ library itself never aborts a caller's job.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 _FORWARD_S = 0.25  # seconds between the last words of a failing rank and the abort
 
@@ -62,21 +61,3 @@ def run_main(main: Callable[[], int | None], comm) -> int:
         _abort(comm, f"{traceback.format_exc()}uncaught exception: ", 1)
     return 1  # not reached: Abort does not return
 
-
-
-def append_records(comm, records: list[dict], path: Path) -> int:
-    """Append every rank's ``records`` to the JSON-lines file ``path``, from rank 0 alone.
-
-    Collective: every rank of ``comm`` calls it (a rank with nothing to write passes
-    ``[]``). Returns how many records were written (0 on the other ranks).
-    """
-    gathered = comm.gather(list(records))
-    if comm.Get_rank() != 0:
-        return 0
-    rows = [rec for rank_records in gathered for rec in rank_records]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        for rec in rows:
-            fh.write(json.dumps(rec) + "\n")
-    print(f"{len(rows)} records appended to {path}")
-    return len(rows)
