@@ -2,13 +2,14 @@
 
 Usage: python fig_codec_throughput.py OUT.png codec_gpu.jsonl codec_gpu_v4.jsonl [codec_gpu_baselines.jsonl]
 
-Encode and decode GB/s of BF16 input against size: the library kernels (v4, from the
-latest run of codec_gpu_v4.jsonl) as a replayed CUDA graph (device time), with the
-payload checksum; from the latest run of codec_gpu.jsonl the previous versions (v3,
-also called from Python with host overhead included, and v2), the naive split kernel
-and the device copy (input bytes / copy time).
-DietGPU and nvCOMP points come from the baselines file (numbers from GPU_MACHINE.md,
-same card kind, not re-run).
+Encode and decode GB/s of BF16 input against size: the v4 kernels (the library's until
+the v5 encoder, fced2d3; from the latest run of codec_gpu_v4.jsonl) as a replayed CUDA
+graph (device time), with the payload checksum; from the latest run of codec_gpu.jsonl
+the previous versions (v3, also called from Python with host overhead included, and v2),
+the naive split kernel and the device copy (input bytes / copy time).
+DietGPU and nvCOMP points come from the ``codec_gpu_baseline`` records of
+codec_gpu_baselines.jsonl (one H200, not re-run by bench_codec.py). The project's own
+run of the peers beside the v5 library is codec_peers.jsonl, drawn by fig_codec_peers.py.
 Dashed: the targets (2,000 GB/s at >= 256 MiB, 1,000 GB/s at 16 MiB). Reads saved
 records only.
 """
