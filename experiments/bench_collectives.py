@@ -61,12 +61,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import append_records, gaussian_bits, stated_sum_bf16, time_calls  # noqa: E402
 
+from zipccl.costmodel import OPS  # noqa: E402  (the operations, defined once)
+
 LINKS = {
     "nvlink": {},
     "shm": {"NCCL_P2P_DISABLE": "1"},
     "socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
 }
-OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
 MiB = 1 << 20
 
 
