@@ -98,3 +98,13 @@ def missing_references(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_named_exists(path):
     assert missing_references(path) == []
+
+
+def test_every_figure_is_in_the_experiments_map():
+    """``experiments/README.md``'s first table maps every figure ``make figures`` draws."""
+    drawn = {png for mk in ROOT.glob("figures/*.mk")
+             for line in re.findall(r"^FIGURES \+=(.*)$", mk.read_text(), flags=re.M)
+             for png in re.findall(r"out/(\S+\.png)", line)}
+    table = (ROOT / "experiments" / "README.md").read_text().split("\n## ", 1)[0]
+    mapped = set(re.findall(r"^\| `(\S+\.png)` \|", table, flags=re.M))
+    assert drawn and drawn == mapped
