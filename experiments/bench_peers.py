@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import math
 import sys
 import time
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_codec import Timer, machine_info  # noqa: E402
-from harness import gaussian_bits  # noqa: E402
+from harness import append_records, gaussian_bits  # noqa: E402
 
 from zipccl.metrics import algbw  # noqa: E402
 
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table: list[tuple] = []
 
-    def one_size(kind: str, mib: float, fh) -> None:
+    def one_size(kind: str, mib: float) -> None:
         nbytes = int(mib * MiB)
         n = nbytes // 2
         sets = max(1, min(64, math.ceil(ROTATE_BYTES / nbytes)))
@@ -158,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                    "op": op, "mode": mode, "size_mib": mib, "n": n, "input_bytes": nbytes,
                    "buffer_sets": sets, "seconds": secs, "gbps": algbw(nbytes, secs), "ratio": ratio,
                    "exact": True, **(extra or {})}
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+            append_records(args.out, [rec])  # at once: a run cut short keeps what it measured
             table.append((kind, mib, codec, op, mode, rec["gbps"], ratio))
 
         def iters_for(call) -> int:
@@ -274,10 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         cp.get_default_memory_pool().free_all_blocks()
         print(f"  {kind} {mib:g} MiB done", flush=True)
 
-    with args.out.open("a") as fh:
-        for kind in args.data:
-            for mib in args.sizes:
-                one_size(kind, mib, fh)
+    for kind in args.data:
+        for mib in args.sizes:
+            one_size(kind, mib)
 
     print(f"\n{'data':>10} {'MiB':>6} {'codec':>15} {'op':>10} {'mode':>5} {'GB/s':>8} ratio")
     for kind, mib, codec, op, mode, gbps, ratio in table:

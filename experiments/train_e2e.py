@@ -39,19 +39,23 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
-import json
 import math
 import os
 import platform
+import sys
 import sysconfig
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import append_records  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -362,14 +366,10 @@ def main(argv=None) -> None:
             "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
             "deterministic": not args.nondeterministic,
             "text_bytes": int(data.size), "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    if rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    fh = open(args.out, "a") if rank == 0 else None
 
-    def write(rec: dict) -> None:
-        if fh is not None:
-            fh.write(json.dumps({**rec, **meta}) + "\n")
-            fh.flush()
+    def write(rec: dict) -> None:  # at once, from rank 0: a run cut short keeps its steps
+        if rank == 0:
+            append_records(args.out, [{**rec, **meta}])
 
     native_ref: dict = {}
     try:
@@ -378,8 +378,6 @@ def main(argv=None) -> None:
             if use_cuda:
                 torch.cuda.empty_cache()
     finally:
-        if fh is not None:
-            fh.close()
         dist.destroy_process_group()
 
 
