@@ -115,15 +115,15 @@ def test_slots_hold_every_frame():
 
 def test_policy():
     p = Policy("auto", min_bytes=1000)
-    assert not p.decide("all_gather", 999, bf16=True, device=True, world=2).compress
-    assert p.decide("reduce_scatter", 1000, bf16=True, device=True, world=2).compress
-    assert not p.decide("all_gather", 10**9, bf16=False, device=True, world=2).compress
-    assert not p.decide("all_gather", 10**9, bf16=True, device=True, world=1).compress
-    assert not p.decide("all_to_all", 10**9, bf16=True, device=False, world=2).compress
-    assert Policy("auto", compress_host=True).decide("all_to_all", 1 << 20, bf16=True,
+    assert not p.decide("all_gather", 999, dtype="bfloat16", device=True, world=2).compress
+    assert p.decide("reduce_scatter", 1000, dtype="bfloat16", device=True, world=2).compress
+    assert not p.decide("all_gather", 10**9, dtype=None, device=True, world=2).compress
+    assert not p.decide("all_gather", 10**9, dtype="bfloat16", device=True, world=1).compress
+    assert not p.decide("all_to_all", 10**9, dtype="bfloat16", device=False, world=2).compress
+    assert Policy("auto", compress_host=True).decide("all_to_all", 1 << 20, dtype="bfloat16",
                                                      device=False, world=2).compress
-    assert Policy("always").decide("all_reduce", 1, bf16=True, device=False, world=2).compress
-    assert not Policy("never").decide("all_reduce", 10**9, bf16=True, device=True, world=8).compress
+    assert Policy("always").decide("all_reduce", 1, dtype="bfloat16", device=False, world=2).compress
+    assert not Policy("never").decide("all_reduce", 10**9, dtype="bfloat16", device=True, world=8).compress
     assert "threshold" in p.explain("all_gather", 10)
     with pytest.raises(ValueError):
         Policy("sometimes")

@@ -81,7 +81,7 @@ def _misses(policy: Policy, times: dict) -> list[str]:
     """Every size where "auto" measured more than 3% slower than the faster path."""
     out = []
     for (op, nbytes), t in sorted(times.items()):
-        d = policy.decide(op, nbytes, bf16=True, device=True, world=2)
+        d = policy.decide(op, nbytes, dtype="bfloat16", device=True, world=2)
         got = t["always"] if d.compress else t["nccl"]
         best = min(t.values())
         if best / got < 0.97:
@@ -105,7 +105,7 @@ def test_auto_extrapolates_from_calibrate_default_sizes(name):
     assert max(small.sizes("all_gather")) == 64 * MIB
     policy = Policy("auto", profile=small)
     assert _misses(policy, times) == []
-    d = policy.decide("all_gather", 1 << 30, bf16=True, device=True, world=2)
+    d = policy.decide("all_gather", 1 << 30, dtype="bfloat16", device=True, world=2)
     assert "extrapolated beyond the calibrated" in d.reason
     if name.startswith("shm"):  # the shared-memory link: compression pays at 1 GiB, and auto takes it
         assert d.compress
@@ -120,10 +120,10 @@ def test_explain_shows_both_times_and_their_terms():
         assert word in line, word
     pred = prof.predict("all_to_all", 1 << 30)
     assert sum(pred.native_stages.values()) == pytest.approx(pred.native_s, rel=1e-12)
-    d = policy.decide("all_to_all", 1 << 30, bf16=True, device=True, world=2)
+    d = policy.decide("all_to_all", 1 << 30, dtype="bfloat16", device=True, world=2)
     assert (d.native_s, d.compressed_s) == (pred.native_s, pred.compressed_s)
     # a margin turns a predicted win smaller than it into native, and says so
-    close = Policy("auto", profile=prof, margin=0.99).decide("all_to_all", 1 << 30, bf16=True,
+    close = Policy("auto", profile=prof, margin=0.99).decide("all_to_all", 1 << 30, dtype="bfloat16",
                                                               device=True, world=2)
     assert not close.compress and "margin" in close.reason
 
@@ -142,15 +142,15 @@ def test_profile_predictions_pass_through_its_own_measurements():
 def test_decisions_are_made_once_per_size(monkeypatch):
     prof, _ = _case("nvlink")
     policy = Policy("auto", profile=prof)
-    first = policy.decide("all_gather", 1 << 20, bf16=True, device=True, world=2)
+    first = policy.decide("all_gather", 1 << 20, dtype="bfloat16", device=True, world=2)
 
     def no_more(*args, **kwargs):
         raise AssertionError("a cached decision predicted again")
 
     monkeypatch.setattr(Profile, "predict", no_more)
-    assert policy.decide("all_gather", 1 << 20, bf16=True, device=True, world=2) is first
+    assert policy.decide("all_gather", 1 << 20, dtype="bfloat16", device=True, world=2) is first
     with pytest.raises(AssertionError, match="predicted again"):
-        policy.decide("all_gather", 2 << 20, bf16=True, device=True, world=2)
+        policy.decide("all_gather", 2 << 20, dtype="bfloat16", device=True, world=2)
 
 
 def test_profile_json_round_trip_keeps_decisions():
@@ -158,6 +158,6 @@ def test_profile_json_round_trip_keeps_decisions():
     again = Profile.from_json(prof.to_json())
     assert again == prof
     for op, nbytes in times:
-        a = Policy("auto", profile=prof).decide(op, nbytes, bf16=True, device=True, world=2)
-        b = Policy("auto", profile=again).decide(op, nbytes, bf16=True, device=True, world=2)
+        a = Policy("auto", profile=prof).decide(op, nbytes, dtype="bfloat16", device=True, world=2)
+        b = Policy("auto", profile=again).decide(op, nbytes, dtype="bfloat16", device=True, world=2)
         assert a == b

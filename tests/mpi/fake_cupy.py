@@ -89,6 +89,10 @@ def asarray(x):
     return _wrap(np.array(x, order="C"))  # host data is copied "to the device", as CuPy does
 
 
+def array(x):
+    return _wrap(np.array(x, order="C"))  # always a copy, as cupy.array
+
+
 def asnumpy(x, stream=None):
     _check_stream(stream)
     return np.array(np.asarray(x))
@@ -195,19 +199,25 @@ class Device:
 # -- the one elementwise kernel zipccl defines ------------------------------------------------
 
 class ElementwiseKernel:
+    """zipccl's reductions (``pipeline._REDUCE``): the stated sum of ``collectives``, by name."""
+
+    _TYPES = {"zipccl_reduce_sum_bf16": np.uint16, "zipccl_reduce_sum_fp32": np.float32,
+              "zipccl_reduce_sum_fp16": np.float16}
+
     def __init__(self, in_params: str, out_params: str, operation: str, name: str):
-        if name != "zipccl_reduce_sum_bf16":
-            raise NotImplementedError(f"fake_cupy knows only zipccl's reduction, not {name}")
+        if name not in self._TYPES:
+            raise NotImplementedError(f"fake_cupy knows only zipccl's reductions, not {name}")
+        self.dtype = self._TYPES[name]
 
     def __call__(self, stack, p, m, out):
-        from zipccl.comm.collectives import reduce_sum_bf16
+        from zipccl.comm.collectives import reduce_sum
 
         p, m, k = int(p), int(m), out.size
-        flat = np.asarray(stack).reshape(-1)
+        flat = np.asarray(stack).reshape(-1).view(self.dtype)
         rows = np.stack([flat[r * m:r * m + k] for r in range(p)])
-        res = np.zeros(k, dtype=np.uint16)
-        reduce_sum_bf16(rows, res)
-        np.asarray(out)[...] = res
+        res = np.zeros(k, dtype=self.dtype)
+        reduce_sum(rows, res)
+        np.asarray(out).view(self.dtype)[...] = res
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:

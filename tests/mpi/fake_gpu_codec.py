@@ -62,25 +62,41 @@ class Workspace:
         return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"
 
 
-def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None):
+def _code(values, dtype) -> int:
+    """The element type the real codec reads from ``values`` (``element_code``'s rules)."""
+    if dtype is not None:
+        return fmt.dtype_code(dtype)
+    return fmt.DTYPE_FP32 if np.asarray(values).dtype.itemsize == 4 else fmt.DTYPE_BF16
+
+
+def _patterns(values, code: int) -> np.ndarray:
+    return np.asarray(values).view(np.uint32 if code == fmt.DTYPE_FP32 else np.uint16)
+
+
+def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, workspace=None,
+                dtype=None):
     track(stream, "encode kernels", reads=[_span(bits), _span(workspace.array)],
           writes=[_span(out), _span(workspace.array)])
-    frame = cpu.encode(np.asarray(bits), codebook, (bits.size,), checksum)
+    code = _code(bits, dtype)
+    frame = cpu.encode(_patterns(bits, code), codebook, (bits.size,), checksum, dtype=code)
     np.asarray(out)[:frame.size] = frame
     workspace.array[_common.WS_FLEN] = frame.size
 
 
-def decode_into(frame, out, stream=None, workspace=None):
+def decode_into(frame, out, stream=None, workspace=None, dtype=None):
     track(stream, "decode kernels", reads=[_span(frame), _span(workspace.array)],
           writes=[_span(out), _span(workspace.array)])
     f = np.asarray(frame)
     err = 0
     try:
         h = fmt.parse_header(f)
+        code = _code(out, dtype)
+        if h.dtype != code:
+            raise ValueError("element type")  # the kernels' header check (ERR_HEADER)
         bits, _ = cpu.decode(f[:h.frame_len])
         if bits.size != out.size:
             raise ValueError("element count")
-        np.asarray(out)[...] = bits.reshape(-1)
+        _patterns(out, code)[...] = bits.reshape(-1)
     except ValueError as e:
         err = _common.ERR_CHECKSUM if "checksum" in str(e) else _common.ERR_HEADER
     workspace.array[_common.WS_ERR_LAST] = err

@@ -16,8 +16,9 @@ and MPI). Who runs which:
 
 Every rank builds every rank's input from seeds alone, so each rank knows the
 expected output without being told. Reductions are checked against the stated
-BF16 sum (FP32 in rank order, one rounding), written here independently of the
-library. Sizes stay moderate: four ranks share two cores in CI.
+sum (FP32 in rank order, one rounding to BF16 / FP16), written here independently
+of the library. BF16 cases, then the same collectives on FP32 and FP16. Sizes
+stay moderate: four ranks share two cores in CI.
 """
 
 from __future__ import annotations
@@ -335,6 +336,125 @@ def test_reduction_matches_ml_dtypes_rounding(place):
               inputs[0].view(BF16).astype(np.float32))
     assert np.array_equal(place.bits(buf), acc.astype(BF16).view(np.uint16))  # exactly ml_dtypes'
     c.close()
+
+
+# -- FP32 and FP16: the same collectives, each frame of its own type -------------------------
+
+WIDE = ("float32", "float16")
+_UINT = {"float32": np.uint32, "float16": np.uint16}
+_CANONICAL = {"float32": 0x7FC00000, "float16": 0x7E00}
+
+
+def _fp32_edges() -> np.ndarray:
+    """Every FP32 exponent with edge mantissas and both signs, NaN payloads, +-0, +-inf."""
+    mants = [0, 1, 0x7FFFFF, 0x400000, 0x3FFFFF, 0x00FFFF, 0x555555]
+    edge = [(s << 31) | (e << 23) | m for s in (0, 1) for e in range(256) for m in mants]
+    nans = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0x7FA5A5A5]
+    return np.array(edge + nans + [0, 0x80000000, 0x7F800000, 0xFF800000, 1, 0x80000001],
+                    np.uint32)
+
+
+def wide_input(dtype: str, kind: str, rank: int, n: int, seed: int = 0) -> np.ndarray:
+    """Rank ``rank``'s FP32 / FP16 input (a NumPy array of ``dtype``), from the arguments only.
+
+    "gaussian": N(0, (0.02 (rank + 1))^2); "edge": every FP16 pattern, or the FP32 edge
+    patterns, among Gaussian values (RAW frames and escapes next to coded values)."""
+    rng = np.random.default_rng(500 + 10 * seed + rank)
+    x = rng.normal(0.0, 0.02 * (rank + 1), n).astype(dtype)
+    if kind == "edge":
+        edges = np.arange(1 << 16).astype(np.uint16) if dtype == "float16" else _fp32_edges()
+        bits = x.view(_UINT[dtype])
+        k = min(n, edges.size)
+        bits[rng.permutation(n)[:k]] = np.roll(edges, 37 * rank + seed)[:k]
+    return x
+
+
+def wide_sum(shards: list[np.ndarray]) -> np.ndarray:
+    """The stated sum of FP32 / FP16 shards, written independently: each FP32 addition as a
+    double addition rounded to FP32 (exact for two FP32 operands), in rank order; FP16 then
+    rounded once; NaN -> the type's canonical quiet NaN."""
+    dtype = shards[0].dtype.name
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = shards[0].astype(np.float32)
+        for s in shards[1:]:
+            acc = (acc.astype(np.float64) + s.astype(np.float64)).astype(np.float32)
+        out = acc.astype(dtype).view(_UINT[dtype]).copy()
+    out[np.isnan(acc)] = _CANONICAL[dtype]
+    return out
+
+
+def _host(zc, a) -> np.ndarray:
+    return zc.xp.asnumpy(a) if zc.device else np.asarray(a)
+
+
+def _patterns(zc, a) -> np.ndarray:
+    h = _host(zc, a)
+    return h.view(_UINT[h.dtype.name])
+
+
+def check_wide_sum(zc, got: np.ndarray, want: np.ndarray, kind: str) -> None:
+    """Compressed, and every reduction zipccl does itself: the stated sum exactly. NCCL's own
+    sum (native): NaN where it has NaN; Gaussian data on two ranks, one addition, exactly."""
+    if zc.comm.last_decision.compress or zc.comm.transport_name != "nccl":
+        assert np.array_equal(got, want)
+        return
+    dtype = "float32" if got.dtype == np.uint32 else "float16"
+    assert np.array_equal(np.isnan(got.view(dtype)), np.isnan(want.view(dtype)))
+    if kind == "gaussian" and P == 2:
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+@pytest.mark.parametrize("kind", ["gaussian", "edge"])
+@pytest.mark.parametrize("n", [0, 4097, 70_000])
+def test_wide_all_gather(zc, dtype, kind, n):
+    out = zc.xp.full(P * n, 7, dtype=dtype)
+    zc.comm.all_gather(zc.xp.array(wide_input(dtype, kind, ME, n)), out)
+    want = np.concatenate([wide_input(dtype, kind, r, n) for r in range(P)])
+    assert np.array_equal(_patterns(zc, out), want.view(_UINT[dtype]))
+    if P > 1 and n and zc.comm.policy.mode == "always":
+        assert zc.comm.last_decision.compress
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+def test_wide_all_to_all_uneven_and_bit_patterns(zc, dtype):
+    m = count_matrix(21, zeros=True, high=12000)
+    inputs = [wide_input(dtype, "edge", r, int(m[r].sum()), seed=2) for r in range(P)]
+    out = zc.xp.zeros(int(m[:, ME].sum()), dtype=_UINT[dtype])  # integer bit patterns, dtype=
+    zc.comm.all_to_all(zc.xp.array(inputs[ME].view(_UINT[dtype])), out, send_counts=list(m[ME]),
+                       dtype=dtype)
+    want = a2a_expected([x.view(_UINT[dtype]) for x in inputs], m)
+    assert np.array_equal(_host(zc, out), want)
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+@pytest.mark.parametrize("kind", ["gaussian", "edge"])
+@pytest.mark.parametrize("m", [1, 4500, 40_000])
+def test_wide_reduce_scatter(zc, dtype, kind, m):
+    inputs = [wide_input(dtype, kind, r, P * m, seed=3) for r in range(P)]
+    out = zc.xp.zeros(m, dtype=dtype)
+    zc.comm.reduce_scatter(zc.xp.array(inputs[ME]), out)
+    check_wide_sum(zc, _patterns(zc, out), wide_sum([x[ME * m:(ME + 1) * m] for x in inputs]), kind)
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+@pytest.mark.parametrize("kind", ["gaussian", "edge"])
+def test_wide_all_reduce(zc, dtype, kind):
+    n = 9001
+    inputs = [wide_input(dtype, kind, r, n, seed=4) for r in range(P)]
+    buf = zc.xp.array(inputs[ME])
+    zc.comm.all_reduce(buf)
+    got = _patterns(zc, buf)
+    assert len({g.tobytes() for g in WORLD.allgather(got)}) == 1  # the same bits on every rank
+    check_wide_sum(zc, got, wide_sum(inputs), kind)
+
+
+def test_wide_reductions_other_than_sum_stay_native(zc):
+    x = zc.xp.array(wide_input("float32", "gaussian", ME, 5000))
+    zc.comm.all_reduce(x, op="max")
+    assert not zc.comm.last_decision.compress
+    want = np.max(np.stack([wide_input("float32", "gaussian", r, 5000) for r in range(P)]), axis=0)
+    assert np.array_equal(_host(zc, x), want)
 
 
 # -- other dtypes pass through the native collective ----------------------------------------

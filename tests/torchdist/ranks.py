@@ -158,7 +158,7 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
                                        "detail": str(always.stats)}
 
     # other dtypes and other ops pass through torch.distributed's own collective
-    f = torch.arange(12, dtype=torch.float32) * (rank + 1)
+    f = torch.arange(12, dtype=torch.int32) * (rank + 1)
     ref, out = f.clone(), f.clone()
     dist.all_reduce(ref)
     before = always.stats.compressed_calls
@@ -169,7 +169,7 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
     always.all_reduce(out_max, op=dist.ReduceOp.MAX)
     ok = np.array_equal(bits(out), bits(ref)) and np.array_equal(bits(out_max), bits(ref_max))
     after = always.stats.compressed_calls
-    res["passthrough_fp32_and_max"] = {"ok": bool(ok and after == before),
+    res["passthrough_int32_and_max"] = {"ok": bool(ok and after == before),
                                        "detail": f"compressed_calls {before} -> {after}"}
 
     # policy="never" is torch.distributed itself
@@ -308,8 +308,74 @@ def check_training(rank: int, p: int, res: dict) -> None:
                 "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
 
 
+def wide_input(dtype: str, kind: str, n: int, r: int) -> np.ndarray:
+    """FP32 / FP16 values of rank ``r``: Gaussian, or with every FP16 pattern / FP32 edge
+    patterns (every exponent, NaN payloads, subnormals, +-0, +-inf) among them."""
+    rng = np.random.default_rng(300 + r)
+    x = rng.normal(0.0, 0.02 * (r + 1), n).astype(dtype)
+    if kind == "corpus":
+        u = np.uint32 if dtype == "float32" else np.uint16
+        edges = (np.array([(s << 31) | (e << 23) | m for s in (0, 1) for e in range(256)
+                           for m in (0, 1, 0x400000, 0x7FFFFF)] + [0x7FA5A5A5, 0xFFC00001], u)
+                 if dtype == "float32" else np.arange(1 << 16).astype(np.uint16))
+        k = min(n, edges.size)
+        x.view(u)[rng.permutation(n)[:k]] = np.roll(edges, 37 * r)[:k]
+    return x
+
+
+def check_wide_collectives(rank: int, p: int, res: dict) -> None:
+    """FP32 and FP16 through zipccl.torch, compressed, against torch.distributed (gloo) bit for
+    bit; NaN results compared by position (zipccl writes the canonical quiet NaN)."""
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+
+    always = zt.Collectives("always")
+    chunked = zt.Collectives("always", chunk_bytes=16384)
+
+    def record(name: str, ours, theirs, canonical: int | None = None) -> None:
+        """Equal bits; with ``canonical`` (reductions) torch's NaNs count as that pattern."""
+        a, b = bits(ours), bits(theirs)
+        dt = np.float32 if a.dtype == np.uint32 else np.float16
+        nan = np.isnan(b.view(dt)) if canonical is not None else np.zeros(b.size, bool)
+        if canonical is not None:
+            b[nan] = canonical
+        res[name] = {"ok": bool(np.array_equal(a, b)),
+                     "detail": f"{first_diff(a, b)} ({int(nan.sum())} NaNs in torch's result)"}
+
+    for dtype, canonical in (("float32", 0x7FC00000), ("float16", 0x7E00)):
+        tdt = getattr(torch, dtype)
+        for kind, n in (("gauss", 20_011), ("corpus", 70_002)):
+            before = always.stats.compressed_calls
+            x = torch.from_numpy(wide_input(dtype, kind, n, rank))
+            ref = torch.empty(p * n, dtype=tdt)
+            dist.all_gather_into_tensor(ref, x)
+            out = torch.empty_like(ref)
+            always.all_gather_into_tensor(out, x)
+            record(f"wide_all_gather_{dtype}/{kind}", out, ref)  # moves bits: NaN payloads too
+            m = n // p
+            xs = x[:p * m].clone()
+            for opname, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+                for label, coll in (("", always), ("_chunked", chunked)):
+                    ref, out = torch.empty(m, dtype=tdt), torch.empty(m, dtype=tdt)
+                    dist.reduce_scatter_tensor(ref, xs.clone(), op=op)
+                    coll.reduce_scatter_tensor(out, xs, op)
+                    record(f"wide_reduce_scatter{label}_{opname}_{dtype}/{kind}", out, ref, canonical)
+                buf, ref = xs.clone(), xs.clone()
+                dist.all_reduce(ref, op=op)
+                always.all_reduce(buf, op)
+                record(f"wide_all_reduce_{opname}_{dtype}/{kind}", buf, ref, canonical)
+            ref, out = torch.empty_like(xs), torch.empty_like(xs)
+            dist.all_to_all_single(ref, xs)
+            always.all_to_all_single(out, xs)
+            record(f"wide_all_to_all_{dtype}/{kind}", out, ref)
+            calls = always.stats.compressed_calls - before
+            res[f"wide_compressed_{dtype}/{kind}"] = {"ok": calls == 6, "detail": f"{calls} compressed"}
+
+
 def check_fsdp_fp32_reduce(rank: int, p: int, res: dict) -> None:
-    """FP32 reduce buffers pass through natively; the BF16 all-gathers are still compressed."""
+    """FP32 reduce buffers are compressed too: every call, and the same bits as without zipccl."""
     import torch
 
     base_l, base_p, _ = train_fsdp(rank, "native", reduce_dtype=torch.float32)
@@ -317,7 +383,7 @@ def check_fsdp_fp32_reduce(rank: int, p: int, res: dict) -> None:
     st = hooks.stats
     res["fsdp_fp32_reduce"] = {
         "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
-                   and 0 < st.compressed_calls < st.calls),
+                   and 0 < st.compressed_calls == st.calls),
         "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
 
 
@@ -333,7 +399,7 @@ def main(rank: int, p: int, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=p)
-    for check in (check_collectives, check_training, check_fsdp_fp32_reduce):
+    for check in (check_collectives, check_wide_collectives, check_training, check_fsdp_fp32_reduce):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which

@@ -172,7 +172,7 @@ def _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes) -> dict
     for n in (max(fmt.BLOCK, top // 4), top):
         x = data(n)
         frame = eng.workspace("calibrate_frame", slot_size(n))
-        out = eng.bits_workspace("calibrate_out", n)
+        out = eng.values_workspace("calibrate_out", n)
         cb = eng.codebook(x, fresh=True)
         flen = eng.encode(x, frame, cb)
         if flen is None:  # device codec: the length is in the header

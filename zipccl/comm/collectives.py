@@ -24,14 +24,21 @@ option (``phases=1``) to measure what the static phase buys: encode, wait for
 every frame length, exchange the lengths, then move the whole frames in one
 transfer of exact sizes.
 
+**Element types.** The collectives move any type the codec codes (``format``'s
+BF16, FP32, FP16), as 1-D arrays of the engine's kind: BF16 as uint16 bit
+patterns, FP16 as float16, FP32 as float32 (``value_code`` tells which). Each
+frame names its type, and a frame of another type is a corrupted one.
+
 Reductions (reduce-scatter, all-reduce) are an exchange of shards followed by a
-local reduction defined by ``reduce_sum_bf16``: FP32 accumulation in rank order
-``((x_0 + x_1) + x_2) + ... + x_{p-1}``, one round-to-nearest-even to BF16
-(exactly ml_dtypes' float32 -> bfloat16), and every NaN result written as the
-canonical quiet NaN 0x7FC0 (FP32 hardware disagrees on NaN payloads, so they
-are not propagated). MPI has no BF16 sum, so the native host path for BF16
+local reduction, ``reduce_sum``: FP32 accumulation in rank order
+``((x_0 + x_1) + x_2) + ... + x_{p-1}``, each addition rounded to nearest even in
+FP32, then for BF16 and FP16 one round-to-nearest-even to the type (exactly
+ml_dtypes' float32 -> bfloat16, NumPy's float32 -> float16), and every NaN
+result written as the type's canonical quiet NaN (0x7FC0, 0x7FC00000, 0x7E00:
+FP32 hardware disagrees on NaN payloads, so they are not propagated). MPI has no
+BF16 sum and its own order for the others, so the native host path for these
 reductions is the same exchange uncompressed followed by the same reduction:
-compressed and native agree bit for bit there. NCCL's native BF16 reduction is
+compressed and native agree bit for bit there. NCCL's native reduction is
 NCCL's own (its order and rounding).
 
 The data lives in an *engine* (``engine.Engine``, which also states each
@@ -65,7 +72,9 @@ from .. import format as fmt
 from ..codebook import Codebook
 from .engine import Engine
 
-CANONICAL_NAN = 0x7FC0
+CANONICAL_NAN = 0x7FC0  # BF16's; FP32's and FP16's are CANONICAL_NAN_FP32 / _FP16
+CANONICAL_NAN_FP32 = 0x7FC00000
+CANONICAL_NAN_FP16 = 0x7E00
 REDUCE_CHUNK = 1 << 20  # elements per pass of the host reduction (bounds temporaries)
 
 
@@ -79,16 +88,35 @@ Agree = Callable[[str | None], None]  # raises CollectiveError on every rank if 
 Control = Callable[[Sequence[int]], np.ndarray]
 
 
-def slot_size(n: int) -> int:
-    """Bytes reserved for one frame of ``n`` elements on either side of an exchange (0: no frame).
+def value_code(a) -> int:
+    """The frame element type (``format.DTYPE_*``) of a collective's 1-D array (NumPy or
+    CuPy): uint16 BF16 bit patterns, float16 FP16, float32 FP32.
 
-    >>> slot_size(0), slot_size(1), slot_size(4096)
-    (0, 768, 8320)
+    >>> value_code(np.zeros(1, np.uint16)), value_code(np.zeros(1, np.float32))
+    (1, 2)
+    """
+    dt = np.dtype(a.dtype)
+    if dt == np.uint16:
+        return fmt.DTYPE_BF16
+    if dt == np.float32:
+        return fmt.DTYPE_FP32
+    if dt == np.float16:
+        return fmt.DTYPE_FP16
+    raise TypeError(f"zipccl collectives move uint16 (BF16 bits), float32 or float16 arrays; "
+                    f"got {dt}")
+
+
+def slot_size(n: int, code: int = fmt.DTYPE_BF16) -> int:
+    """Bytes reserved for one frame of ``n`` elements of type ``code`` (``format.DTYPE_*``) on
+    either side of an exchange (0: no frame).
+
+    >>> slot_size(0), slot_size(1), slot_size(4096), slot_size(4096, fmt.DTYPE_FP32)
+    (0, 768, 8320, 16512)
     """
     if n == 0:
         return 0
     # 128-aligned, so every slot packed after another starts where the GPU codec may write
-    return fmt.align(max(fmt.static_size(n), fmt.max_compressed_size(n)))
+    return fmt.align(max(fmt.static_size(n, code), fmt.max_compressed_size(n, code)))
 
 
 def split_counts(n: int, p: int) -> list[int]:
@@ -146,6 +174,58 @@ def reduce_sum_bf16(stack: np.ndarray, out: np.ndarray) -> None:
             out[s:e] = f32_to_bf16_bits(acc)
 
 
+def reduce_sum_fp32(stack: np.ndarray, out: np.ndarray) -> None:
+    """out = sum over rows of ``stack`` in FP32, row 0 first, each addition rounded; rows are
+    ranks. ``stack`` is (p, m) float32, ``out`` (m,) float32; NaN -> 0x7FC00000.
+
+    >>> out = np.empty(2, np.float32)
+    >>> reduce_sum_fp32(np.array([[1.0, np.inf], [2.0 ** -24, -np.inf]], np.float32), out)
+    >>> out.tolist(), hex(int(out.view(np.uint32)[1]))
+    ([1.0, nan], '0x7fc00000')
+    """
+    p, m = stack.shape
+    bits = out.view(np.uint32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, m, REDUCE_CHUNK):
+            e = min(m, s + REDUCE_CHUNK)
+            acc = stack[0, s:e].astype(np.float32)  # a copy: row 0 itself, so -0 stays -0
+            for r in range(1, p):
+                acc += stack[r, s:e]
+            out[s:e] = acc
+            bits[s:e][np.isnan(acc)] = CANONICAL_NAN_FP32
+
+
+def reduce_sum_fp16(stack: np.ndarray, out: np.ndarray) -> None:
+    """out = FP16(sum over rows of ``stack`` in FP32, row 0 first), one rounding; rows are
+    ranks. ``stack`` is (p, m) float16, ``out`` (m,) float16; NaN -> 0x7E00.
+
+    >>> out = np.empty(1, np.float16)
+    >>> reduce_sum_fp16(np.array([[2048.0], [1.0], [1.0]], np.float16), out)  # FP16 alone: 2048
+    >>> out.tolist()
+    [2050.0]
+    """
+    p, m = stack.shape
+    bits = out.view(np.uint16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, m, REDUCE_CHUNK):
+            e = min(m, s + REDUCE_CHUNK)
+            acc = stack[0, s:e].astype(np.float32)
+            for r in range(1, p):
+                acc += stack[r, s:e].astype(np.float32)
+            out[s:e] = acc.astype(np.float16)
+            bits[s:e][np.isnan(acc)] = CANONICAL_NAN_FP16
+
+
+_REDUCE_SUM = {fmt.DTYPE_BF16: reduce_sum_bf16, fmt.DTYPE_FP32: reduce_sum_fp32,
+               fmt.DTYPE_FP16: reduce_sum_fp16}
+
+
+def reduce_sum(stack: np.ndarray, out: np.ndarray) -> None:
+    """The stated sum (module docstring) of the rows of ``stack`` (p, m) into ``out`` (m,), for
+    the element type of ``out`` (``value_code``): ``reduce_sum_bf16`` / ``_fp32`` / ``_fp16``."""
+    _REDUCE_SUM[value_code(out)](stack, out)
+
+
 # --------------------------------------------------------------------------------------------
 # The building block
 # --------------------------------------------------------------------------------------------
@@ -177,6 +257,8 @@ def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     static phase needs no sizes). Returns this rank's byte counts.
     """
     p, me = tr.size, tr.rank
+    code = value_code(send)
+    isz = fmt.ITEMSIZE[code]
     stats = ExchangeStats()
     if control is not None:
         control(())
@@ -189,29 +271,29 @@ def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     s_off, s_stat, s_len, caps = [0] * p, [0] * p, [None] * p, [0] * p
     if shared:
         n = sends[me][1]
-        sbuf = eng.workspace("send", slot_size(n))
+        sbuf = eng.workspace("send", slot_size(n, code))
         flen = None
         if n and p > 1:
             o = sends[me][0]
             flen = eng.encode(send[o:o + n], sbuf, codebook)
-            s_stat = [fmt.static_size(n) if j != me else 0 for j in range(p)]
-        caps[me if p > 1 else 0] = slot_size(n)
+            s_stat = [fmt.static_size(n, code) if j != me else 0 for j in range(p)]
+        caps[me if p > 1 else 0] = slot_size(n, code)
         s_len = [flen if s_stat[j] else 0 for j in range(p)]
     else:
-        caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(sends)]
+        caps = [slot_size(c, code) if j != me else 0 for j, (_, c) in enumerate(sends)]
         s_off = offsets(caps)
         sbuf = eng.workspace("send", sum(caps))
         for j, (o, c) in enumerate(sends):
             if j != me and c:
                 s_len[j] = eng.encode(send[o:o + c], sbuf[s_off[j]:s_off[j] + caps[j]], codebook)
-                s_stat[j] = fmt.static_size(c)
+                s_stat[j] = fmt.static_size(c, code)
             else:
                 s_len[j] = 0
 
     # -- static phase: sizes known from the element counts alone ------------------------------
-    r_caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(recvs)]
+    r_caps = [slot_size(c, code) if j != me else 0 for j, (_, c) in enumerate(recvs)]
     r_off = offsets(r_caps)
-    r_stat = [fmt.static_size(c) if (j != me and c) else 0 for j, (_, c) in enumerate(recvs)]
+    r_stat = [fmt.static_size(c, code) if (j != me and c) else 0 for j, (_, c) in enumerate(recvs)]
     rbuf = eng.workspace("recv", sum(r_caps))
     tr.alltoallv(sbuf, s_stat, s_off, rbuf, r_stat, r_off, stream)
 
@@ -231,14 +313,15 @@ def compressed_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     for j in range(p):
         if j != me:
             stats.wire_bytes += s_stat[j] + s_esc[j]
-            stats.raw_bytes += 2 * sends[j][1]
+            stats.raw_bytes += isz * sends[j][1]
     r_len, r_esc, err = [0] * p, [0] * p, None
     for j, h in zip(peers, headers[len(own):], strict=True):
         c = recvs[j][1]
         if isinstance(h, str):
             err = err or f"frame from rank {j}: {h}"
-        elif h.n != c:
-            err = err or f"frame from rank {j}: corrupted: it holds {h.n} elements, {c} expected"
+        elif h.n != c or h.dtype != code:
+            err = err or (f"frame from rank {j}: corrupted: it holds {h.n} "
+                          f"{fmt.DTYPE_NAMES[h.dtype]} elements, {c} {fmt.DTYPE_NAMES[code]} expected")
         else:
             r_len[j] = h.frame_len
             r_esc[j] = max(0, h.frame_len - r_stat[j])
@@ -291,12 +374,13 @@ def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     (``shared``): they take the two-phase or the pipelined exchange.
     """
     p, me = tr.size, tr.rank
+    code = value_code(send)
     stats = ExchangeStats()
     if codebook is None:
         codebook = eng.codebook(send)
 
     # -- encode, then read this rank's frame lengths (the host wait of this exchange) ---------
-    caps = [slot_size(c) if j != me else 0 for j, (_, c) in enumerate(sends)]
+    caps = [slot_size(c, code) if j != me else 0 for j, (_, c) in enumerate(sends)]
     s_off = offsets(caps)
     sbuf = eng.workspace("send", sum(caps))
     s_len = [0] * p
@@ -326,9 +410,10 @@ def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     # received, so that the transfer stays matched on every rank, and reported after it
     err = None
     for j, (_, c) in enumerate(recvs):
-        if j != me and (r_len[j] > slot_size(c) or (r_len[j] == 0) != (c == 0)):
+        if j != me and (r_len[j] > slot_size(c, code) or (r_len[j] == 0) != (c == 0)):
             err = err or f"frame from rank {j}: {r_len[j]} bytes announced for {c} elements"
-    r_caps = [max(slot_size(c), fmt.align(r_len[j])) if j != me else 0 for j, (_, c) in enumerate(recvs)]
+    r_caps = [max(slot_size(c, code), fmt.align(r_len[j])) if j != me else 0
+              for j, (_, c) in enumerate(recvs)]
     r_off = offsets(r_caps)
 
     # -- one transfer of exact sizes, then decode and the copy to self -------------------------
@@ -337,7 +422,7 @@ def one_phase_exchange(eng: Engine, tr, agree: Agree, send: np.ndarray,
     for j in range(p):
         if j != me:
             stats.wire_bytes += s_len[j]
-            stats.raw_bytes += 2 * sends[j][1]
+            stats.raw_bytes += fmt.ITEMSIZE[code] * sends[j][1]
     agree(err or _decode_frames(eng, rbuf, r_off, r_len, recv, recvs, send, sends, me))
     return stats
 
@@ -395,6 +480,7 @@ def chunked_exchange(eng: Engine, tr, agree: Agree, send, sends: Sequence[tuple[
     (see the module docstring) carries round 0's lengths and flags.
     """
     p, me = tr.size, tr.rank
+    code = value_code(send)
     stats = ExchangeStats()
     if codebook is None:
         codebook = eng.codebook(send)
@@ -406,7 +492,8 @@ def chunked_exchange(eng: Engine, tr, agree: Agree, send, sends: Sequence[tuple[
 
     # -- buffers: fixed offsets from the element counts alone (planned once per signature) -----
     rounds, caps, s_cap, r_cap, s_off, r_off, s_base, r_base, s_total, r_total = _round_layout(
-        tuple(c for _, c in sends), tuple(c for _, c in recvs), chunk, max_count, gather, me, p)
+        tuple(c for _, c in sends), tuple(c for _, c in recvs), chunk, max_count, gather, me, p,
+        code)
     sbuf = eng.workspace("send", s_total)
     rbuf = eng.workspace("recv", r_total)
 
@@ -483,7 +570,7 @@ def chunked_exchange(eng: Engine, tr, agree: Agree, send, sends: Sequence[tuple[
             tr.alltoallv(sbuf, mine, [s_base[k] + x for x in s_off[k]], rbuf, r_len,
                          [r_base[k] + x for x in r_off[k]], tstream)
             stats.wire_bytes += sum(mine)
-        stats.raw_bytes += sum(2 * _piece(c, chunk, k)[1] for c in raw_to)
+        stats.raw_bytes += sum(fmt.ITEMSIZE[code] * _piece(c, chunk, k)[1] for c in raw_to)
         eng.received(k)
         if k + 1 < rounds:
             encode_round(k + 1)  # on the caller's stream while round k is on the wire
@@ -520,7 +607,7 @@ def _controlled(eng: Engine, control: Control, ints: Sequence[int]) -> np.ndarra
 
 @lru_cache(maxsize=256)
 def _round_layout(send_counts: tuple, recv_counts: tuple, chunk: int, max_count: int, gather: bool,
-                  me: int, p: int):
+                  me: int, p: int, code: int = fmt.DTYPE_BF16):
     """Where every round's frames go in the send and receive workspaces: a pure function of
     the element counts, computed once per signature.
 
@@ -534,13 +621,13 @@ def _round_layout(send_counts: tuple, recv_counts: tuple, chunk: int, max_count:
     """
     rounds = chunk_count(max_count, chunk)
     if gather:
-        caps = [slot_size(_piece(max_count, chunk, k)[1]) for k in range(rounds)]
+        caps = [slot_size(_piece(max_count, chunk, k)[1], code) for k in range(rounds)]
         s_base = offsets(caps)
         return (rounds, caps, None, None, None, None, s_base, [p * o for o in s_base], sum(caps),
                 p * sum(caps))
-    s_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+    s_cap = [[slot_size(_piece(c, chunk, k)[1], code) if j != me else 0
               for j, c in enumerate(send_counts)] for k in range(rounds)]
-    r_cap = [[slot_size(_piece(c, chunk, k)[1]) if j != me else 0
+    r_cap = [[slot_size(_piece(c, chunk, k)[1], code) if j != me else 0
               for j, c in enumerate(recv_counts)] for k in range(rounds)]
     s_base, r_base = offsets([sum(row) for row in s_cap]), offsets([sum(row) for row in r_cap])
     return (rounds, None, s_cap, r_cap, [offsets(row) for row in s_cap],
@@ -556,7 +643,7 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
 
 
 # --------------------------------------------------------------------------------------------
-# The collectives on BF16 bit arrays (1-D uint16, engine's kind)
+# The collectives on 1-D arrays of the engine's kind: BF16 bits (uint16), float32, float16
 # --------------------------------------------------------------------------------------------
 
 def _exchange(eng: Engine, tr, agree, send, sends, recv, recvs, *, chunk: int, max_count: int,
@@ -597,7 +684,7 @@ def check_phases(phases: int, chunk: int) -> None:
                          "the pipelined exchange already sends each round's lengths first")
 
 
-def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
+def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                     compress: bool, stream=None, chunk: int = 0,
                     control: Control | None = None) -> ExchangeStats:
     """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j.
@@ -607,6 +694,7 @@ def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[
     (see the module docstring).
     """
     me = tr.rank
+    isz = fmt.ITEMSIZE[value_code(send)]
     r_off = offsets(counts)
     if compress:
         sends = [(0, counts[me])] * tr.size
@@ -616,13 +704,13 @@ def all_gather_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[
     if len(set(counts)) == 1:
         tr.allgather(_bytes(send), _bytes(recv), stream)
     else:
-        raw_exchange(tr, _bytes(send), [(0, 2 * counts[me])] * tr.size, _bytes(recv),
-                     [(2 * o, 2 * c) for o, c in zip(r_off, counts, strict=True)], stream)
-    raw = 2 * counts[me] * (tr.size - 1)
+        raw_exchange(tr, _bytes(send), [(0, isz * counts[me])] * tr.size, _bytes(recv),
+                     [(isz * o, isz * c) for o, c in zip(r_off, counts, strict=True)], stream)
+    raw = isz * counts[me] * (tr.size - 1)
     return ExchangeStats(raw, raw)
 
 
-def all_to_all_bf16(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
+def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
                     max_count: int | None = None, control: Control | None = None,
                     phases: int = 2) -> ExchangeStats:
@@ -639,28 +727,30 @@ def all_to_all_bf16(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequ
     if compress:
         if max_count is None:
             if tr.size > 2 and chunk > 0:
-                raise ValueError("all_to_all_bf16 needs max_count to pipeline on more than 2 ranks")
+                raise ValueError("all_to_all_values needs max_count to pipeline on more than 2 ranks")
             max_count = max([c for j, c in enumerate(send_counts) if j != tr.rank]
                             + [c for j, c in enumerate(recv_counts) if j != tr.rank] + [0])
         return _exchange(eng, tr, agree, send, sends, recv, recvs, chunk=chunk,
                          max_count=max_count, stream=stream, control=control, phases=phases)
-    raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(recv),
-                 [(2 * o, 2 * c) for o, c in recvs], stream)
-    raw = 2 * (sum(send_counts) - send_counts[tr.rank])
+    isz = fmt.ITEMSIZE[value_code(send)]
+    raw_exchange(tr, _bytes(send), [(isz * o, isz * c) for o, c in sends], _bytes(recv),
+                 [(isz * o, isz * c) for o, c in recvs], stream)
+    raw = isz * (sum(send_counts) - send_counts[tr.rank])
     return ExchangeStats(raw, raw)
 
 
-def reduce_scatter_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
+def reduce_scatter_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                         compress: bool, stream=None, chunk: int = 0,
                         control: Control | None = None) -> ExchangeStats:
-    """recv = reduce_sum_bf16 over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
+    """recv = reduce_sum over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
 
     Both paths gather the p shards into a (p, counts[me]) staging array, then reduce;
     the pipelined path reduces each round's columns as soon as they are decoded.
     """
     p, me = tr.size, tr.rank
     m = counts[me]
-    stage = eng.bits_workspace("stage", p * m)
+    isz = fmt.ITEMSIZE[value_code(send)]
+    stage = eng.values_workspace("stage", p * m, send.dtype)
     sends = list(zip(offsets(counts), counts, strict=True))
     recvs = [(j * m, m) for j in range(p)]
     if compress:
@@ -670,24 +760,24 @@ def reduce_scatter_bf16(eng: Engine, tr, agree: Agree, send, recv, counts: Seque
         return _exchange(eng, tr, agree, send, sends, stage, recvs, chunk=chunk,
                          max_count=max(counts), stream=stream, on_chunk=reduce_cols,
                          control=control)
-    raw_exchange(tr, _bytes(send), [(2 * o, 2 * c) for o, c in sends], _bytes(stage),
-                 [(2 * o, 2 * c) for o, c in recvs], stream)
+    raw_exchange(tr, _bytes(send), [(isz * o, isz * c) for o, c in sends], _bytes(stage),
+                 [(isz * o, isz * c) for o, c in recvs], stream)
     eng.reduce_sum(stage.reshape(p, m), recv)
-    raw = 2 * (sum(counts) - m)
+    raw = isz * (sum(counts) - m)
     return ExchangeStats(raw, raw)
 
 
-def all_reduce_bf16(eng: Engine, tr, agree: Agree, buf, *, compress: bool, stream=None,
+def all_reduce_values(eng: Engine, tr, agree: Agree, buf, *, compress: bool, stream=None,
                     chunk: int = 0, control: Control | None = None) -> ExchangeStats:
     """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards.
 
     ``control`` rides on the reduce-scatter (the all-gather is then part of an agreed call).
     """
     counts = split_counts(buf.size, tr.size)
-    shard = eng.bits_workspace("shard", counts[tr.rank])
-    stats = reduce_scatter_bf16(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream,
+    shard = eng.values_workspace("shard", counts[tr.rank], buf.dtype)
+    stats = reduce_scatter_values(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream,
                                 chunk=chunk, control=control)
-    stats.add(all_gather_bf16(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream,
+    stats.add(all_gather_values(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream,
                               chunk=chunk))
     return stats
 

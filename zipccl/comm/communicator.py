@@ -1,11 +1,14 @@
-"""``zipccl.Communicator``: NCCL-like collectives that move BF16 tensors compressed, bit-exact.
+"""``zipccl.Communicator``: NCCL-like collectives that move BF16, FP32 and FP16 tensors
+compressed, bit-exact.
 
 It wraps an mpi4py communicator (duplicated, so zipccl's messages never meet
 the caller's) and exposes ``all_gather``, ``reduce_scatter``, ``all_to_all``
-(with per-peer counts) and ``all_reduce`` on NumPy (``ml_dtypes.bfloat16``, or
-uint16 with ``dtype="bfloat16"``), torch, CuPy and Numba device arrays. BF16
-calls go compressed or native as the policy decides; any other dtype goes
-through the native collective unchanged.
+(with per-peer counts) and ``all_reduce`` on NumPy (``ml_dtypes.bfloat16``,
+float32, float16, or integer bit patterns with ``dtype="bfloat16"`` /
+``"float32"`` / ``"float16"``), torch, CuPy and Numba device arrays. Calls on
+those three types go compressed or native as the policy decides (reductions:
+sums only); any other dtype or reduction goes through the native collective
+unchanged.
 
 Host arrays travel over MPI and are coded by the CPU codec. Device arrays
 travel over NCCL (``backend="nccl"``, or ``"auto"`` when CuPy's NCCL works on
@@ -83,12 +86,12 @@ from ..arrays import BF16
 from .collectives import (
     CollectiveError,
     ExchangeStats,
-    all_gather_bf16,
-    all_reduce_bf16,
-    all_to_all_bf16,
+    all_gather_values,
+    all_reduce_values,
+    all_to_all_values,
     check_phases,
     offsets,
-    reduce_scatter_bf16,
+    reduce_scatter_values,
 )
 from .host import HostEngine
 from .policy import OPS, Decision, Policy, Profile
@@ -99,18 +102,27 @@ VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
 MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
 MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
-_BF16_NAMES = ("bfloat16", "bf16")
+# dtype= values: the element type integer bit patterns hold
+_DTYPE_ARGS = ("bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
+_NATIVE_CODES = {"bfloat16": fmt.DTYPE_BF16, "float32": fmt.DTYPE_FP32, "float16": fmt.DTYPE_FP16}
+_INT_NAMES = {2: ("uint16", "int16"), 4: ("uint32", "int32")}
+_VIEW = {fmt.DTYPE_BF16: np.uint16, fmt.DTYPE_FP32: np.float32, fmt.DTYPE_FP16: np.float16}
 
 
 @dataclass
 class _Arr:
-    """One argument, normalised: a 1-D view of the caller's memory (BF16 as uint16 bits)."""
+    """One argument, normalised: a 1-D view of the caller's memory (BF16 as uint16 bits,
+    FP32 as float32, FP16 as float16)."""
 
     data: object  # numpy.ndarray or cupy.ndarray, 1-D, C-contiguous, shares the caller's memory
     device: bool
-    bf16: bool
-    dtype: str  # "bfloat16" or the NumPy dtype name
+    code: int | None  # format.DTYPE_* of a type zipccl codes; None: any other (native only)
+    dtype: str  # "bfloat16", "float32", "float16" or the NumPy dtype name
     torch: bool = False
+
+    @property
+    def bf16(self) -> bool:
+        return self.code == fmt.DTYPE_BF16
 
     @property
     def size(self) -> int:
@@ -206,32 +218,54 @@ def _overlap(a, b) -> bool:
     return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
 
 
+def _want(dtype) -> int | None:
+    """The element type ``dtype=`` asks 16- or 32-bit integers to be read as (None: none)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str) and dtype in _DTYPE_ARGS:
+        return fmt.dtype_code(dtype)
+    raise TypeError(f"dtype= names the element type of integer bit patterns: one of "
+                    f"{', '.join(map(repr, _DTYPE_ARGS))}; got {dtype!r}")
+
+
+def _typed(arr, name: str, want: int | None, role: str):
+    """(1-D view as the collectives take it, element code or None, dtype name) of a flat array
+    whose dtype is called ``name``: BF16 as uint16 bits, FP32 as float32, FP16 as float16."""
+    if want is None:
+        code = _NATIVE_CODES.get(name)
+        if code is None:
+            return arr, None, name
+    else:
+        code = want
+        if name != fmt.DTYPE_NAMES[want] and name not in _INT_NAMES[fmt.ITEMSIZE[want]]:
+            raise TypeError(f"{role}: dtype={fmt.DTYPE_NAMES[want]!r} needs a "
+                            f"{8 * fmt.ITEMSIZE[want]}-bit array, got {name}")
+    return arr.view(_VIEW[code]), code, fmt.DTYPE_NAMES[code]
+
+
 def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
     """Normalise one argument; raises TypeError / ValueError naming ``role`` and the problem."""
-    if dtype is not None and dtype not in _BF16_NAMES:
-        raise TypeError(f"dtype= may only be 'bfloat16' (to read 16-bit integers as BF16), "
-                        f"got {dtype!r}")
+    want = _want(dtype)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         if not x.is_contiguous():
             raise ValueError(f"{role} is a non-contiguous torch tensor; pass .contiguous()")
         t = x.detach()
-        bf16 = t.dtype == torch.bfloat16 or (dtype is not None and t.dtype in (torch.int16,
-                                                                               torch.uint16))
-        if dtype is not None and not bf16:
-            raise TypeError(f"{role}: dtype='bfloat16' needs a 16-bit tensor, got {t.dtype}")
-        if bf16:
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
             t = t.view(torch.int16)
+        elif want is not None and t.dtype == torch.uint16:
+            t = t.view(torch.int16)  # NumPy has uint16; torch.uint16 may not convert
         if t.is_cuda:
             import cupy
 
             arr = cupy.asarray(t).reshape(-1)
         else:
             arr = t.numpy().reshape(-1)
-        if bf16:
+        if name == "bfloat16":
             arr = arr.view(np.uint16)
-        name = "bfloat16" if bf16 else str(arr.dtype)
-        return _Arr(arr, bool(t.is_cuda), bf16, name, torch=True)
+        flat, code, name = _typed(arr, name, want, role)
+        return _Arr(flat, bool(t.is_cuda), code, name, torch=True)
     cupy_mod = sys.modules.get("cupy")
     if (cupy_mod is not None and type(x) is cupy_mod.ndarray) or hasattr(x, "__cuda_array_interface__"):
         try:
@@ -258,14 +292,11 @@ def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
         raise TypeError(f"{role} must be a NumPy, CuPy, Numba device or torch array, "
                         f"got {type(x).__name__}")
     name = np.dtype(arr.dtype).name if arr.dtype != BF16 else "bfloat16"
-    bf16 = name == "bfloat16" or (dtype is not None and name in ("uint16", "int16"))
-    if dtype is not None and not bf16:
-        raise TypeError(f"{role}: dtype='bfloat16' needs a 16-bit array, got {name}")
     flat = arr.reshape(-1)
-    if bf16:
+    if name == "bfloat16":
         flat = flat.view(np.uint16)
-        name = "bfloat16"
-    return _Arr(flat, device, bf16, name)
+    flat, code, name = _typed(flat, name, want, role)
+    return _Arr(flat, device, code, name)
 
 
 def _int_list(counts, p: int, what: str) -> list[int]:
@@ -504,7 +535,7 @@ class Communicator:
         if plan is None:
             sig = (op, *common, self._settings_text)
             d = self._decide(op, nbytes, a)
-            plan = _Plan(sig, _sig_hash(sig), d, bool(a.bf16 and d.compress))
+            plan = _Plan(sig, _sig_hash(sig), d, bool(a.code is not None and d.compress))
             if key is not None:
                 if len(self._plans) >= MAX_PLANS:
                     self._plans.clear()
@@ -595,7 +626,8 @@ class Communicator:
         if self._force is not None and arr.bf16 and self.size > 1:
             d = Decision(op, nbytes, self._force, "calibration")
         else:
-            d = self.policy.decide(op, nbytes, bf16=arr.bf16, device=arr.device, world=self.size)
+            d = self.policy.decide(op, nbytes, dtype=None if arr.code is None else arr.dtype,
+                                   device=arr.device, world=self.size)
         self.last_decision = d
         return d
 
@@ -648,6 +680,13 @@ class Communicator:
         if send.dtype != recv.dtype:
             raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
 
+    def _chunk_of(self, a: _Arr) -> int:
+        """Elements per pipeline round for ``a``'s type: ``chunk_bytes`` of it, whole escape
+        blocks (FP32 rounds hold half the elements of BF16 rounds); 0: the two-phase exchange."""
+        if not self._chunk or a.data.itemsize == 2:
+            return self._chunk
+        return max(fmt.BLOCK, 2 * self._chunk // a.data.itemsize // fmt.BLOCK * fmt.BLOCK)
+
     def _stream(self, arr: _Arr, stream):
         if not arr.device:
             return None
@@ -685,9 +724,9 @@ class Communicator:
         eng, tr = self._route(s.device, st)
         if plan.compress:
             sdata = self._detached(eng, s.data, r.data)
-            self.last_stats = all_gather_bf16(eng, tr, self._agree, sdata, r.data,
-                                              [s.size] * self.size, compress=True, stream=st,
-                                              chunk=self.chunk,
+            self.last_stats = all_gather_values(eng, tr, self._agree, sdata, r.data,
+                                                [s.size] * self.size, compress=True, stream=st,
+                                                chunk=self._chunk_of(s),
                                               control=self._controller("all_gather", plan))
             return
         if plan.stats is None:
@@ -704,10 +743,11 @@ class Communicator:
                        stream=None) -> None:
         """recv = reduction over ranks of each rank's block ``rank`` of ``send``.
 
-        ``send`` holds size x ``recv.size`` elements. BF16: ``op="sum"`` only, with
-        the reduction of ``zipccl.comm.collectives.reduce_sum_bf16`` (FP32, rank
-        order, one rounding) on the compressed path and on the native MPI path;
-        native NCCL uses NCCL's BF16 sum. Other dtypes: the native reduction.
+        ``send`` holds size x ``recv.size`` elements. BF16: ``op="sum"`` only. BF16,
+        FP32 and FP16 sums: the reduction of ``zipccl.comm.collectives.reduce_sum``
+        (FP32 in rank order, one rounding to the type) on the compressed path and on
+        the native MPI path; native NCCL uses NCCL's sum. Other dtypes and other FP32 /
+        FP16 ops: the native reduction.
         """
         key, st = self._key("reduce_scatter", send, recv, dtype, stream, op)
         plan = self._plans.get(key)
@@ -722,6 +762,8 @@ class Communicator:
                 raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
             if s.bf16 and op != "sum":
                 raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
+            if op != "sum":  # zipccl computes sums only: any other op is the native one
+                s.code = r.code = None
             if s.size != self.size * r.size:
                 raise ValueError(f"send holds {s.size} elements; reduce_scatter into {r.size} "
                                  f"per rank on {self.size} ranks needs {self.size * r.size}")
@@ -729,11 +771,11 @@ class Communicator:
 
         plan, (s, r), st = self._prepare("reduce_scatter", key, plan, check, st)
         eng, tr = self._route(s.device, st)
-        if s.bf16 and (plan.compress or tr.name != "nccl"):
+        if s.code is not None and (plan.compress or tr.name != "nccl"):
             sdata = self._detached(eng, s.data, r.data)
-            self.last_stats = reduce_scatter_bf16(
+            self.last_stats = reduce_scatter_values(
                 eng, tr, self._agree, sdata, r.data, [r.size] * self.size, compress=plan.compress,
-                stream=st, chunk=self.chunk,
+                stream=st, chunk=self._chunk_of(s),
                 control=self._controller("reduce_scatter", plan) if plan.compress else None)
             return
         if plan.stats is None:
@@ -773,8 +815,7 @@ class Communicator:
             if s.size % p or r.size != s.size:
                 raise ValueError(f"all_to_all without counts needs send and recv of equal size "
                                  f"divisible by {p}; got {s.size} and {r.size}")
-            itemsize = 2 if s.bf16 else s.data.itemsize
-            return (s.dtype, s.device, s.size), itemsize * s.size, (s, r)
+            return (s.dtype, s.device, s.size), s.nbytes, (s, r)
 
         plan, (s, r), st = self._prepare("all_to_all", key, plan, check, st)
         b = s.size // p
@@ -834,11 +875,11 @@ class Communicator:
         if problems:
             raise CollectiveError("zipccl all_to_all: " + "; ".join(problems))
         my_recv_counts = [matrix[j][self.rank] for j in range(p)]
-        itemsize = 2 if s.bf16 else s.data.itemsize
+        itemsize = s.data.itemsize
         mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
         d = self._decide("all_to_all", mean_bytes, s)
         st = self._stream(s, stream)
-        if s.bf16 and d.compress:
+        if s.code is not None and d.compress:
             largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
             plan = _Plan(sig, 0, d, True)
             self._run_all_to_all(s, r, matrix[self.rank], my_recv_counts, largest, plan, st, None)
@@ -855,9 +896,10 @@ class Communicator:
                         plan: _Plan, st, control) -> None:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
-        self.last_stats = all_to_all_bf16(eng, tr, self._agree, sdata, r.data, send_counts,
-                                          recv_counts, compress=True, stream=st, chunk=self.chunk,
-                                          max_count=largest, control=control, phases=self.phases)
+        self.last_stats = all_to_all_values(eng, tr, self._agree, sdata, r.data, send_counts,
+                                            recv_counts, compress=True, stream=st,
+                                            chunk=self._chunk_of(s), max_count=largest,
+                                            control=control, phases=self.phases)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
@@ -877,13 +919,16 @@ class Communicator:
                 raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
             if b.bf16 and op != "sum":
                 raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
+            if op != "sum":
+                b.code = None
             return (b.dtype, b.device, b.size, op), b.nbytes, b
 
         plan, b, st = self._prepare("all_reduce", key, plan, check, st)
         eng, tr = self._route(b.device, st)
-        if b.bf16 and (plan.compress or tr.name != "nccl"):
-            self.last_stats = all_reduce_bf16(
-                eng, tr, self._agree, b.data, compress=plan.compress, stream=st, chunk=self.chunk,
+        if b.code is not None and (plan.compress or tr.name != "nccl"):
+            self.last_stats = all_reduce_values(
+                eng, tr, self._agree, b.data, compress=plan.compress, stream=st,
+                chunk=self._chunk_of(b),
                 control=self._controller("all_reduce", plan) if plan.compress else None)
             return
         if plan.stats is None:

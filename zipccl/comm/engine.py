@@ -70,8 +70,9 @@ class Engine(Protocol):
         """
         ...
 
-    def bits_workspace(self, role: str, n: int) -> Array:
-        """``workspace(role, 2 * n)`` seen as ``n`` uint16 BF16 bit patterns."""
+    def values_workspace(self, role: str, n: int, dtype=np.uint16) -> Array:
+        """``workspace(role, itemsize * n)`` seen as ``n`` values of ``dtype`` (the collectives'
+        element types: uint16 BF16 bit patterns, float32, float16)."""
         ...
 
     def codebook(self, bits: Array, fresh: bool = False) -> Codebook:
@@ -100,7 +101,8 @@ class Engine(Protocol):
         ...
 
     def decode(self, frame: Array, out: Array, slot: int = 0) -> None:
-        """Decode one frame into ``out`` (uint16, exactly the frame's element count).
+        """Decode one frame into ``out`` (of the frame's element type and count; a frame of
+        another type is a corrupted one).
 
         The host raises ValueError on a bad frame at once; the device enqueues the
         decode on the caller's stream and reports errors through ``decode_errors``,
@@ -122,7 +124,7 @@ class Engine(Protocol):
         ...
 
     def reduce_sum(self, stack: Array, out: Array) -> None:
-        """``out`` = ``collectives.reduce_sum_bf16`` of the rows of ``stack`` (p, m), bit for bit.
+        """``out`` = ``collectives.reduce_sum`` of the rows of ``stack`` (p, m), bit for bit.
 
         On the caller's stream.
         """

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import Codebook
-from .collectives import reduce_sum_bf16
+from .collectives import reduce_sum, value_code
 
 
 class HostEngine:
@@ -36,11 +36,14 @@ class HostEngine:
             self._work[role] = buf
         return buf[:nbytes]
 
-    def bits_workspace(self, role: str, n: int) -> np.ndarray:
-        return self.workspace(role, 2 * n).view(np.uint16)
+    def values_workspace(self, role: str, n: int, dtype=np.uint16) -> np.ndarray:
+        """``workspace(role, ...)`` seen as ``n`` values of ``dtype`` (uint16 BF16 bits by default)."""
+        dt = np.dtype(dtype)
+        return self.workspace(role, dt.itemsize * n).view(dt)
 
-    def codebook(self, bits: np.ndarray, fresh: bool = False) -> Codebook:
-        return Codebook.from_sample(bits)
+    def codebook(self, values: np.ndarray, fresh: bool = False) -> Codebook:
+        code = value_code(values)
+        return Codebook.from_sample(_patterns(values), dtype=fmt.DTYPE_NAMES[code])
 
     def elapsed(self, call, repeat: int) -> float:
         """Seconds per call of ``call`` (after one untimed call), ``repeat`` calls in a row."""
@@ -52,9 +55,10 @@ class HostEngine:
             call()
         return (time.perf_counter() - t0) / repeat
 
-    def encode(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook) -> int:
-        """Encode ``bits`` into the start of ``out``; returns the frame length."""
-        frame = self.codec.encode(bits, codebook, (bits.size,), self.checksum)
+    def encode(self, values: np.ndarray, out: np.ndarray, codebook: Codebook) -> int:
+        """Encode ``values`` into the start of ``out``; returns the frame length."""
+        frame = self.codec.encode(_patterns(values), codebook, (values.size,), self.checksum,
+                                  dtype=value_code(values))
         out[:frame.size] = frame
         return int(frame.size)
 
@@ -69,11 +73,15 @@ class HostEngine:
         return out
 
     def decode(self, frame: np.ndarray, out: np.ndarray, slot: int = 0) -> None:
-        """Decode one frame into ``out`` (uint16, exactly the frame's element count)."""
+        """Decode one frame into ``out`` (its element type, exactly its element count)."""
         bits, header = self.codec.decode(frame)
+        code = value_code(out)
+        if header.dtype != code:
+            raise ValueError(f"corrupted zipccl frame: it holds {fmt.DTYPE_NAMES[header.dtype]} "
+                             f"values, {fmt.DTYPE_NAMES[code]} expected")
         if bits.size != out.size:
             raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
-        out[:] = bits.reshape(-1)
+        _patterns(out)[:] = bits.reshape(-1)
 
     def decode_errors(self) -> str | None:
         """Errors of decodes that report late (device); host decodes raise at once."""
@@ -83,12 +91,12 @@ class HostEngine:
         dst[...] = src
 
     def reduce_sum(self, stack: np.ndarray, out: np.ndarray) -> None:
-        reduce_sum_bf16(stack, out)
+        reduce_sum(stack, out)
 
     def reduce_cols(self, stage: np.ndarray, p: int, m: int, lo: int, hi: int,
                     out: np.ndarray) -> None:
         """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m)."""
-        reduce_sum_bf16(stage.reshape(p, m)[:, lo:hi], out[lo:hi])
+        reduce_sum(stage.reshape(p, m)[:, lo:hi], out[lo:hi])
 
     def set_stream(self, stream) -> None:
         pass
@@ -130,3 +138,13 @@ class HostEngine:
     def pipeline_end(self) -> str | None:
         """Wait for the exchange; the first decode error that reports late (device), if any."""
         return None
+
+
+def _patterns(values: np.ndarray) -> np.ndarray:
+    """The bit patterns of a collective's array, as the codec reads them (float32 -> uint32,
+    float16 -> uint16; BF16 arrives as uint16 already)."""
+    if values.dtype == np.float32:
+        return values.view(np.uint32)
+    if values.dtype == np.float16:
+        return values.view(np.uint16)
+    return values

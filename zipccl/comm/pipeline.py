@@ -18,14 +18,18 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
+from .collectives import value_code
+from .host import _patterns
 
 _FRAME_LEN_AT = fmt.FRAME_LEN_AT  # int64 LE in the header
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
 
-# One FP32 accumulation per element in rank order, one rounding: the definition of
-# collectives.reduce_sum_bf16, on the device. __fadd_rn keeps the compiler from fusing.
-_REDUCE_SRC = r"""
+# One FP32 accumulation per element in rank order, one rounding to the type: the definition of
+# collectives.reduce_sum_bf16 / _fp32 / _fp16, on the device. __fadd_rn keeps the compiler
+# from fusing. Keyed by element type: (parameters, results, body, kernel name).
+_REDUCE = {
+    fmt.DTYPE_BF16: ("raw uint16 stack, int64 p, int64 m", "uint16 out", r"""
 float acc = __uint_as_float(((unsigned int)stack[i]) << 16);
 for (long long r = 1; r < p; ++r) {
     acc = __fadd_rn(acc, __uint_as_float(((unsigned int)stack[r * m + i]) << 16));
@@ -33,7 +37,23 @@ for (long long r = 1; r < p; ++r) {
 unsigned int u = __float_as_uint(acc);
 out = isnan(acc) ? (unsigned short)0x7FC0
                  : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-"""
+""", "zipccl_reduce_sum_bf16"),
+    fmt.DTYPE_FP32: ("raw float32 stack, int64 p, int64 m", "float32 out", r"""
+float acc = stack[i];
+for (long long r = 1; r < p; ++r) {
+    acc = __fadd_rn(acc, stack[r * m + i]);
+}
+out = isnan(acc) ? __uint_as_float(0x7FC00000u) : acc;
+""", "zipccl_reduce_sum_fp32"),
+    # FP16 as uint16 bit patterns (the views below), converted with cuda_fp16's intrinsics
+    fmt.DTYPE_FP16: ("raw uint16 stack, int64 p, int64 m", "uint16 out", r"""
+float acc = __half2float(__ushort_as_half(stack[i]));
+for (long long r = 1; r < p; ++r) {
+    acc = __fadd_rn(acc, __half2float(__ushort_as_half(stack[r * m + i])));
+}
+out = isnan(acc) ? (unsigned short)0x7E00 : __half_as_ushort(__float2half_rn(acc));
+""", "zipccl_reduce_sum_fp16"),
+}
 
 
 class DeviceEngine:
@@ -55,9 +75,7 @@ class DeviceEngine:
         self._pinned = None
         self._codebooks: dict[tuple[int, int], list] = {}
         self._stream = cupy.cuda.get_current_stream()
-        self._reduce = cupy.ElementwiseKernel(
-            "raw uint16 stack, int64 p, int64 m", "uint16 out", _REDUCE_SRC,
-            "zipccl_reduce_sum_bf16")
+        self._reducers: dict[int, object] = {}
         self._encode_ws = None
         self._decode_ws: dict[int, object] = {}
         self._used_ws: list[tuple[int, object]] = []
@@ -101,8 +119,20 @@ class DeviceEngine:
             self._work[role] = buf
         return buf[:nbytes]
 
-    def bits_workspace(self, role: str, n: int):
-        return self.workspace(role, 2 * n).view(self.cp.uint16)
+    def values_workspace(self, role: str, n: int, dtype=np.uint16):
+        dt = np.dtype(dtype)
+        return self.workspace(role, dt.itemsize * n).view(dt)
+
+    def _reduce(self, stack, p: int, m: int, out) -> None:
+        """The stated sum's kernel for ``out``'s element type (compiled on first use)."""
+        code = value_code(out)
+        kernel = self._reducers.get(code)
+        if kernel is None:
+            params, results, body, name = _REDUCE[code]
+            kernel = self._reducers[code] = self.cp.ElementwiseKernel(params, results, body, name)
+        if code == fmt.DTYPE_FP16:
+            stack, out = stack.view(self.cp.uint16), out.view(self.cp.uint16)
+        kernel(stack, np.int64(p), np.int64(m), out)
 
     def elapsed(self, call, repeat: int) -> float:
         """Seconds per call of the device work ``call`` enqueues on this engine's stream
@@ -116,7 +146,7 @@ class DeviceEngine:
         end.synchronize()
         return self.cp.cuda.get_elapsed_time(start, end) / 1e3 / repeat
 
-    def codebook(self, bits, fresh: bool = False) -> Codebook:
+    def codebook(self, values, fresh: bool = False) -> Codebook:
         """``Codebook.from_sample`` of a strided sample copied to the host (a few KiB).
 
         Reading the sample is a synchronisation, so the codebook of a buffer (same
@@ -124,16 +154,17 @@ class DeviceEngine:
         reuses its communication buffers; a stale codebook costs ratio, never bits.
         ``fresh=True`` samples anew (a buffer may reuse a freed one's address).
         """
-        key = (int(bits.data.ptr), int(bits.size))
+        code = value_code(values)
+        key = (int(values.data.ptr), int(values.size), code)
         hit = None if fresh else self._codebooks.get(key)
         if hit is not None and hit[1] < CODEBOOK_REFRESH:
             hit[1] += 1
             return hit[0]
-        n = int(bits.size)
+        n = int(values.size)
         stride = max(1, n // SAMPLE_SIZE)
-        with self._stream:  # the strided gather runs after the caller's writes to bits
-            sample = self.cp.asnumpy(bits[::stride][:SAMPLE_SIZE], stream=self._stream)
-        cb = Codebook.from_sample(sample)
+        with self._stream:  # the strided gather runs after the caller's writes to values
+            sample = self.cp.asnumpy(values[::stride][:SAMPLE_SIZE], stream=self._stream)
+        cb = Codebook.from_sample(_patterns(sample), dtype=fmt.DTYPE_NAMES[code])
         if len(self._codebooks) >= 64:
             self._codebooks.pop(next(iter(self._codebooks)))
         self._codebooks[key] = [cb, 1]
@@ -143,7 +174,7 @@ class DeviceEngine:
         """``a`` itself if 16-byte aligned (the GPU codec's vector loads), else a bounce buffer."""
         if a.data.ptr % _ALIGN == 0:
             return a, False
-        return self.bits_workspace(role, a.size), True
+        return self.values_workspace(role, a.size, a.dtype), True
 
     def _decode_workspace(self, slot: int, n: int):
         """One codec workspace per decode slot, so each frame's error bits survive the others."""
@@ -160,7 +191,7 @@ class DeviceEngine:
         if self._encode_ws is None or not self._encode_ws.fits(bits.size):
             self._encode_ws = self.gpu.Workspace(max(int(bits.size), 1 << 20))
         self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
-                             workspace=self._encode_ws)
+                             workspace=self._encode_ws, **_typed(bits))
 
     def read_headers(self, items) -> list:
         """Headers at each (buffer, offset, capacity): all copied to pinned memory, one sync.
@@ -197,7 +228,7 @@ class DeviceEngine:
         """Decode one frame into ``out``; device errors are read by ``decode_errors``."""
         dst, bounced = self._aligned(out, "bounce_out")
         ws = self._decode_workspace(slot, out.size)
-        self.gpu.decode_into(frame, dst, self._stream, workspace=ws)
+        self.gpu.decode_into(frame, dst, self._stream, workspace=ws, **_typed(out))
         self._used_ws.append((slot, ws))
         if bounced:
             self.copy(out, dst)
@@ -223,7 +254,7 @@ class DeviceEngine:
         if m == 0:
             return
         with self._stream:
-            self._reduce(stack.reshape(-1), np.int64(p), np.int64(m), out)
+            self._reduce(stack.reshape(-1), p, m, out)
 
     def reduce_cols(self, stage, p: int, m: int, lo: int, hi: int, out) -> None:
         """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m).
@@ -237,7 +268,7 @@ class DeviceEngine:
             self._dec_after_caller()  # no round was received yet (one rank): stage is the caller's
         with (self._dec if self._in_pipeline else self._stream):
             # row r of the columns starts at stage[lo + r * m]: the kernel strides rows by m
-            self._reduce(stage[lo:], np.int64(p), np.int64(m), out[lo:hi])
+            self._reduce(stage[lo:], p, m, out[lo:hi])
 
     # -- hooks of collectives.chunked_exchange ------------------------------------------------
     # Round k: encode on the caller's stream, then event enc[k]; the host waits for enc[k]
@@ -304,7 +335,7 @@ class DeviceEngine:
                 # decodes of this call are still queued on it: keep it, and its error bits
                 self._dec_retired.append(self._dec_ws)
             self._dec_ws = self.gpu.Workspace(max(int(out.size), 1 << 20))
-        self.gpu.decode_into(frame, dst, self._dec, workspace=self._dec_ws)
+        self.gpu.decode_into(frame, dst, self._dec, workspace=self._dec_ws, **_typed(out))
         self._dec_used = True
         if bounced:
             with self._dec:
@@ -335,3 +366,9 @@ class DeviceEngine:
 
     def sync(self) -> None:
         self._stream.synchronize()
+
+
+def _typed(values) -> dict:
+    """The codec's ``dtype=`` for a collective's array: BF16 (uint16) and FP32 (float32) by
+    their dtype alone; nothing else is passed, so BF16 calls keep the codec's fast path."""
+    return {"dtype": "float16"} if values.dtype == np.float16 else {}

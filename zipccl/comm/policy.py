@@ -55,6 +55,7 @@ from .. import costmodel as cm
 from ..costmodel import OPS, Prediction
 
 MODES = ("auto", "always", "never")
+_CODED = ("bfloat16", "float32", "float16", None)  # decide's dtype: a type zipccl codes, or None
 PROFILE_VERSION = 2
 
 log = logging.getLogger("zipccl.policy")
@@ -201,10 +202,17 @@ class Policy:
     """Native or compressed per operation and message size.
 
     >>> p = Policy("auto", min_bytes=1 << 20)
-    >>> p.decide("all_gather", 4 << 20, bf16=True, device=True, world=2).compress
+    >>> p.decide("all_gather", 4 << 20, dtype="bfloat16", device=True, world=2).compress
     True
-    >>> p.decide("all_gather", 4 << 20, bf16=True, device=False, world=2).reason
+    >>> p.decide("all_gather", 4 << 20, dtype="float32", device=False, world=2).reason
     'host arrays: the CPU codec is slower than a host MPI link (compress_host=False)'
+    >>> p.decide("all_gather", 4 << 20, dtype=None, device=True, world=2).reason
+    'not a type zipccl codes (BF16, FP32, FP16): passed through the native collective'
+
+    ``dtype``: "bfloat16", "float32", "float16", or None for any type zipccl does not code
+    (and for reductions zipccl does not compute: only sums are coded). A measured profile
+    holds BF16 components only: with one, FP32 and FP16 calls stay native (the model has no
+    measurement of their codec), and "always" or a profile-free "auto" compresses them.
     """
 
     mode: str = "auto"
@@ -224,31 +232,34 @@ class Policy:
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
-    def decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
-        """Compressed or native for one call of ``op`` moving ``nbytes`` per rank.
+    def decide(self, op: str, nbytes: int, *, dtype: str | None, device: bool, world: int) -> Decision:
+        """Compressed or native for one call of ``op`` moving ``nbytes`` per rank of ``dtype``.
 
         Made once per (op, size, dtype, place, ranks) and logged then; later calls with the
         same arguments are one dict lookup.
         """
-        key = (op, nbytes, bf16, device, world)
+        key = (op, nbytes, dtype, device, world)
         d = self._memo.get(key)
         if d is None:
-            d = self._decide(op, int(nbytes), bf16=bool(bf16), device=bool(device), world=int(world))
+            if dtype not in _CODED:
+                raise ValueError(f"dtype must be one of {_CODED}, got {dtype!r}")
+            d = self._decide(op, int(nbytes), dtype=dtype, device=bool(device), world=int(world))
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[key] = d
             log.debug("%s", d)
         return d
 
-    def _decide(self, op: str, nbytes: int, *, bf16: bool, device: bool, world: int) -> Decision:
+    def _decide(self, op: str, nbytes: int, *, dtype: str | None, device: bool, world: int) -> Decision:
         if op not in OPS:
             raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
         pred = None
-        if self.profile is not None and bf16 and world == self.profile.world:
+        if self.profile is not None and dtype == "bfloat16" and world == self.profile.world:
             pred = self.profile.predict(op, nbytes)
         times = {"native_s": pred.native_s, "compressed_s": pred.compressed_s} if pred else {}
-        if not bf16:
-            d = Decision(op, nbytes, False, "not BF16: passed through the native collective")
+        if dtype is None:
+            d = Decision(op, nbytes, False, "not a type zipccl codes (BF16, FP32, FP16): passed "
+                                            "through the native collective")
         elif world == 1:
             d = Decision(op, nbytes, False, "one rank: nothing crosses a link")
         elif self.mode == "never":
@@ -257,6 +268,9 @@ class Policy:
             d = Decision(op, nbytes, True, 'policy="always"', **times)
         elif pred is not None:
             d = self._from_profile(op, nbytes, pred)
+        elif self.profile is not None and dtype != "bfloat16" and world == self.profile.world:
+            d = Decision(op, nbytes, False, f"the calibrated profile measured BF16 only: {dtype} "
+                                            f"stays native")
         elif not device and not self.compress_host:
             d = Decision(op, nbytes, False, "host arrays: the CPU codec is slower than a host MPI "
                                             "link (compress_host=False)")
@@ -288,4 +302,4 @@ class Policy:
         >>> Policy("auto", min_bytes=1 << 20).explain("all_gather", 4096)
         'all_gather 4,096 B/rank -> native (below the 1,048,576-byte threshold)'
         """
-        return str(self.decide(op, nbytes, bf16=True, device=device, world=world))
+        return str(self.decide(op, nbytes, dtype="bfloat16", device=device, world=world))

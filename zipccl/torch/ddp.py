@@ -1,4 +1,4 @@
-"""A DDP communication hook: the all-reduce of each BF16 gradient bucket, compressed.
+"""A DDP communication hook: the all-reduce of each BF16, FP32 or FP16 gradient bucket, compressed.
 
 ::
 
@@ -11,7 +11,7 @@ It does what DDP's own all-reduce does -- divide the bucket by the group size,
 then sum over ranks -- with the sum computed by zipccl (see
 ``zipccl.torch.functional``). On 2 ranks the result is bit-identical to DDP
 without a hook for finite gradients whose halves stay normal numbers. Buckets
-of other dtypes, and BF16 buckets the policy keeps native, go through
+of other dtypes, and buckets the policy keeps native, go through
 torch.distributed's all-reduce exactly as ``default_hooks.allreduce_hook`` does.
 """
 
@@ -42,7 +42,7 @@ class DDPCommState:  # annotations evaluated (no __future__ import): DDP checks 
 
 
 def ddp_comm_hook(state: DDPCommState | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: bucket / world size, then a (compressed for BF16) SUM all-reduce.
+    """DDP comm hook: bucket / world size, then a (compressed for BF16 / FP32 / FP16) SUM all-reduce.
 
     ``state`` may be None (default group, ``policy="auto"``, no counters kept).
     """

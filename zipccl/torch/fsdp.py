@@ -12,9 +12,9 @@ installs them on every FSDP module of a model -- one line in a training script::
     print(hooks.stats)   # calls, compressed_calls, raw_bytes, wire_bytes
 
 FSDP2 calls the reduce-scatter with ``ReduceOp.AVG`` for BF16 and FP32 reduce
-buffers (``MixedPrecisionPolicy(reduce_dtype=...)``). BF16 buffers are reduced by
-zipccl (see ``zipccl.torch.functional`` for the exact result); FP32 buffers, and
-``PREMUL_SUM`` (a custom gradient divide factor), pass through to
+buffers (``MixedPrecisionPolicy(reduce_dtype=...)``). BF16, FP32 and FP16 buffers
+are reduced by zipccl (see ``zipccl.torch.functional`` for the exact result);
+``PREMUL_SUM`` (a custom gradient divide factor) passes through to
 torch.distributed's own reduce-scatter.
 """
 
@@ -42,7 +42,7 @@ class _Alloc:
 
 
 class ZipAllGather(_Alloc, _AllGatherBase):
-    """FSDP2's ``AllGather`` comm, compressed for BF16 parameters.
+    """FSDP2's ``AllGather`` comm, compressed for BF16, FP32 and FP16 parameters.
 
     ``collectives``: a shared ``zipccl.torch.Collectives`` (its ``stats`` count the calls).
     """
@@ -56,7 +56,7 @@ class ZipAllGather(_Alloc, _AllGatherBase):
 
 
 class ZipReduceScatter(_Alloc, _ReduceScatterBase):
-    """FSDP2's ``ReduceScatter`` comm, compressed for BF16 gradients (SUM and AVG)."""
+    """FSDP2's ``ReduceScatter`` comm, compressed for BF16, FP32 and FP16 gradients (SUM and AVG)."""
 
     def __init__(self, policy: str | Policy = "auto", *, collectives: Collectives | None = None):
         self.collectives = collectives if collectives is not None else Collectives(policy)

@@ -1,29 +1,31 @@
-"""torch.distributed-shaped collectives that move BF16 tensors compressed, bit-exact.
+"""torch.distributed-shaped collectives that move BF16, FP32 and FP16 tensors compressed, bit-exact.
 
 ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single`` and
 ``all_reduce`` take torch.distributed's arguments in torch.distributed's order
 and return what it returns (``None``, or a ``Work`` with ``async_op=True``).
-BF16 tensors go compressed or native as the policy decides; any other dtype,
-and any reduction other than SUM / AVG, goes to torch.distributed's own
-function unchanged. Adopting them is one import::
+BF16, FP32 and FP16 tensors go compressed or native as the policy decides; any
+other dtype, and any reduction other than SUM / AVG, goes to torch.distributed's
+own function unchanged. Adopting them is one import::
 
     from zipccl.torch import all_gather_into_tensor   # instead of torch.distributed's
 
 What the results are, bit for bit:
 
 - all-gather and all-to-all: exactly torch.distributed's (they move bits);
-- SUM reductions: ``zipccl.comm.collectives.reduce_sum_bf16`` of the ranks'
-  inputs -- FP32 accumulation in rank order, one round-to-nearest-even to BF16,
-  NaN -> 0x7FC0. On 2 ranks that is the correctly rounded sum, which is what
-  gloo (c10::BFloat16 arithmetic) and NCCL compute too; on more ranks NCCL and
-  gloo round after every ring step, in an order that depends on the chunk, so
-  results can differ in the last bit (zipccl's is the more accurate);
-- AVG: that sum, then divided by the group size in FP32 and rounded to BF16
-  once more (nearest even, NaN -> 0x7FC0) -- what gloo computes. Exact for a
+- SUM reductions: ``zipccl.comm.collectives.reduce_sum`` of the ranks'
+  inputs -- FP32 accumulation in rank order, then (BF16, FP16) one
+  round-to-nearest-even to the type, NaN -> the type's canonical quiet NaN
+  (0x7FC0, 0x7FC00000, 0x7E00). On 2 ranks that is the correctly rounded sum,
+  which is what gloo (c10::BFloat16 arithmetic) and NCCL compute too; on more
+  ranks NCCL and gloo round after every ring step, in an order that depends on
+  the chunk, so results can differ in the last bit (for BF16 and FP16 zipccl's
+  is the more accurate);
+- AVG: that sum, then divided by the group size in FP32 and rounded to the type
+  once more (nearest even, NaN -> canonical) -- what gloo computes. Exact for a
   power-of-two group unless the average is subnormal. NCCL's AVG
-  pre-multiplies each input by BF16(1/p) and sums; on 2 ranks both give the
-  correctly rounded (a + b) / 2 except where a/2 or b/2 underflows (inputs
-  below 2^-125) or a + b overflows.
+  pre-multiplies each input by 1/p in the type and sums; on 2 ranks both give the
+  correctly rounded (a + b) / 2 except where a/2 or b/2 underflows or a + b
+  overflows.
 
 The compressed path runs synchronously on the host for CPU tensors, and in
 order on torch's current stream for CUDA tensors (CuPy and the GPU codec). With
@@ -42,12 +44,14 @@ import torch.distributed as dist
 
 from ..comm.collectives import (
     CANONICAL_NAN,
+    CANONICAL_NAN_FP16,
+    CANONICAL_NAN_FP32,
     ExchangeStats,
-    all_gather_bf16,
-    all_reduce_bf16,
-    all_to_all_bf16,
+    all_gather_values,
+    all_reduce_values,
+    all_to_all_values,
     check_phases,
-    reduce_scatter_bf16,
+    reduce_scatter_values,
 )
 from ..comm.host import HostEngine
 from ..comm.policy import Policy
@@ -122,18 +126,32 @@ def _op_name(op) -> str | None:
     return None
 
 
-def _divide_bf16(t: torch.Tensor, p: int) -> None:
-    """In place: t = BF16(FP32(t) / p), round to nearest even, NaN -> 0x7FC0 (as the stated sum).
+def _divide(t: torch.Tensor, p: int) -> None:
+    """In place: t = type(FP32(t) / p), round to nearest even, NaN -> the type's canonical NaN
+    (as the stated sum), for BF16, FP32 and FP16 tensors.
 
-    Written out in integer ops rather than ``Tensor.div_``: ATen's vectorised BF16
+    Written out in integer ops rather than ``Tensor.div_`` on the type: ATen's vectorised BF16
     conversion writes NaN as 0xFFFF and its scalar one as 0x7FC0, so a NaN's bits would
-    depend on where it sits in the tensor. The same ops run on CPU and GPU.
+    depend on where it sits in the tensor. The same ops run on CPU and GPU (FP32 and FP16:
+    IEEE division and conversion, then the NaNs replaced).
     """
     f = t.float().div_(p)
-    u = f.view(torch.int32)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # arithmetic shift: the low 16 bits are the BF16 bits
-    r = torch.where(torch.isnan(f), torch.full_like(r, CANONICAL_NAN), r)
-    t.view(torch.int16).copy_(r.to(torch.int16))
+    nan = torch.isnan(f)
+    if t.dtype == torch.bfloat16:
+        u = f.view(torch.int32)
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # arithmetic shift: the low 16 bits are the BF16 bits
+        r = torch.where(nan, torch.full_like(r, CANONICAL_NAN), r)
+        t.view(torch.int16).copy_(r.to(torch.int16))
+    elif t.dtype == torch.float32:
+        f.view(torch.int32).masked_fill_(nan, CANONICAL_NAN_FP32)
+        t.copy_(f)
+    else:
+        h = f.to(torch.float16)
+        h.view(torch.int16).masked_fill_(nan, CANONICAL_NAN_FP16)
+        t.copy_(h)
+
+
+_CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 
 
 def _check(t: torch.Tensor, role: str) -> None:
@@ -167,10 +185,11 @@ class Collectives:
     >>> # zc.all_gather_into_tensor(out, x)          # like dist.all_gather_into_tensor(out, x)
     >>> # zc.stats.compressed_calls, zc.stats.wire_bytes / zc.stats.raw_bytes
 
-    ``policy``: "auto" (BF16 messages of at least ``min_compress_bytes`` per rank on a
-    GPU; host tensors stay native unless ``compress_host``), "always", "never", or a
-    ``zipccl.comm.Policy`` (e.g. with a calibrated profile). ``chunk_bytes``: BF16
-    bytes per message per pipeline round (0: the two-phase exchange in one round).
+    ``policy``: "auto" (BF16, FP32 and FP16 messages of at least ``min_compress_bytes``
+    per rank on a GPU; host tensors stay native unless ``compress_host``), "always",
+    "never", or a ``zipccl.comm.Policy`` (e.g. with a calibrated profile, which covers
+    BF16: FP32 / FP16 then stay native). ``chunk_bytes``: bytes per message per pipeline
+    round (0: the two-phase exchange in one round).
     ``phases``: the compressed ``all_to_all_single`` with ``chunk_bytes=0``: 2 = static
     then dynamic phase (default), 1 = every frame length first, then one transfer.
     """
@@ -222,16 +241,31 @@ class Collectives:
 
     @staticmethod
     def _bits(t: torch.Tensor):
-        """A 1-D uint16 engine array (NumPy or CuPy) sharing ``t``'s memory."""
-        v = t.detach().reshape(-1).view(torch.int16)
+        """A 1-D engine array (NumPy or CuPy) sharing ``t``'s memory, as the collectives take
+        it: BF16 as uint16 bit patterns, FP32 and FP16 as themselves."""
+        v = t.detach().reshape(-1)
+        bf16 = v.dtype == torch.bfloat16
+        if bf16:
+            v = v.view(torch.int16)
         if v.is_cuda:
             import cupy
 
-            return cupy.asarray(v).view(cupy.uint16)
-        return v.numpy().view(np.uint16)
+            a = cupy.asarray(v)
+        else:
+            a = v.numpy()
+        return a.view(np.uint16) if bf16 else a
 
-    def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int):
-        d = self.policy.decide(op, nbytes, bf16=t.dtype == torch.bfloat16, device=t.is_cuda, world=p)
+    def _chunk_of(self, t: torch.Tensor) -> int:
+        """Elements per pipeline round for ``t``'s type (``chunk_bytes`` of it, whole blocks)."""
+        if not self.chunk or t.element_size() == 2:
+            return self.chunk
+        from .. import format as fmt
+
+        return max(fmt.BLOCK, 2 * self.chunk // t.element_size() // fmt.BLOCK * fmt.BLOCK)
+
+    def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int, reduce_op: str | None = "sum"):
+        dtype = _CODED.get(t.dtype) if reduce_op is not None else None
+        d = self.policy.decide(op, nbytes, dtype=dtype, device=t.is_cuda, world=p)
         self.last_decision = d
         return d
 
@@ -262,8 +296,8 @@ class Collectives:
         own = output_tensor.reshape(-1)[tr.rank * n:(tr.rank + 1) * n]
         if _overlaps(send, output_tensor) and send.data_ptr() != own.data_ptr():
             send = send.clone()  # partial overlap: only the in-place slot is safe to read while writing
-        ex = all_gather_bf16(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
-                             compress=True, stream=stream, chunk=self.chunk)
+        ex = all_gather_values(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
+                             compress=True, stream=stream, chunk=self._chunk_of(send))
         self.stats.add(True, ex)
         return _done_work(output_tensor) if async_op else None
 
@@ -271,25 +305,25 @@ class Collectives:
                               group=None, async_op: bool = False):
         """output = reduction over ranks of block ``rank`` of every rank's ``input``.
 
-        Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16 SUM / AVG
-        compressed: the reduction stated in this module's docstring.
+        Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16, FP32 and FP16
+        SUM / AVG compressed: the reduction stated in this module's docstring.
         """
         group = resolve_group(group)
         p = dist.get_world_size(group)
         _check_pair(input, "input", output, "output", p)
         m = output.numel()
         name = _op_name(op)
-        d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p)
+        d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p, name)
         if not d.compress or name is None:
             raw = (p - 1) * m * input.element_size()
             return self._native(lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
                                 raw, async_op)
         eng, tr, agree, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
-        ex = reduce_scatter_bf16(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
-                                 compress=True, stream=stream, chunk=self.chunk)
+        ex = reduce_scatter_values(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
+                                 compress=True, stream=stream, chunk=self._chunk_of(send))
         if name == "avg":
-            _divide_bf16(output, p)
+            _divide(output, p)
         self.stats.add(True, ex)
         return _done_work(output) if async_op else None
 
@@ -324,7 +358,7 @@ class Collectives:
         rc = counts(output, output_split_sizes, "output")
         uneven = input_split_sizes is not None or output_split_sizes is not None
         nbytes = input.numel() * input.element_size()
-        if uneven and input.dtype == torch.bfloat16 and self.policy.mode == "auto":
+        if uneven and input.dtype in _CODED and self.policy.mode == "auto":
             nbytes = self._agreed_max(group, input, [nbytes])[0]  # every rank decides alike
         d = self._decide("all_to_all", nbytes, input, p)
         if not d.compress:
@@ -339,8 +373,8 @@ class Collectives:
             local = max([c for j, c in enumerate(sc) if j != tr.rank]
                         + [c for j, c in enumerate(rc) if j != tr.rank] + [0])
             largest = self._agreed_max(group, input, [local])[0]
-        ex = all_to_all_bf16(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
-                             compress=True, stream=stream, chunk=self.chunk, max_count=largest,
+        ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
+                             compress=True, stream=stream, chunk=self._chunk_of(send), max_count=largest,
                              phases=self.phases)
         self.stats.add(True, ex)
         return _done_work(output) if async_op else None
@@ -348,23 +382,23 @@ class Collectives:
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
 
-        Same arguments as ``torch.distributed.all_reduce``. BF16 SUM / AVG compressed:
+        Same arguments as ``torch.distributed.all_reduce``. BF16, FP32, FP16 SUM / AVG compressed:
         reduce-scatter of near-equal shards (the stated reduction), then all-gather.
         """
         group = resolve_group(group)
         _check(tensor, "tensor")
         p = dist.get_world_size(group)
         name = _op_name(op)
-        d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p)
+        d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p, name)
         if not d.compress or name is None:
             raw = 2 * tensor.numel() * tensor.element_size() * (p - 1) // max(p, 1)
             return self._native(lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
                                 raw, async_op)
         eng, tr, agree, stream = self._route(group, tensor)
-        ex = all_reduce_bf16(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
-                             chunk=self.chunk)
+        ex = all_reduce_values(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
+                               chunk=self._chunk_of(tensor))
         if name == "avg":
-            _divide_bf16(tensor, p)
+            _divide(tensor, p)
         self.stats.add(True, ex)
         return _done_work(tensor) if async_op else None
 
@@ -405,7 +439,7 @@ def _with_stats(c: Collectives, stats: Stats | None, call):
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, *,
                            policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_gather_into_tensor``, BF16 compressed as ``policy`` says.
+    """``torch.distributed.all_gather_into_tensor``, BF16 / FP32 / FP16 compressed as ``policy`` says.
 
     ``stats``: a ``Stats`` to count this call in. See ``Collectives``.
     """
@@ -416,7 +450,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                           policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.reduce_scatter_tensor``, BF16 SUM / AVG compressed as ``policy`` says."""
+    """``torch.distributed.reduce_scatter_tensor``, BF16 / FP32 / FP16 SUM / AVG compressed as
+    ``policy`` says."""
     c = _default(policy)
     return _with_stats(c, stats, lambda: c.reduce_scatter_tensor(output, input, op, group, async_op))
 
@@ -424,7 +459,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, *, policy: str | Policy = "auto",
                       stats: Stats | None = None, phases: int = 2):
-    """``torch.distributed.all_to_all_single``, BF16 compressed as ``policy`` says.
+    """``torch.distributed.all_to_all_single``, BF16 / FP32 / FP16 compressed as ``policy`` says.
 
     ``phases``: 2 = the two-phase exchange (static, then dynamic), 1 = every frame
     length first, then one transfer (see ``Collectives``).
@@ -436,7 +471,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_reduce``, BF16 SUM / AVG compressed as ``policy`` says."""
+    """``torch.distributed.all_reduce``, BF16 / FP32 / FP16 SUM / AVG compressed as ``policy`` says."""
     c = _default(policy)
     return _with_stats(c, stats, lambda: c.all_reduce(tensor, op, group, async_op))
 
