@@ -14,7 +14,7 @@ also ``NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1`` (TCP sockets).
 For each operation and per-rank size (the ``zipccl.metrics.nccl_tests_size``
 convention: all-gather's send buffer, reduce-scatter's receive buffer, the whole
 buffer of all-reduce and all-to-all) every rank fills its buffers with its own
-BF16 N(0, 0.02^2) data, then times
+N(0, 0.02^2) data of ``--dtype`` (BF16 by default; float32 or float16), then times
 
 - ``nccl``: the NCCL collective called directly (cupy.cuda.nccl; all-to-all as
   grouped send/recv), the baseline;
@@ -30,7 +30,7 @@ before each call, and the time of the copies alone is subtracted); ``latency_s``
 is the median of ``--lat-iters`` calls each timed alone between barriers. Then the
 outputs of the timed buffers are checked: all-gather and all-to-all must equal
 NCCL's bit for bit; reductions must equal zipccl's stated reduction (FP32 in rank
-order, one rounding), computed on the host by the NumPy oracle of
+order, one rounding to the type), computed on the host by the NumPy oracle of
 ``experiments/harness.py`` (not the library) from an uncompressed NCCL exchange of
 the same shards. One JSON record per (op, size, link, variant) is appended to ``--out`` as
 soon as it is measured (a run cut short keeps what it measured).
@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import append_records, gaussian_bits, stated_sum_bf16, time_calls  # noqa: E402
+from harness import append_records, gaussian_bits, stated_sum, time_calls  # noqa: E402
 
 from zipccl.costmodel import OPS  # noqa: E402  (the operations, defined once)
 
@@ -75,6 +75,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--link", choices=sorted(LINKS), default="nvlink")
     ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16",
+                    help="element type of the data (sizes stay in bytes)")
     ap.add_argument("--sizes-mib", default="16,64,256,1024",
                     help="per-rank sizes in MiB (comma separated)")
     ap.add_argument("--calibrate-sizes-mib", default=None,
@@ -146,8 +148,19 @@ def main(argv=None) -> int:
     def in_budget() -> bool:
         return world.bcast(time.time() - t_start < args.time_budget_s, root=0)
 
+    bf16 = args.dtype == "bfloat16"
+    isz = 2 if args.dtype != "float32" else 4
+    dt = cupy.uint16 if bf16 else np.dtype(args.dtype)  # BF16 travels as its uint16 bits
+    kw = {"dtype": "bfloat16"} if bf16 else {}
+    kind = "bfloat16" if bf16 else None  # NCCL's type: the buffers' own except for BF16
+
     def bf16_gaussian(n: int, seed: int):
-        return gaussian_bits(n, seed=seed, xp=cupy, stream=stream)
+        """n values of N(0, 0.02^2) of --dtype (BF16: uint16 bits), made on the timed stream."""
+        if bf16:
+            return gaussian_bits(n, seed=seed, xp=cupy, stream=stream)
+        with stream:
+            x = cupy.random.RandomState(seed).standard_normal(n, dtype=cupy.float32) * cupy.float32(0.02)
+            return x.astype(dt)
 
     def b2b(fn, reset=None) -> float:
         """nccl-tests' timing: mean of --iters calls back to back (after --warmup)."""
@@ -171,24 +184,24 @@ def main(argv=None) -> int:
     def case(op: str, x, n: int):
         """(make_out, run_native(out), run_z(comm, out)) of one operation on the per-rank data x."""
         if op == "all_gather":
-            return (lambda: cupy.zeros(p * n, dtype=cupy.uint16),
+            return (lambda: cupy.zeros(p * n, dtype=dt),
                     lambda out: native.allgather(x.view(cupy.uint8), out.view(cupy.uint8), stream),
-                    lambda c, out: c.all_gather(x, out, dtype="bfloat16", stream=stream))
+                    lambda c, out: c.all_gather(x, out, stream=stream, **kw))
         if op == "reduce_scatter":
-            return (lambda: cupy.zeros(n, dtype=cupy.uint16),
-                    lambda out: native.reduce_scatter(x, out, "sum", stream, dtype="bfloat16"),
-                    lambda c, out: c.reduce_scatter(x, out, dtype="bfloat16", stream=stream))
+            return (lambda: cupy.zeros(n, dtype=dt),
+                    lambda out: native.reduce_scatter(x, out, "sum", stream, dtype=kind),
+                    lambda c, out: c.reduce_scatter(x, out, stream=stream, **kw))
         if op == "all_to_all":
             blk = n // p
-            counts = [2 * blk] * p
-            return (lambda: cupy.zeros(blk * p, dtype=cupy.uint16),
+            counts = [isz * blk] * p
+            return (lambda: cupy.zeros(blk * p, dtype=dt),
                     lambda out: native.alltoallv(x.view(cupy.uint8), counts, offsets(counts),
                                                  out.view(cupy.uint8), counts, offsets(counts), stream),
-                    lambda c, out: c.all_to_all(x[:blk * p], out, dtype="bfloat16", stream=stream))
+                    lambda c, out: c.all_to_all(x[:blk * p], out, stream=stream, **kw))
         # all_reduce works in place: every timed call starts again from x (reset)
-        return (lambda: cupy.empty(n, dtype=cupy.uint16),
-                lambda out: native.allreduce(out, "sum", stream, dtype="bfloat16"),
-                lambda c, out: c.all_reduce(out, dtype="bfloat16", stream=stream))
+        return (lambda: cupy.empty(n, dtype=dt),
+                lambda out: native.allreduce(out, "sum", stream, dtype=kind),
+                lambda c, out: c.all_reduce(out, stream=stream, **kw))
 
     if args.profile:
         return profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p)
@@ -198,7 +211,7 @@ def main(argv=None) -> int:
     never = zipccl.Communicator(world, backend="nccl", policy="never")
     for op in [o for o in args.ops.split(",") if o]:
         for size in [int(float(s) * MiB) for s in args.host_sizes_mib.split(",") if s]:
-            n = size // 2
+            n = size // isz
             with stream:
                 x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=3000 + me)
                 make_out, run_native, run_z = case(op, x, n)
@@ -209,11 +222,12 @@ def main(argv=None) -> int:
             for v, fn in calls.items():
                 host_us[v], device_us[v] = host_cost(fn, args, stream, world)
             stream.synchronize()
-            wrong = world.allreduce(int(cupy.count_nonzero(outs["direct"] != outs["communicator"])))
+            wrong = world.allreduce(int(cupy.count_nonzero(outs["direct"].view(_uint(isz))
+                                                           != outs["communicator"].view(_uint(isz)))))
             if op == "all_reduce":  # in place, summed again every call: only the sizes compare
                 wrong = 0
             assert not never.last_decision.compress
-            emit({"bench": "collectives_host", "op": op, "per_rank_bytes": size,
+            emit({"bench": "collectives_host", "op": op, "per_rank_bytes": size, "dtype": args.dtype,
                   "host_us_per_call": host_us, "device_us_per_call": device_us,
                   "communicator_extra_host_us": host_us["communicator"] - host_us["direct"],
                   "wrong_elements": wrong, "exact": wrong == 0,
@@ -261,7 +275,7 @@ def main(argv=None) -> int:
                 if me == 0:
                     print(f"time budget spent: {op} {size // MiB} MiB and later not measured", flush=True)
                 break
-            n = size // 2  # BF16 elements of the per-rank buffer (metrics convention)
+            n = size // isz  # elements of the per-rank buffer (metrics convention)
             # inputs and outputs are made on the timed stream: a non-blocking stream does not
             # wait for the legacy one, so a zero-fill there could land after the collective
             with stream:
@@ -293,18 +307,20 @@ def main(argv=None) -> int:
                 expected = stated_reduction(cupy, native, stream, op, x, p, me, n)
             else:
                 expected = outs.get("nccl")
+                expected = None if expected is None else expected.view(_uint(isz))
             stream.synchronize()
             base = results["nccl"][0] if "nccl" in results else None
             pred = predictions(op, size)
             for v, (t, lat) in results.items():
-                wrong = int(cupy.count_nonzero(outs[v] != expected)) if expected is not None else -1
-                wrong_vs_nccl = int(cupy.count_nonzero(outs[v] != outs["nccl"])) \
+                got = outs[v].view(_uint(isz))  # bit patterns: NaN == NaN, -0 != +0
+                wrong = int(cupy.count_nonzero(got != expected)) if expected is not None else -1
+                wrong_vs_nccl = int(cupy.count_nonzero(got != outs["nccl"].view(_uint(isz)))) \
                     if "nccl" in outs else -1
                 wrong = world.allreduce(wrong)
                 wrong_vs_nccl = world.allreduce(wrong_vs_nccl)
                 nb = metrics.nccl_tests_size(op, size, p)
                 rec = {
-                    "bench": "collectives", "op": op, "variant": v,
+                    "bench": "collectives", "op": op, "variant": v, "dtype": args.dtype,
                     "per_rank_bytes": size, "nccl_tests_bytes": nb,
                     "time_s": t, "latency_s": statistics.median(lat), "latencies_s": lat,
                     "algbw_gbps": metrics.algbw(nb, t), "busbw_gbps": metrics.busbw(op, nb, t, p),
@@ -315,7 +331,7 @@ def main(argv=None) -> int:
                     "wrong_elements": wrong, "differs_from_nccl": wrong_vs_nccl,
                     "exact": wrong == 0,
                     "config": {"warmup": args.warmup, "iters": args.iters, "lat_iters": args.lat_iters,
-                               "data": "N(0, 0.02^2) BF16", "env": LINKS[args.link],
+                               "data": f"N(0, 0.02^2) {args.dtype}", "env": LINKS[args.link],
                                "timing": "CUDA events, slowest rank; time_s: mean of iters back to "
                                          "back (all_reduce: minus the input-restoring copies); "
                                          "latency_s: median of calls timed one by one",
@@ -348,7 +364,7 @@ def main(argv=None) -> int:
     sweep = [s.split(":") for s in args.chunk_sweep.split(",") if s]
     for op, mib in sweep:
         size = int(float(mib) * MiB)
-        n = size // 2
+        n = size // isz
         if op == "all_reduce" or not in_budget():
             continue
         x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=2000 + me)
@@ -364,10 +380,10 @@ def main(argv=None) -> int:
             if op == "reduce_scatter":
                 expected = stated_reduction(cupy, native, stream, op, x, p, me, n)
             else:
-                expected = ref
+                expected = ref.view(_uint(isz))
             stream.synchronize()
-            wrong = world.allreduce(int(cupy.count_nonzero(out != expected)))
-            emit({"bench": "collectives_chunks", "op": op, "variant": "always",
+            wrong = world.allreduce(int(cupy.count_nonzero(out.view(_uint(isz)) != expected)))
+            emit({"bench": "collectives_chunks", "op": op, "variant": "always", "dtype": args.dtype,
                   "per_rank_bytes": size, "chunk_bytes": 2 * c.chunk, "time_s": t,
                   "nccl_time_s": t_nccl, "speedup_vs_nccl": t_nccl / t, "wrong_elements": wrong,
                   "exact": wrong == 0, "config": {"warmup": args.warmup, "iters": args.iters,
@@ -400,7 +416,7 @@ def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) 
     import pstats
 
     op, mib = args.profile.split(":")
-    n = int(float(mib) * MiB) // 2
+    n = int(float(mib) * MiB) // (4 if args.dtype == "float32" else 2)
     x = bf16_gaussian(n * (p if op == "reduce_scatter" else 1), seed=1000 + me)
     make_out, _, run_z = case(op, x, n)
     out, c = make_out(), comms.get("always") or next(iter(comms.values()))
@@ -425,9 +441,17 @@ def profile_calls(args, cupy, world, me, stream, bf16_gaussian, case, comms, p) 
     return 0
 
 
+def _uint(isz: int):
+    """The unsigned integer type of an element size: outputs are compared as bit patterns."""
+    import cupy
+
+    return cupy.uint32 if isz == 4 else cupy.uint16
+
+
 def stated_reduction(cupy, native, stream, op, x, p, me, m):
-    """zipccl's stated BF16 reduction of the data: the ranks' shards exchanged uncompressed by
-    NCCL, reduced on the host by the NumPy oracle (``harness.stated_sum_bf16``), not the library."""
+    """zipccl's stated reduction of the data, as bit patterns: the ranks' shards exchanged
+    uncompressed by NCCL, reduced on the host by the NumPy oracle (``harness.stated_sum``),
+    not the library."""
     from zipccl.comm.collectives import offsets, split_counts
 
     if op == "reduce_scatter":
@@ -435,19 +459,20 @@ def stated_reduction(cupy, native, stream, op, x, p, me, m):
     else:
         counts = split_counts(x.size, p)
     mine = counts[me]
-    stage = cupy.empty(p * mine, dtype=cupy.uint16)
-    sc = [2 * c for c in counts]
-    rc = [2 * mine] * p
+    isz = x.itemsize
+    stage = cupy.empty(p * mine, dtype=x.dtype)
+    sc = [isz * c for c in counts]
+    rc = [isz * mine] * p
     native.alltoallv(x.view(cupy.uint8), sc, offsets(sc), stage.view(cupy.uint8), rc,
-                     [2 * j * mine for j in range(p)], stream)
+                     [isz * j * mine for j in range(p)], stream)
     rows = cupy.asnumpy(stage, stream=stream).reshape(p, mine)  # synchronises the stream
     with stream:
-        red = cupy.asarray(stated_sum_bf16(list(rows)))
+        red = cupy.asarray(stated_sum(list(rows)))
     if op == "reduce_scatter":
         return red
-    full = cupy.empty(x.size, dtype=cupy.uint16)
-    b = [2 * c for c in counts]
-    native.alltoallv(red.view(cupy.uint8), [2 * mine] * p, [0] * p, full.view(cupy.uint8), b,
+    full = cupy.empty(x.size, dtype=red.dtype)
+    b = [isz * c for c in counts]
+    native.alltoallv(red.view(cupy.uint8), [isz * mine] * p, [0] * p, full.view(cupy.uint8), b,
                      offsets(b), stream)
     return full
 

@@ -150,6 +150,31 @@ def stated_sum_bf16(shards) -> np.ndarray:
     return out
 
 
+def stated_sum(shards) -> np.ndarray:
+    """The sum zipccl states, for rows of any of its types (one row per rank, rank order): BF16
+    as uint16 bit patterns (``stated_sum_bf16``), float32 (FP32 additions in rank order, NaN
+    as 0x7FC00000) or float16 (FP32 additions, one rounding, NaN as 0x7E00); returns bit
+    patterns (uint16 / uint32).
+
+    >>> stated_sum([np.array([1.0, np.inf], np.float16), np.array([2.0 ** -11, -np.inf], np.float16)])
+    array([15360, 32256], dtype=uint16)
+    """
+    first = np.asarray(shards[0])
+    if first.dtype == np.uint16:
+        return stated_sum_bf16(shards)
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = first.astype(np.float32)
+        for r in shards[1:]:
+            acc += np.asarray(r, dtype=np.float32)
+        if first.dtype == np.float16:
+            out = acc.astype(np.float16).view(np.uint16)
+            out[np.isnan(acc)] = 0x7E00
+            return out
+    out = acc.view(np.uint32).copy()
+    out[np.isnan(acc)] = 0x7FC00000
+    return out
+
+
 # -- records -----------------------------------------------------------------------------------
 
 def append_records(path: Path | str, records: list[dict], comm=None, every_rank: bool = False) -> int:

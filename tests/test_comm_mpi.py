@@ -132,6 +132,24 @@ def test_bench_collectives_runs_through(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bench_collectives_other_dtypes(tmp_path, dtype):
+    """The benchmark on FP32 / FP16 data: compressed, checked against the stated sum, exact."""
+    out = tmp_path / "bench.jsonl"
+    r = run_with_fake_cupy(2, ["--cpu-codec", str(ROOT / "experiments" / "bench_collectives.py"),
+                               "--link", "shm", "--dtype", dtype, "--sizes-mib", "0.25",
+                               "--variants", "nccl,always", "--ops", "reduce_scatter,all_gather",
+                               "--iters", "2", "--lat-iters", "1", "--warmup", "1", "--out", str(out),
+                               "--host-sizes-mib", "0.0625", "--host-iters", "3"])
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    main = [x for x in recs if x["bench"] == "collectives"]
+    assert len(main) == 2 * 2 and all(x["exact"] and x["dtype"] == dtype for x in main)
+    zipped = [x for x in main if x["variant"] == "always"]
+    assert all(x["compressed"] and x["wire_ratio"] < 0.95 for x in zipped)
+
+
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_device_engine_in_the_simulator():
     """DeviceEngine with the GPU codec's kernels in Numba's simulator, pipelined and two-phase."""

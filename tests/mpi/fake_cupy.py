@@ -204,7 +204,7 @@ class ElementwiseKernel:
     _TYPES = {"zipccl_reduce_sum_bf16": np.uint16, "zipccl_reduce_sum_fp32": np.float32,
               "zipccl_reduce_sum_fp16": np.float16}
 
-    def __init__(self, in_params: str, out_params: str, operation: str, name: str):
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str, preamble: str = ""):
         if name not in self._TYPES:
             raise NotImplementedError(f"fake_cupy knows only zipccl's reductions, not {name}")
         self.dtype = self._TYPES[name]
