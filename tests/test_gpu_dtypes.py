@@ -126,6 +126,36 @@ def test_structured_fp32_corpus(dev):
 
 
 @pytest.mark.parametrize("code", [FP32, FP16])
+def test_hypothesis_fuzz(dev, code):
+    """Random bit patterns (any size, some blocks dense in escapes) mixed with values whose
+    exponents a random codebook covers: device frames equal the reference's, byte for byte,
+    and device decoding of the reference's frames gives the patterns back. Few, small
+    examples under the simulator; more and larger on a GPU."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    uint = np.uint32 if code == FP32 else np.uint16
+    top, bias = (249, 127) if code == FP32 else (25, 15)
+
+    @settings(derandomize=True, deadline=None, database=None,
+              max_examples=dev.size(4, 40),
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.function_scoped_fixture])
+    @given(bits=hnp.arrays(uint, st.integers(0, dev.size(2500, 300_000)),
+                           elements=st.integers(0, np.iinfo(uint).max)),
+           start=st.integers(0, top), seed=st.integers(0, 2**31))
+    def check(bits, start, seed):
+        rng = np.random.default_rng(seed)
+        g = rng.normal(0, 2.0 ** (start - bias + 3), bits.size)
+        g = g.astype(np.float32 if code == FP32 else np.float16).view(uint)
+        mix = np.where(rng.random(bits.size) < 0.7, g, bits).astype(uint)
+        _roundtrip(dev, mix, Codebook(tuple(range(start, start + 7))), code, checksum=bool(seed & 1))
+
+    check()
+
+
+@pytest.mark.parametrize("code", [FP32, FP16])
 def test_malformed_frames_set_error_bits(dev, code):
     n = dev.size(5000, 300_000)
     bits = _gauss(n, code, seed=5)
