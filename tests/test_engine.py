@@ -91,8 +91,8 @@ def test_the_check_catches_a_missing_or_renamed_method():
         def read_headers(self, entries):  # parameter renamed
             return []
 
-        def codebook(self, bits, fresh=True):  # default changed
-            return super().codebook(bits)
+        def codebook(self, values, fresh=True):  # default changed
+            return super().codebook(values)
 
         def copy(self, dst, src, how):  # a new required parameter
             pass

@@ -75,8 +75,9 @@ class Engine(Protocol):
         element types: uint16 BF16 bit patterns, float32, float16)."""
         ...
 
-    def codebook(self, bits: Array, fresh: bool = False) -> Codebook:
-        """The codebook to encode ``bits`` with (``Codebook.from_sample`` of a strided sample).
+    def codebook(self, values: Array, fresh: bool = False) -> Codebook:
+        """The codebook to encode ``values`` with (``Codebook.from_sample`` of a strided sample,
+        for their element type).
 
         May reuse an earlier one for the same buffer (a stale codebook costs ratio, never
         bits); ``fresh=True`` samples anew. On the device, sampling waits for the
@@ -84,12 +85,12 @@ class Engine(Protocol):
         """
         ...
 
-    def encode(self, bits: Array, out: Array, codebook: Codebook) -> int | None:
-        """Encode ``bits`` as one frame at the start of ``out``, on the caller's stream.
+    def encode(self, values: Array, out: Array, codebook: Codebook) -> int | None:
+        """Encode ``values`` as one frame at the start of ``out``, on the caller's stream.
 
         Returns the frame length when the host knows it without waiting, or None: the
         length is then read from the frame's header (``read_headers``). ``out`` holds
-        at least ``collectives.slot_size(bits.size)`` bytes.
+        at least ``collectives.slot_size(values.size, code)`` bytes.
         """
         ...
 
@@ -159,7 +160,7 @@ class Engine(Protocol):
         """
         ...
 
-    def encode_frame(self, bits: Array, out: Array, codebook: Codebook, idx: int) -> None:
+    def encode_frame(self, values: Array, out: Array, codebook: Codebook, idx: int) -> None:
         """Enqueue one frame's encoding into the start of ``out`` on the caller's stream.
 
         Its length becomes ``frame_lengths(k)[idx]`` (device: copied into pinned memory

@@ -109,9 +109,9 @@ class HostEngine:
         """Start an exchange of ``rounds`` rounds with ``p`` frame slots each."""
         self._lens = np.zeros(rounds * p, dtype=np.int64)
 
-    def encode_frame(self, bits: np.ndarray, out: np.ndarray, codebook: Codebook, idx: int) -> None:
+    def encode_frame(self, values: np.ndarray, out: np.ndarray, codebook: Codebook, idx: int) -> None:
         """Encode into the start of ``out``; its length becomes ``frame_lengths()[idx]``."""
-        self._lens[idx] = self.encode(bits, out, codebook)
+        self._lens[idx] = self.encode(values, out, codebook)
 
     def encoded(self, k: int) -> None:
         """Round ``k``'s frames are all enqueued."""

@@ -223,15 +223,15 @@ class DeviceEngine:
             ws = self._decode_ws[slot] = self.gpu.Workspace(max(n, 1 << 20))
         return ws
 
-    def encode(self, bits, out, codebook: Codebook) -> None:
+    def encode(self, values, out, codebook: Codebook) -> None:
         """Enqueue the encoding into the start of ``out``; its length is in the frame's header."""
-        src, bounced = self._aligned(bits, "bounce_in")
+        src, bounced = self._aligned(values, "bounce_in")
         if bounced:
-            self.copy(src, bits)
-        if self._encode_ws is None or not self._encode_ws.fits(bits.size):
-            self._encode_ws = self.gpu.Workspace(max(int(bits.size), 1 << 20))
+            self.copy(src, values)
+        if self._encode_ws is None or not self._encode_ws.fits(values.size):
+            self._encode_ws = self.gpu.Workspace(max(int(values.size), 1 << 20))
         self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
-                             workspace=self._encode_ws, **_typed(bits))
+                             workspace=self._encode_ws, **_typed(values))
 
     def read_headers(self, items) -> list:
         """Headers at each (buffer, offset, capacity): all copied to pinned memory, one sync.
@@ -341,9 +341,9 @@ class DeviceEngine:
         self._ev_start.record(self._stream)
         self._dec.wait_event(self._ev_start)
 
-    def encode_frame(self, bits, out, codebook: Codebook, idx: int) -> None:
+    def encode_frame(self, values, out, codebook: Codebook, idx: int) -> None:
         """Enqueue the frame's encoding and the copy of its length to pinned slot ``idx``."""
-        self.encode(bits, out, codebook)
+        self.encode(values, out, codebook)
         at = _FRAME_LEN_AT
         out[at:at + 8].get(stream=self._stream, out=self._lens8[8 * idx:8 * idx + 8], blocking=False)
 
