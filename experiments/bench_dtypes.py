@@ -46,7 +46,7 @@ from zipccl.codebook import exponent_entropy, exponent_histogram
 from zipccl.metrics import algbw
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the version of kernels/encode_wide.py / decode_wide.py being measured
+# the version of zipccl/kernels/encode_wide.py / decode_wide.py being measured
 KERNEL = "wide v2: per-group device functions inlined, 4 groups' loads issued together"
 SIGMAS = (1e-5, 1e-4, 1e-3, 0.02, 1.0, 100.0)
 GAUSS_N = 1 << 20

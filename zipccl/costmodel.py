@@ -1,6 +1,6 @@
 """The alpha-beta cost model: when does compressing a collective pay?
 
-One model shared by the theory notebook (``theory/03_when_compression_pays``), the
+One model shared by the theory notebook (``theory/03_when_compression_pays.ipynb``), the
 adaptive policy (native or compressed, per operation and size) and the scaling
 projection. It predicts the time of each collective natively and compressed from:
 

@@ -99,7 +99,7 @@ from .transport import REDUCE_OPS, MPITransport, Transport, stream_ptr
 
 BACKENDS = ("auto", "nccl", "mpi")
 VERIFY = ("first", "always")
-DEFAULT_CHUNK_BYTES = 64 << 20  # BF16 bytes per message per pipeline round (see experiments/README)
+DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
 MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
 MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
 # dtype= values: the element type integer bit patterns hold
