@@ -262,6 +262,52 @@ def test_compress_and_decompress(dev):
         gpu.decompress(dev.asarray(np.zeros(256, np.uint8)))
 
 
+def test_decompress_of_frames_that_change_under_it(dev):
+    """``decompress`` decodes at once with the header it saw last on the frame buffer or the
+    stream, then checks: every way the next frame can differ (count, shape, element type,
+    a corrupted payload, a bad header, the same buffer rewritten) gives the right values or
+    the right error, with one buffer reused and with new ones."""
+    a = gaussian_bits(dev.size(3000, 300_003), seed=21)  # rows = 3 divides it
+    b = gaussian_bits(dev.size(1000, 100_003), seed=22)
+    f32 = np.random.default_rng(23).normal(0, 1e-3, dev.size(700, 70_001)).astype(np.float32)
+
+    def frame(bits, shape=None, code=fmt.DTYPE_BF16):
+        bits = bits.view(np.uint32) if code == fmt.DTYPE_FP32 else bits
+        return reference.encode(bits, Codebook.from_sample(bits, dtype=code), shape, True, dtype=code)
+
+    def check(host_frame, want, shape, buf=None):
+        if buf is None:
+            buf = dev.asarray(host_frame)
+        else:  # the same buffer, rewritten
+            buf[:host_frame.size] = dev.asarray(host_frame)
+        y = gpu.decompress(buf if buf.size == host_frame.size else buf[:host_frame.size])
+        assert tuple(y.shape) == shape
+        got = dev.to_host(y).reshape(-1)
+        assert np.array_equal(got.view(want.dtype), want.reshape(-1))
+
+    rows = 3
+    for _ in range(2):  # the second round meets guesses left by the first
+        check(frame(a), a, (a.size,))
+        check(frame(a), a, (a.size,))
+        check(frame(a, (rows, a.size // rows)), a, (rows, a.size // rows))
+        check(frame(b), b, (b.size,))
+        check(frame(f32, code=fmt.DTYPE_FP32), f32.view(np.uint32), (f32.size,))
+        check(frame(a), a, (a.size,))
+    shared = dev.full(fmt.max_compressed_size(a.size), 0, np.uint8)
+    for bits in (a, b, a, a):
+        check(frame(bits), bits, (bits.size,), shared)
+    bad = frame(a).copy()
+    bad[fmt.Layout.for_count(a.size).escapes_offset] ^= 4
+    check(frame(a), a, (a.size,))
+    with pytest.raises(ValueError, match="checksum"):
+        gpu.decompress(dev.asarray(bad))
+    bad = frame(a).copy()
+    bad[0] ^= 1
+    with pytest.raises(ValueError, match="magic"):
+        gpu.decompress(dev.asarray(bad))
+    check(frame(a), a, (a.size,))
+
+
 def test_sigma_and_histogram_on_the_device(dev):
     bits = gaussian_bits(dev.size(20000, 3_000_017), sigma=dev.size(0.013, 0.007), seed=dev.size(4, 2))
     assert gpu.estimate_sigma(dev.asarray(bits)) == pytest.approx(estimate_sigma(bits), rel=1e-12)

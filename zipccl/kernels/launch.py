@@ -210,6 +210,19 @@ class PinnedSlots:
         check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
         return self.array[:nbytes]
 
+    def read_two(self, first: tuple[int, int], second: tuple[int, int], stream: int):
+        """Two small device-to-host copies, ``(device_ptr, nbytes)`` each, then one wait for
+        ``stream``: (view of the first's bytes, view of the second's), one synchronisation."""
+        (p1, n1), (p2, n2) = first, second
+        at = -(-n1 // 16) * 16
+        if at + n2 > self.nbytes:
+            raise ValueError(f"{n1} + {n2} bytes do not fit the {self.nbytes}-byte pinned buffer")
+        drv = _driver()
+        check(drv.cuMemcpyDtoHAsync(self.ptr, p1, n1, stream), "cuMemcpyDtoHAsync")
+        check(drv.cuMemcpyDtoHAsync(self.ptr + at, p2, n2, stream), "cuMemcpyDtoHAsync")
+        check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        return self.array[:n1], self.array[at:at + n2]
+
 
 _PINNED = threading.local()
 
