@@ -35,9 +35,11 @@ call for device arrays) add conveniences that synchronise: ``compress`` chooses
 the default codebook on the device (``kernels/stats.choose_codebook``: the host's
 ``Codebook.from_sample`` of the same sample, bit for bit) and reads the 8-byte
 frame length back to return an exact-length view of the frame: one
-synchronisation; ``decompress`` parses and validates the 128-byte header on the
-host (one read, skipped when ``out=`` is given) to size the output, then reads
-the error bits after decoding so a corrupted frame raises ValueError.
+synchronisation; ``decompress`` decodes at once (into ``out=``, or into an array sized
+from the header last seen on the frame buffer or stream), then reads the 128-byte
+header and the error bits together, validates the header on the host and raises
+ValueError for a corrupted frame: one synchronisation, two when the header differs
+from that guess (the output is then sized from it and the frame decoded again).
 Collectives use the ``*_into`` functions.
 
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
