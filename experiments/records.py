@@ -13,7 +13,9 @@ through it. Scripts outside ``experiments/`` put the repository root on
   ``wire_ratio``; ``select_latest`` picks each link's newest usable run;
   ``nccl_link`` fits NCCL's alpha and bus bandwidth to its "nccl" records;
 - ``codec_gpu*.jsonl`` (``bench_codec.py``): the library's GPU codec alone;
-- ``codec_gpu_baselines.jsonl``: DietGPU and nvCOMP on one H200 (``baseline_codec``).
+- ``codec_peers.jsonl`` (``bench_peers.py``): zipccl, DietGPU and nvCOMP timed in one run on
+  the same buffers (``peer_codec``); ``codec_gpu_baselines.jsonl``: the figures quoted for
+  DietGPU and nvCOMP before this project ran them (kept for the codec figure's history).
 """
 
 from __future__ import annotations
@@ -211,23 +213,33 @@ def check(cal: sc.Calibration, records: Iterable[Mapping], fitted: Iterable[Mapp
     return out
 
 
-def baseline_codec(records: Iterable[Mapping], codec: str, nbytes: int | None = None, *,
-                   name: str | None = None, reduce_gbps: float = math.inf) -> cm.Codec:
-    """Another GPU codec as a ``costmodel.Codec``, from its ``codec_gpu_baseline`` records
-    (``results/codec_gpu_baselines.jsonl``): the record of ``codec`` (its ``codec`` field) at the
-    measured size nearest ``nbytes`` (default: the largest).
+def peer_codec(records: Iterable[Mapping], codec: str, nbytes: int | None = None, *,
+               data: str = "gaussian", mode: str = "eager", name: str | None = None,
+               reduce_gbps: float = math.inf) -> cm.Codec:
+    """A codec of ``bench_peers.py``'s records (``results/codec_peers.jsonl``) as a
+    ``costmodel.Codec``: from the newest run that has ``codec`` (its ``codec`` field: "dietgpu",
+    "nvcomp-ans", "zipccl", ...) on ``data``, its compress / decompress GB/s in ``mode`` and its
+    ratio at the measured size nearest ``nbytes`` (default: the largest).
 
-    >>> recs = [{"bench": "codec_gpu_baseline", "codec": "DietGPU", "size_mib": s, "ratio": 0.674,
-    ...          "encode_gbps": e, "decode_gbps": d} for s, e, d in ((16, 172, 376), (256, 769, 963))]
-    >>> c = baseline_codec(recs, "DietGPU", 200 << 20, name="dietgpu")
+    >>> recs = [{"bench": "codec_peers", "run_id": "r1", "codec": "dietgpu", "data": "gaussian",
+    ...          "mode": "eager", "op": op, "size_mib": s, "gbps": g, "ratio": 0.674}
+    ...         for s, op, g in ((16, "compress", 324), (16, "decompress", 274),
+    ...                          (256, "compress", 788), (256, "decompress", 971))]
+    >>> c = peer_codec(recs, "dietgpu", 200 << 20)
     >>> c.name, c.encode_gbps, c.decode_gbps, c.ratio
-    ('dietgpu', 769.0, 963.0, 0.674)
+    ('dietgpu', 788.0, 971.0, 0.674)
     """
-    by_size = {int(r["size_mib"]) << 20: r for r in records
-               if r.get("bench") == "codec_gpu_baseline" and r.get("codec") == codec}
-    if not by_size:
-        raise ValueError(f"no codec_gpu_baseline record of {codec!r}")
-    size = max(by_size) if nbytes is None else min(by_size, key=lambda s: abs(math.log(s / nbytes)))
-    r = by_size[size]
-    return cm.Codec(name or codec, float(r["encode_gbps"]), float(r["decode_gbps"]), float(r["ratio"]),
+    rows = [r for r in records if r.get("bench") == "codec_peers" and r.get("codec") == codec
+            and r.get("data") == data and r.get("mode") == mode]
+    if not rows:
+        raise ValueError(f"no codec_peers record of {codec!r} on {data!r} data ({mode})")
+    newest = max(str(r.get("run_id")) for r in rows)
+    by_size: dict[int, dict] = defaultdict(dict)
+    for r in rows:
+        if str(r.get("run_id")) == newest:
+            by_size[int(float(r["size_mib"]) * (1 << 20))][r["op"]] = r
+    sizes = [s for s, ops in by_size.items() if {"compress", "decompress"} <= set(ops)]
+    size = max(sizes) if nbytes is None else min(sizes, key=lambda s: abs(math.log(s / nbytes)))
+    enc, dec = by_size[size]["compress"], by_size[size]["decompress"]
+    return cm.Codec(name or codec, float(enc["gbps"]), float(dec["gbps"]), float(enc["ratio"]),
                     reduce_gbps=reduce_gbps)

@@ -178,14 +178,18 @@ def test_prediction_explain_and_validation():
         cm.native_time("gather", 1, 2, cm.Link("l", 1.0))
 
 
-def test_baseline_codec_picks_the_nearest_measured_size():
-    base = rec.load_records([rec.RESULTS / "codec_gpu_baselines.jsonl"])
-    diet = "DietGPU float (rANS exponent)"
-    assert rec.baseline_codec(base, diet, 16 * MIB).encode_gbps == 172
-    assert rec.baseline_codec(base, diet, 300 * MIB).decode_gbps == 963
-    assert rec.baseline_codec(base, "nvCOMP 6.0 ANS <f2", name="nvcomp-ans").ratio == 0.685
-    with pytest.raises(ValueError, match="no codec_gpu_baseline record"):
-        rec.baseline_codec(base, "dietgpu")
+def test_peer_codec_reads_the_newest_peers_run_at_the_nearest_size():
+    peers = rec.load_records([rec.RESULTS / "codec_peers.jsonl"])
+    newest = max(r["run_id"] for r in peers if r["codec"] == "dietgpu")
+    row = {(r["op"], r["size_mib"]): r for r in peers if r["run_id"] == newest
+           and r["codec"] == "dietgpu" and r["data"] == "gaussian" and r["mode"] == "eager"}
+    c = rec.peer_codec(peers, "dietgpu", 300 * MIB)  # nearest measured: 256 MiB
+    assert c.encode_gbps == row[("compress", 256)]["gbps"]
+    assert c.decode_gbps == row[("decompress", 256)]["gbps"]
+    assert c.ratio == row[("compress", 256)]["ratio"]
+    assert rec.peer_codec(peers, "nvcomp-ans", name="ans").name == "ans"
+    with pytest.raises(ValueError, match="no codec_peers record"):
+        rec.peer_codec(peers, "DietGPU")
 
 
 @pytest.mark.parametrize("p", [2, 4])
