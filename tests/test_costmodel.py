@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -260,3 +261,19 @@ def test_fit_offset_recovers_a_constant_and_never_goes_negative():
     assert cm.fit_offset([x * 0.5 for x in model], model) == 0.0
     with pytest.raises(ValueError):
         cm.fit_offset([], [])
+
+
+def test_fp32_prediction_script_writes_one_record_per_codec_op_and_size(tmp_path):
+    from experiments import predict_fp32_collectives as pf
+
+    out = tmp_path / "p.jsonl"
+    assert pf.main(["--link", "shm", "--sizes-mib", "64,1024", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2 * 2 * 2
+    for r in recs:
+        assert r["predicted_speedup"] == r["predicted_native_s"] / r["predicted_compressed_s"] > 0
+    fast = {(r["op"], r["per_rank_bytes"]): r["predicted_compressed_s"] for r in recs
+            if r["codec"].endswith("2,000 GB/s")}
+    slow = {(r["op"], r["per_rank_bytes"]): r["predicted_compressed_s"] for r in recs
+            if r["codec"].endswith("as measured")}
+    assert all(fast[k] <= slow[k] for k in slow)  # a faster codec never predicts a slower call
