@@ -270,13 +270,15 @@ def train_fsdp(rank: int, variant: str, steps: int = 4, reduce_dtype=None):
     return np.concatenate([bits(v.reshape(1)) for v in losses]), params, hooks
 
 
-def train_ddp(rank: int, variant: str, steps: int = 4):
+def train_ddp(rank: int, variant: str, steps: int = 4, dtype=None):
+    """Like ``train_fsdp``, DDP on a BF16 model (``dtype``: another, e.g. torch.float32)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import zipccl.torch as zt
 
-    model = _model(11).to(torch.bfloat16)
+    dtype = dtype or torch.bfloat16
+    model = _model(11).to(dtype)
     ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
     state = None
     if variant != "native":
@@ -286,7 +288,7 @@ def train_ddp(rank: int, variant: str, steps: int = 4):
     losses = []
     for step in range(steps):
         x, y = _batch(rank, step)
-        loss = torch.nn.functional.mse_loss(ddp(x.bfloat16()).float(), y)
+        loss = torch.nn.functional.mse_loss(ddp(x.to(dtype)).float(), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -387,6 +389,19 @@ def check_fsdp_fp32_reduce(rank: int, p: int, res: dict) -> None:
         "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
 
 
+def check_ddp_fp32(rank: int, p: int, res: dict) -> None:
+    """DDP's default, FP32 gradient buckets: compressed by the hook, the same bits as without it."""
+    import torch
+
+    base_l, base_p, _ = train_ddp(rank, "native", dtype=torch.float32)
+    loss, params, state = train_ddp(rank, "always", dtype=torch.float32)
+    st = state.stats
+    res["ddp_fp32"] = {
+        "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
+                   and 0 < st.compressed_calls == st.calls),
+        "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+
+
 def main(rank: int, p: int, out_dir: str) -> None:
     import zipccl  # noqa: F401 -- before torch: does it load torch?
     import zipccl.comm  # noqa: F401
@@ -399,7 +414,8 @@ def main(rank: int, p: int, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=p)
-    for check in (check_collectives, check_wide_collectives, check_training, check_fsdp_fp32_reduce):
+    for check in (check_collectives, check_wide_collectives, check_training, check_fsdp_fp32_reduce,
+                  check_ddp_fp32):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which
