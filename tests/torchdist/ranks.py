@@ -376,30 +376,30 @@ def check_wide_collectives(rank: int, p: int, res: dict) -> None:
             res[f"wide_compressed_{dtype}/{kind}"] = {"ok": calls == 6, "detail": f"{calls} compressed"}
 
 
+def _all_compressed_and_same_bits(res: dict, name: str, train, rank: int, **kw) -> None:
+    """``train`` natively and with zipccl "always": the same loss and parameter bits, and every
+    call compressed."""
+    base_l, base_p, _ = train(rank, "native", **kw)
+    loss, params, hooks = train(rank, "always", **kw)
+    st = hooks.stats
+    res[name] = {
+        "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
+                   and 0 < st.compressed_calls == st.calls),
+        "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+
+
 def check_fsdp_fp32_reduce(rank: int, p: int, res: dict) -> None:
     """FP32 reduce buffers are compressed too: every call, and the same bits as without zipccl."""
     import torch
 
-    base_l, base_p, _ = train_fsdp(rank, "native", reduce_dtype=torch.float32)
-    loss, params, hooks = train_fsdp(rank, "always", reduce_dtype=torch.float32)
-    st = hooks.stats
-    res["fsdp_fp32_reduce"] = {
-        "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
-                   and 0 < st.compressed_calls == st.calls),
-        "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+    _all_compressed_and_same_bits(res, "fsdp_fp32_reduce", train_fsdp, rank, reduce_dtype=torch.float32)
 
 
 def check_ddp_fp32(rank: int, p: int, res: dict) -> None:
     """DDP's default, FP32 gradient buckets: compressed by the hook, the same bits as without it."""
     import torch
 
-    base_l, base_p, _ = train_ddp(rank, "native", dtype=torch.float32)
-    loss, params, state = train_ddp(rank, "always", dtype=torch.float32)
-    st = state.stats
-    res["ddp_fp32"] = {
-        "ok": bool(np.array_equal(loss, base_l) and np.array_equal(params, base_p)
-                   and 0 < st.compressed_calls == st.calls),
-        "detail": f"losses {first_diff(loss, base_l)}; params {first_diff(params, base_p)}; {st}"}
+    _all_compressed_and_same_bits(res, "ddp_fp32", train_ddp, rank, dtype=torch.float32)
 
 
 def main(rank: int, p: int, out_dir: str) -> None:

@@ -106,6 +106,29 @@ def value_code(a) -> int:
                     f"got {dt}")
 
 
+def value_patterns(values):
+    """The bit patterns of a collective's array, as the codecs read them: float32 as uint32,
+    float16 as uint16 (BF16 arrives as uint16 already). A view, NumPy or CuPy."""
+    if values.dtype == np.float32:
+        return values.view(np.uint32)
+    if values.dtype == np.float16:
+        return values.view(np.uint16)
+    return values
+
+
+def chunk_elements(chunk: int, itemsize: int) -> int:
+    """Elements per pipeline round for values of ``itemsize`` bytes, given ``chunk`` BF16
+    elements per round (the same bytes, whole escape blocks, at least one); 0 stays 0 (the
+    two-phase exchange).
+
+    >>> chunk_elements(8192, 2), chunk_elements(8192, 4), chunk_elements(4096, 4), chunk_elements(0, 4)
+    (8192, 4096, 4096, 0)
+    """
+    if not chunk or itemsize == 2:
+        return chunk
+    return max(fmt.BLOCK, 2 * chunk // itemsize // fmt.BLOCK * fmt.BLOCK)
+
+
 def slot_size(n: int, code: int = fmt.DTYPE_BF16) -> int:
     """Bytes reserved for one frame of ``n`` elements of type ``code`` (``format.DTYPE_*``) on
     either side of an exchange (0: no frame).

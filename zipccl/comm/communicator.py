@@ -90,6 +90,7 @@ from .collectives import (
     all_reduce_values,
     all_to_all_values,
     check_phases,
+    chunk_elements,
     offsets,
     reduce_scatter_values,
 )
@@ -681,11 +682,8 @@ class Communicator:
             raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
 
     def _chunk_of(self, a: _Arr) -> int:
-        """Elements per pipeline round for ``a``'s type: ``chunk_bytes`` of it, whole escape
-        blocks (FP32 rounds hold half the elements of BF16 rounds); 0: the two-phase exchange."""
-        if not self._chunk or a.data.itemsize == 2:
-            return self._chunk
-        return max(fmt.BLOCK, 2 * self._chunk // a.data.itemsize // fmt.BLOCK * fmt.BLOCK)
+        """Elements per pipeline round for ``a``'s type (``collectives.chunk_elements``)."""
+        return chunk_elements(self._chunk, a.data.itemsize)
 
     def _stream(self, arr: _Arr, stream):
         if not arr.device:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import Codebook
-from .collectives import reduce_sum, value_code
+from .collectives import reduce_sum, value_code, value_patterns
 
 
 class HostEngine:
@@ -43,7 +43,7 @@ class HostEngine:
 
     def codebook(self, values: np.ndarray, fresh: bool = False) -> Codebook:
         code = value_code(values)
-        return Codebook.from_sample(_patterns(values), dtype=fmt.DTYPE_NAMES[code])
+        return Codebook.from_sample(value_patterns(values), dtype=fmt.DTYPE_NAMES[code])
 
     def elapsed(self, call, repeat: int) -> float:
         """Seconds per call of ``call`` (after one untimed call), ``repeat`` calls in a row."""
@@ -57,7 +57,7 @@ class HostEngine:
 
     def encode(self, values: np.ndarray, out: np.ndarray, codebook: Codebook) -> int:
         """Encode ``values`` into the start of ``out``; returns the frame length."""
-        frame = self.codec.encode(_patterns(values), codebook, (values.size,), self.checksum,
+        frame = self.codec.encode(value_patterns(values), codebook, (values.size,), self.checksum,
                                   dtype=value_code(values))
         out[:frame.size] = frame
         return int(frame.size)
@@ -81,7 +81,7 @@ class HostEngine:
                              f"values, {fmt.DTYPE_NAMES[code]} expected")
         if bits.size != out.size:
             raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
-        _patterns(out)[:] = bits.reshape(-1)
+        value_patterns(out)[:] = bits.reshape(-1)
 
     def decode_errors(self) -> str | None:
         """Errors of decodes that report late (device); host decodes raise at once."""
@@ -139,12 +139,3 @@ class HostEngine:
         """Wait for the exchange; the first decode error that reports late (device), if any."""
         return None
 
-
-def _patterns(values: np.ndarray) -> np.ndarray:
-    """The bit patterns of a collective's array, as the codec reads them (float32 -> uint32,
-    float16 -> uint16; BF16 arrives as uint16 already)."""
-    if values.dtype == np.float32:
-        return values.view(np.uint32)
-    if values.dtype == np.float16:
-        return values.view(np.uint16)
-    return values

@@ -18,8 +18,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
-from .collectives import value_code
-from .host import _patterns
+from .collectives import value_code, value_patterns
 
 _FRAME_LEN_AT = fmt.FRAME_LEN_AT  # int64 LE in the header
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
@@ -204,7 +203,7 @@ class DeviceEngine:
         stride = max(1, n // SAMPLE_SIZE)
         with self._stream:  # the strided gather runs after the caller's writes to values
             sample = self.cp.asnumpy(values[::stride][:SAMPLE_SIZE], stream=self._stream)
-        cb = Codebook.from_sample(_patterns(sample), dtype=fmt.DTYPE_NAMES[code])
+        cb = Codebook.from_sample(value_patterns(sample), dtype=fmt.DTYPE_NAMES[code])
         if len(self._codebooks) >= 64:
             self._codebooks.pop(next(iter(self._codebooks)))
         self._codebooks[key] = [cb, 1]

@@ -51,6 +51,7 @@ from ..comm.collectives import (
     all_reduce_values,
     all_to_all_values,
     check_phases,
+    chunk_elements,
     reduce_scatter_values,
 )
 from ..comm.host import HostEngine
@@ -256,12 +257,8 @@ class Collectives:
         return a.view(np.uint16) if bf16 else a
 
     def _chunk_of(self, t: torch.Tensor) -> int:
-        """Elements per pipeline round for ``t``'s type (``chunk_bytes`` of it, whole blocks)."""
-        if not self.chunk or t.element_size() == 2:
-            return self.chunk
-        from .. import format as fmt
-
-        return max(fmt.BLOCK, 2 * self.chunk // t.element_size() // fmt.BLOCK * fmt.BLOCK)
+        """Elements per pipeline round for ``t``'s type (``collectives.chunk_elements``)."""
+        return chunk_elements(self.chunk, t.element_size())
 
     def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int, reduce_op: str | None = "sum"):
         dtype = _CODED.get(t.dtype) if reduce_op is not None else None
