@@ -46,8 +46,10 @@ from zipccl.codebook import exponent_entropy, exponent_histogram
 from zipccl.metrics import algbw
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the version of zipccl/kernels/encode_wide.py / decode_wide.py being measured
-KERNEL = "wide v2: per-group device functions inlined, 4 groups' loads issued together"
+# the kernels being measured (experiments/kernels/NOTES.md; the wide v2 records of FP32 are
+# results/dtypes_gpu_wide_v2.jsonl)
+KERNEL = ("FP32: the BF16 tile kernels' FP32 build (encode v5 / decode v4 bodies); "
+          "FP16: wide v2 (encode_wide.py / decode_wide.py)")
 SIGMAS = (1e-5, 1e-4, 1e-3, 0.02, 1.0, 100.0)
 GAUSS_N = 1 << 20
 

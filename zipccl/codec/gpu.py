@@ -583,17 +583,20 @@ def _check_wide_codebook(codebook: Codebook, code: int) -> None:
     fmt.check_codebook(codebook.exponents, code)
 
 
-def _encode_wide_into(bits, out, codebook: Codebook, stream, checksum, shape, workspace, code):
-    _check_wide_codebook(codebook, code)
+def _encode_wide_into(bits, out, codebook: Codebook | None, stream, checksum, shape, workspace, code):
+    """``codebook=None`` (FP32 only): the codebook ``stats.choose_codebook`` left in the
+    workspace."""
+    if codebook is not None:
+        _check_wide_codebook(codebook, code)
+    exponents = None if codebook is None else codebook.exponents
     runtime = _kernels()[3]
     if runtime.SIMULATOR:
-        return _encode_wide_numba(bits, out, codebook.exponents, stream, checksum, shape, workspace,
-                                  code)
+        return _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace, code)
     x_ptr, n = _wide_values(bits, code)
     o_ptr, nbytes = _frame_buffer(out)
     s = _stream_key(stream)
     ws = workspace if workspace is not None else default_workspace(s, n)
-    _encode_wide(x_ptr, n, o_ptr, nbytes, codebook.exponents, s, checksum, shape, ws, code)
+    _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code)
 
 
 def _wide_lay(n: int, nbytes: int, shape, code: int, ws: Workspace | None):
@@ -685,7 +688,7 @@ def _decode_wide_numba(frame, out, stream, workspace, code) -> None:
     fp32 = code == fmt.DTYPE_FP32
     _wide()[1].launch(v(fb, nbytes, np.uint8), v(fb, nbytes // 2, np.uint16), v(fb, nbytes // 4, np.uint32),
                       v(fb, nbytes // 8, np.int64), v(ob, n if fp32 else 0, np.uint32),
-                      v(ob, 0 if fp32 else n, np.uint16), ws.array, lay, _common.CRC_ZERO,
+                      v(ob, 2 * n if fp32 else n, np.uint16), ws.array, lay, _common.CRC_ZERO,
                       runtime.crc_table(), runtime.stream(stream))
 
 
@@ -806,25 +809,32 @@ def _default_stream_for(x, stream):
     return None
 
 
-def _choose_on_device(xb, n: int, ws: Workspace, stream) -> None:
-    """Enqueue ``stats.choose_codebook``: the default codebook of ``xb``, into ``ws``."""
+def _choose_on_device(xb, n: int, ws: Workspace, stream, code: int = fmt.DTYPE_BF16) -> None:
+    """Enqueue ``stats.choose_codebook``: the default codebook of ``xb`` (BF16 values, or
+    FP32 values: their upper halves), into ``ws``."""
     _, _, _, runtime, stats = _kernels()
+    fp32 = code == fmt.DTYPE_FP32
     if runtime.SIMULATOR:
-        stats.launch_codebook(runtime.view(xb, n, np.uint16), n, SAMPLE_SIZE, *runtime.codebook_tables(),
-                              ws.array, runtime.stream(stream))
+        x16 = runtime.view(xb, 2 * n, np.uint16)[1:] if fp32 else runtime.view(xb, n, np.uint16)
+        stats.launch_codebook(x16, n, SAMPLE_SIZE, *runtime.codebook_tables(), ws.array,
+                              runtime.stream(stream), step=2 if fp32 else 1)
         return
-    _choose(_values(xb)[0], n, ws, _stream_key(stream))
+    if fp32:  # the upper half of FP32 value i is uint16 2i + 1
+        _choose(_wide_values(xb, code)[0] + 2, n, ws, _stream_key(stream), step=2)
+    else:
+        _choose(_values(xb)[0], n, ws, _stream_key(stream))
 
 
-def _choose(x_ptr: int, n: int, ws: Workspace, s: int) -> None:
+def _choose(x_ptr: int, n: int, ws: Workspace, s: int, step: int = 1) -> None:
+    """``stats.choose_codebook`` of the n values at uint16 steps of ``step`` from ``x_ptr``."""
     launch = _launch()
     device = ws.device
-    key = (2, n, ws.ptr)
+    key = (2, n, ws.ptr, step)
     plan = _PLANS.get(key)
     if plan is None:
         _, _, _, runtime, stats = _kernels()
         ptrs = tuple((launch.device_pointer(t), t.size) for t in runtime.codebook_tables())
-        plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count)
+        plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count, step)
         plan.keep = ws
         plan = _remember(key, plan)
     plan.retarget(x_ptr)
@@ -886,17 +896,17 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
 
 
 def _compress_wide(x, xw, shape, code, codebook, sigma, checksum, out, stream):
-    """``compress`` of FP32 / FP16: the default codebook from the gathered sample (one
-    synchronisation), then ``encode_into`` and the frame length (another)."""
+    """``compress`` of FP32 / FP16, then the frame length (a synchronisation). The default
+    codebook: FP32 as BF16 (``stats.choose_codebook`` of the upper halves, on the device, no
+    synchronisation); FP16 from the gathered sample (another synchronisation)."""
     runtime = _kernels()[3]
     n = _wide_values(xw, code)[1]
     if codebook is None:
         if sigma is not None:
             codebook = Codebook.from_sigma(sigma, code)
-        else:
+        elif code == fmt.DTYPE_FP16:
             codebook = Codebook.from_sample(_wide_sample(xw, n, code, SAMPLE_SIZE, stream),
-                                            dtype=fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16
-                                            else fmt.DTYPE_BF16)
+                                            dtype=fmt.DTYPE_FP16)
     raw_size = fmt.Layout.for_count(n, code).raw_size
     buf = out if out is not None else _empty_like_framework(x, raw_size, "u8")
     nbytes = _u8(buf)[1]
@@ -904,6 +914,8 @@ def _compress_wide(x, xw, shape, code, codebook, sigma, checksum, out, stream):
         raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
                          f"(max_compressed_size({n}, {fmt.DTYPE_NAMES[code]!r}))")
     ws = default_workspace(stream if runtime.SIMULATOR else _stream_key(stream), n)
+    if codebook is None:
+        _choose_on_device(xw, n, ws, stream, code)
     _encode_wide_into(xw, buf, codebook, stream, checksum, shape, ws, code)
     if runtime.SIMULATOR:
         head = runtime.host_bytes(buf, _FRAME_LEN_AT + 8, runtime.stream(stream))

@@ -275,6 +275,25 @@ def layout_fields(lay):
 
 
 @dev
+def lay_lo(lay):
+    """The FP32 low halves' offset: ``encode.wide_tuple``'s field after ``layout_tuple``'s."""
+    return lay[LAY_FIELDS]
+
+
+@dev
+def lay_no_lo(lay):
+    """``lay_lo`` of a BF16 kernel (no low halves)."""
+    return np.int64(0)
+
+
+@dev
+def quad_checksum(w0, w1, w2, w3, i):
+    """Payload checksum terms of 4 consecutive uint32 words, the first payload word i."""
+    return wrap64(np.int64(w0) * (2 * i + 1) + np.int64(w1) * (2 * i + 3)
+                  + np.int64(w2) * (2 * i + 5) + np.int64(w3) * (2 * i + 7))
+
+
+@dev
 def field8(x, r):
     """Byte r of the uint32 x."""
     return np.uint32((x >> (8 * r)) & 0xFF)

@@ -33,6 +33,12 @@ Two launches, no host synchronisation:
    the epoch. Error bits (``_common.ERR_*``): WS_ERR_LAST holds the last call's,
    WS_ERR_STICKY accumulates until the host clears it.
 
+FP32 (``decode_tiles32``, the same kernel built with ``fp32`` set): the upper halves are
+decoded as BF16 values; each round then loads the 8 values' low halves (one 16-byte load),
+merges them with byte permutes and stores 32 bytes; an escaped value's upper half is
+rewritten as a 2-byte store. The header must name FP32, and a RAW frame copies 4n bytes.
+Its finishing kernel is ``decode_wide.wide_finish`` (the FP32 padding runs).
+
 A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores). Version
 history and H200 measurements: experiments/kernels/NOTES.md (this is v4; v3 is
 kept as experiments/kernels/v3_decode.py).
@@ -74,24 +80,29 @@ from ._common import (
     exclusive_scan8,
     field8,
     grid_size,
+    lay_lo,
+    lay_no_lo,
     layout_fields,
     lookback,
     popc32,
     prmt,
     publish,
+    quad_checksum,
     warp_sum,
     warp_xor,
 )
 from .compat import atomic_read, load16, store16, u32, wrap64
 
 _MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
+_MAGIC48_FP32 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_FP32]), "little")
 U64 = np.uint64
 HDR8 = fmt.HEADER_SIZE // 8
 
 
 @cuda.jit(device=True)
-def header_ok(f64, nbytes, lay):
-    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[LAY_N] values."""
+def header_ok(f64, nbytes, lay, magic):
+    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[LAY_N]
+    values; ``magic``: header bytes 0..5 (magic, version, element type) as an integer."""
     n = lay[LAY_N]
     eo = lay[LAY_ESCAPES]
     raw_size = lay[LAY_RAW]
@@ -101,7 +112,7 @@ def header_ok(f64, nbytes, lay):
     nesc = f64[2]
     flen = f64[3]
     raw = flags & 1
-    ok = (w0 & 0xFFFFFFFFFFFF) == _MAGIC48 and (flags & ~np.int64(3)) == 0 and nh == n
+    ok = (w0 & 0xFFFFFFFFFFFF) == magic and (flags & ~np.int64(3)) == 0 and nh == n
     ok = ok and flen >= 0 and flen <= nbytes and nesc >= 0
     if raw != 0:
         ok = ok and nesc == 0 and flen == raw_size
@@ -261,179 +272,254 @@ def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
             publish(ws, tile, epoch, STATUS_AGG, cnt)
 
 
-@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
-def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
-    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
-    n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
-    spread = cuda.shared.array(256, dtype=np.uint32)
-    smem = cuda.shared.array(16, dtype=np.int64)
-    tid = np.int64(cuda.threadIdx.x)
-    lane = tid & 31
-    warp = tid >> 5
-    spread[tid] = _spread_entry(tid)
-    spread[tid + TPB] = _spread_entry(tid + TPB)
-    if tid == 0:
-        tile = cuda.atomic.add(ws, WS_TICKET, 1)
-        epoch = ws[WS_EPOCH]
-        ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
-        smem[0] = tile
-        smem[1] = epoch
-        smem[2] = 1 if ok else 0
-        smem[3] = raw
-        smem[4] = nesc
-        smem[5] = has_cs
-        smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
-        if not ok:
-            if tile == 0:
-                cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
-        elif raw == 0:
-            _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem)
-    cuda.syncthreads()
-    if smem[2] == 0:
-        return
-    tile = smem[0]
-    epoch = smem[1]
-    nesc = smem[4]
-    do_cs = smem[5] != 0
+@cuda.jit(device=True)
+def _store32(f8, f32, out32, u, vm, o0, o1, o2, o3, lo_off, do_cs):
+    """FP32 output, one round: the values from 8u that are < n (mask ``vm``), from their upper
+    halves (o0..o3, two per word as BF16 values) and the low halves read here (one 16-byte
+    load; in the tail tile 2 bytes per value). Returns the low halves' checksum terms."""
+    e = 8 * u
+    l0 = u32(0)
+    l1 = l0
+    l2 = l0
+    l3 = l0
+    if vm == 0xFF:
+        l0, l1, l2, l3 = load16(f32, (lo_off >> 4) + u)
+        store16(out32, 2 * u, prmt(l0, o0, 0x5410), prmt(l0, o0, 0x7632), prmt(l1, o1, 0x5410),
+                prmt(l1, o1, 0x7632))
+        store16(out32, 2 * u + 1, prmt(l2, o2, 0x5410), prmt(l2, o2, 0x7632), prmt(l3, o3, 0x5410),
+                prmt(l3, o3, 0x7632))
+    elif vm != 0:
+        for k in range(8):
+            if (vm >> k) & 1:
+                q = lo_off + 2 * (e + k)
+                lo = u32(u32(f8[U64(q)]) | u32(u32(f8[U64(q + 1)]) << 8))
+                w = o0
+                lw = l0
+                if (k >> 1) == 1:
+                    w = o1
+                    lw = l1
+                elif (k >> 1) == 2:
+                    w = o2
+                    lw = l2
+                elif (k >> 1) == 3:
+                    w = o3
+                    lw = l3
+                sh = u32(16 * (k & 1))
+                out32[U64(e + k)] = u32(u32(u32(w >> sh) << 16) | lo)
+                lw = u32(lw | u32(lo << sh))
+                if (k >> 1) == 0:
+                    l0 = lw
+                elif (k >> 1) == 1:
+                    l1 = lw
+                elif (k >> 1) == 2:
+                    l2 = lw
+                else:
+                    l3 = lw
     cs = np.int64(0)
-    if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
+    if do_cs:
+        i = ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u
+        cs = quad_checksum(l0, l1, l2, l3, i)
+    return cs
+
+
+def _tiles_kernel(fp32: bool):
+    """The tile kernel for BF16 output (``fp32`` False) or FP32 output (True; module
+    docstring, "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its path."""
+    magic = _MAGIC48_FP32 if fp32 else _MAGIC48
+    lo_of = lay_lo if fp32 else lay_no_lo
+    per_ticket = 8 if fp32 else 4  # RAW copy: 16-byte units per thread and tile
+
+    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+    def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
+        """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
+        n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
+        lo_off = lo_of(lay)
+        units = 2 * n if fp32 else n  # the RAW payload in 2-byte units
+        spread = cuda.shared.array(256, dtype=np.uint32)
+        smem = cuda.shared.array(16, dtype=np.int64)
+        tid = np.int64(cuda.threadIdx.x)
+        lane = tid & 31
+        warp = tid >> 5
+        spread[tid] = _spread_entry(tid)
+        spread[tid + TPB] = _spread_entry(tid + TPB)
+        if tid == 0:
+            tile = cuda.atomic.add(ws, WS_TICKET, 1)
+            epoch = ws[WS_EPOCH]
+            ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, magic)
+            smem[0] = tile
+            smem[1] = epoch
+            smem[2] = 1 if ok else 0
+            smem[3] = raw
+            smem[4] = nesc
+            smem[5] = has_cs
+            smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
+            if not ok:
+                if tile == 0:
+                    cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
+            elif raw == 0:
+                _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem)
+        cuda.syncthreads()
+        if smem[2] == 0:
+            return
+        tile = smem[0]
+        epoch = smem[1]
+        nesc = smem[4]
+        do_cs = smem[5] != 0
+        cs = np.int64(0)
+        if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
+            while tile < n_blocks:
+                g = tile * (TPB * per_ticket) + tid
+                for _ in range(per_ticket):
+                    e = 8 * g
+                    if e + 8 <= units:
+                        v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
+                        store16(out32, g, v0, v1, v2, v3)
+                        if do_cs:
+                            i = 4 * g
+                            cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
+                                        + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
+                    elif e < units:
+                        for k in range(8):
+                            if e + k < units:
+                                q = 2 * (e + k)
+                                lo = np.int64(f8[fmt.HEADER_SIZE + q])
+                                hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
+                                out16[e + k] = lo | (hi << 8)
+                                if do_cs:
+                                    cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
+                    g += TPB
+                cuda.syncthreads()  # everyone has read this ticket
+                if tid == 0:
+                    smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+                cuda.syncthreads()
+                tile = smem[0]
+            if do_cs:
+                cs = warp_sum(cs)
+                if lane == 0:
+                    cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+            return
+
+        cb64 = smem[6]
+        cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
+        cbb = u32(cb64 >> 24)  # entries 3-6
+        err = np.int64(0)
+        ra, rb, rc, rd = _load_tile(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off,
+                                    stride, pwords)
         while tile < n_blocks:
-            g = tile * 512 + tid
-            for _ in range(4):
-                e = 8 * g
-                if e + 8 <= n:
-                    v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
-                    store16(out32, g, v0, v1, v2, v3)
+            cnt = smem[7]
+            craw = smem[8]
+            g = tile * 512 + warp * 128 + lane
+            a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
+            b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
+            c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
+            d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
+            if fp32:  # with the low halves, read here
+                lcs = wrap64(_store32(f8, f32, out32, g, ra[5], a0, a1, a2, a3, lo_off, do_cs)
+                             + _store32(f8, f32, out32, g + 32, rb[5], b0, b1, b2, b3, lo_off, do_cs)
+                             + _store32(f8, f32, out32, g + 64, rc[5], c0, c1, c2, c3, lo_off, do_cs)
+                             + _store32(f8, f32, out32, g + 96, rd[5], d0, d1, d2, d3, lo_off, do_cs))
+                cs = wrap64(cs + lcs)
+            elif ra[5] == 0xFF and rd[5] == 0xFF:
+                store16(out32, g, a0, a1, a2, a3)
+                store16(out32, g + 32, b0, b1, b2, b3)
+                store16(out32, g + 64, c0, c1, c2, c3)
+                store16(out32, g + 96, d0, d1, d2, d3)
+            else:
+                _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
+                _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
+                _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
+                _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
+            if do_cs:
+                cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
+                            + _round_cs(rb, g + 32, planes_off, stride, pwords)
+                            + _round_cs(rc, g + 64, planes_off, stride, pwords)
+                            + _round_cs(rd, g + 96, planes_off, stride, pwords))
+            escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
+            cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
+                       | u32(popc32(esc3) << 24))
+            ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
+            if lane == 0:
+                smem[9 + warp] = np.int64(w0t + w1t + w2t + w3t)
+            cuda.syncthreads()  # A: warp totals
+            woff = np.int64(0)
+            btot = np.int64(0)
+            for w in range(4):
+                v = smem[9 + w]
+                if w < warp:
+                    woff += v
+                btot += v
+            if warp == 0:
+                prefix = np.int64(0)
+                if tile > 0:
+                    prefix = lookback(ws, tile, epoch, lane)
+                    if lane == 0:
+                        publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
+                if lane == 0:
+                    smem[13] = prefix
+                    if btot != craw:
+                        err |= ERR_COUNTS
+                    if tile == n_blocks - 1 and prefix + cnt != nesc:
+                        err |= ERR_TOTAL
                     if do_cs:
-                        i = 4 * g
-                        cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
-                                    + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
-                elif e < n:
-                    for k in range(8):
-                        if e + k < n:
-                            q = 2 * (e + k)
-                            lo = np.int64(f8[fmt.HEADER_SIZE + q])
-                            hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
-                            out16[e + k] = lo | (hi << 8)
-                            if do_cs:
-                                cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
-                g += TPB
-            cuda.syncthreads()  # everyone has read this ticket
-            if tid == 0:
-                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-            cuda.syncthreads()
-            tile = smem[0]
+                        cs = wrap64(cs + craw * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                    nxt = cuda.atomic.add(ws, WS_TICKET, 1)
+                    smem[0] = nxt
+                    _take_tile(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem)
+            cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
+            prefix = smem[13]
+            nxt = smem[0]
+            if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
+                ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
+            if escm != 0:
+                # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
+                base = prefix + woff
+                k0 = base + np.int64(field8(ex, 0))
+                k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+                k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+                k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
+                                         - popc32(u32(escm & 0xFFFFFF))))
+                e0 = 8 * g
+                m = escm
+                while m != 0:
+                    low = u32(m & u32(u32(~m) + 1))
+                    m = u32(m ^ low)
+                    bit = popc32(u32(low - 1))  # 8r + s: value s of round r
+                    r = u32(bit >> 3)
+                    e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
+                    smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
+                    pos = k0
+                    if r == 1:
+                        pos = k1
+                    elif r == 2:
+                        pos = k2
+                    elif r == 3:
+                        pos = k3
+                    pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                    x = u32(0)
+                    if pos >= 0 and pos < nesc:
+                        x = u32(f8[U64(eo + pos)])
+                        if do_cs:
+                            cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
+                    else:
+                        err |= ERR_ESCAPE_RANGE
+                    hi = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
+                    if fp32:
+                        out16[U64(2 * e + 1)] = hi  # the upper half of FP32 value e
+                    else:
+                        out16[U64(e)] = hi
+            tile = nxt
+        if err != 0:
+            cuda.atomic.or_(ws, WS_ERR, err)
         if do_cs:
             cs = warp_sum(cs)
             if lane == 0:
                 cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
-        return
 
-    cb64 = smem[6]
-    cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
-    cbb = u32(cb64 >> 24)  # entries 3-6
-    err = np.int64(0)
-    ra, rb, rc, rd = _load_tile(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off,
-                                stride, pwords)
-    while tile < n_blocks:
-        cnt = smem[7]
-        craw = smem[8]
-        g = tile * 512 + warp * 128 + lane
-        a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
-        b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
-        c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
-        d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
-        if ra[5] == 0xFF and rd[5] == 0xFF:
-            store16(out32, g, a0, a1, a2, a3)
-            store16(out32, g + 32, b0, b1, b2, b3)
-            store16(out32, g + 64, c0, c1, c2, c3)
-            store16(out32, g + 96, d0, d1, d2, d3)
-        else:
-            _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
-            _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
-            _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
-            _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
-        if do_cs:
-            cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
-                        + _round_cs(rb, g + 32, planes_off, stride, pwords)
-                        + _round_cs(rc, g + 64, planes_off, stride, pwords)
-                        + _round_cs(rd, g + 96, planes_off, stride, pwords))
-        escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
-        cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
-                   | u32(popc32(esc3) << 24))
-        ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
-        if lane == 0:
-            smem[9 + warp] = np.int64(w0t + w1t + w2t + w3t)
-        cuda.syncthreads()  # A: warp totals
-        woff = np.int64(0)
-        btot = np.int64(0)
-        for w in range(4):
-            v = smem[9 + w]
-            if w < warp:
-                woff += v
-            btot += v
-        if warp == 0:
-            prefix = np.int64(0)
-            if tile > 0:
-                prefix = lookback(ws, tile, epoch, lane)
-                if lane == 0:
-                    publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
-            if lane == 0:
-                smem[13] = prefix
-                if btot != craw:
-                    err |= ERR_COUNTS
-                if tile == n_blocks - 1 and prefix + cnt != nesc:
-                    err |= ERR_TOTAL
-                if do_cs:
-                    cs = wrap64(cs + craw * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-                nxt = cuda.atomic.add(ws, WS_TICKET, 1)
-                smem[0] = nxt
-                _take_tile(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem)
-        cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
-        prefix = smem[13]
-        nxt = smem[0]
-        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
-            ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
-        if escm != 0:
-            # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
-            base = prefix + woff
-            k0 = base + np.int64(field8(ex, 0))
-            k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
-            k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
-            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
-                                     - popc32(u32(escm & 0xFFFFFF))))
-            e0 = 8 * g
-            m = escm
-            while m != 0:
-                low = u32(m & u32(u32(~m) + 1))
-                m = u32(m ^ low)
-                bit = popc32(u32(low - 1))  # 8r + s: value s of round r
-                r = u32(bit >> 3)
-                e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
-                smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
-                pos = k0
-                if r == 1:
-                    pos = k1
-                elif r == 2:
-                    pos = k2
-                elif r == 3:
-                    pos = k3
-                pos += np.int64(popc32(u32(escm & u32(low - 1))))
-                x = u32(0)
-                if pos >= 0 and pos < nesc:
-                    x = u32(f8[U64(eo + pos)])
-                    if do_cs:
-                        cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
-                else:
-                    err |= ERR_ESCAPE_RANGE
-                out16[U64(e)] = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
-        tile = nxt
-    if err != 0:
-        cuda.atomic.or_(ws, WS_ERR, err)
-    if do_cs:
-        cs = warp_sum(cs)
-        if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+    return decode_tiles
+
+
+decode_tiles = _tiles_kernel(False)
+decode_tiles32 = _tiles_kernel(True)
 
 
 @cuda.jit
@@ -444,7 +530,7 @@ def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
-    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
+    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, _MAGIC48)
     err = np.int64(0)
     if not ok:
         err = ERR_HEADER
@@ -517,6 +603,9 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
 _A = launch_route.array
 TILES = launch_route.Kernel(decode_tiles, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.uint32),
                                            _A(np.uint16), _A(np.int64), launch_route.int_tuple(LAY_FIELDS)))
+TILES32 = launch_route.Kernel(decode_tiles32, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.uint32),
+                                               _A(np.uint16), _A(np.int64),
+                                               launch_route.int_tuple(LAY_FIELDS + 3)))
 FINISH = launch_route.Kernel(decode_finish, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.int64),
                                              launch_route.int_tuple(LAY_FIELDS), launch_route.I64,
                                              _A(np.int64)))

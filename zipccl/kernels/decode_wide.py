@@ -28,7 +28,10 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
-from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+from . import (
+    compat,  # noqa: F401  (numpy fix before numba.cuda compiles anything)
+    decode,
+)
 from . import launch as launch_route
 from ._common import (
     BLOCKS_PER_SM,
@@ -324,7 +327,8 @@ def _padding_sum(f8, lay, tid):
     planes_off = lay[2]
     stride = lay[3]
     cs = np.int64(0)
-    starts = (HDR + n, lay[4] + 4 * lay[8], lay[9] + 2 * n if lay[11] == FP32 else lay[5])
+    sm_end = HDR + (((n + 7) & ~np.int64(7)) if lay[11] == FP32 else n)  # FP32: decode.py's tiles
+    starts = (sm_end, lay[4] + 4 * lay[8], lay[9] + 2 * n if lay[11] == FP32 else lay[5])
     ends = (planes_off, lay[9], lay[5])
     for r in range(3):
         i = starts[r] + tid
@@ -385,7 +389,9 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
     frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the n output values
     (FP32 / FP16; the other one empty)."""
     lt = wide_tuple(lay)
-    if lay.n_blocks:
+    if lay.n_blocks and lay.dtype == FP32:
+        decode.decode_tiles32[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
+    elif lay.n_blocks:
         wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out32, out16, ws, lt)
     wide_finish[1, TPB, stream](f8, f64, ws, lt, crc_zero, crc_tab)
 
@@ -401,20 +407,28 @@ FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int
 class Plan:
     """The launches of one FP32 / FP16 decode with everything but the stream fixed."""
 
-    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace")
+    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace", "f_slots",
+                 "o_slots")
 
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
                  ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
         n = lay.n
         lt = wide_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
-        outs = ((out_ptr, n if lay.dtype == FP32 else 0), (out_ptr, n if lay.dtype == FP16 else 0))
         self.device = device
         self.tiles = None
         if lay.n_blocks:
-            self.tiles = TILES.function(device)
             self.tiles_grid = grid_size(lay.n_blocks)
-            self.p_tiles = launch_route.Params(TILES, (*frame, *outs, (ws_ptr, ws_count), lt))
+            if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
+                self.tiles = decode.TILES32.function(device)
+                self.p_tiles = launch_route.Params(decode.TILES32, (
+                    frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), (ws_ptr, ws_count), lt))
+                self.f_slots, self.o_slots = _T32_F, _T32_OUT
+            else:
+                self.tiles = TILES.function(device)
+                self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, 0), (out_ptr, n),
+                                                           (ws_ptr, ws_count), lt))
+                self.f_slots, self.o_slots = _F_SLOTS, _OUT_SLOTS
         self.finish = FINISH.function(device)
         self.p_finish = launch_route.Params(FINISH, (frame[0], frame[3], (ws_ptr, ws_count), lt, crc_zero,
                                                      (crc_ptr, crc_count)))
@@ -422,9 +436,9 @@ class Plan:
     def retarget(self, f_ptr: int, out_ptr: int) -> None:
         """Point the plan at other buffers of the same sizes (the frame, the values)."""
         if self.tiles is not None:
-            for slot in _F_SLOTS:
+            for slot in self.f_slots:
                 self.p_tiles.set(slot, f_ptr)
-            for slot in _OUT_SLOTS:
+            for slot in self.o_slots:
                 self.p_tiles.set(slot, out_ptr)
         for slot in _FIN_F_SLOTS:
             self.p_finish.set(slot, f_ptr)
@@ -437,4 +451,6 @@ class Plan:
 
 _F_SLOTS = tuple(TILES.data_slot(i) for i in range(4))
 _OUT_SLOTS = (TILES.data_slot(4), TILES.data_slot(5))
+_T32_F = tuple(decode.TILES32.data_slot(i) for i in range(3))
+_T32_OUT = (decode.TILES32.data_slot(3), decode.TILES32.data_slot(4))
 _FIN_F_SLOTS = (FINISH.data_slot(0), FINISH.data_slot(1))

@@ -41,6 +41,16 @@ Two launches, no host synchronisation:
    by a warp from a per-bit table, see ``_common``), resets the workspace
    counters and advances the epoch.
 
+FP32 (``encode_tiles32``, the same kernel built with ``fp32`` set): an FP32 frame is the
+BF16 frame of the values' upper halves plus a section of their low halves
+(docs/FORMAT.md), so in each round a lane loads its 8 values with two 16-byte loads, byte
+permutes split them into 4 words of upper halves (coded exactly as BF16 words) and 4 words
+of low halves (one 16-byte store into the low-halves section, the tail tile 2 bytes per
+value). FP32 tiles are not staged (their 32 KiB per block would halve the resident blocks);
+escaped values re-read their upper half from global memory. Block 0 zeroes the padding after
+the sign-mantissa words and after the counts; ``encode_finish`` (with ``finish_tuple``) the
+rest. The layout tuple is ``wide_tuple``.
+
 Version history and H200 measurements: experiments/kernels/NOTES.md (this is v5: v4's
 code with the shared-memory staging; v4 is in git history, v3 is kept as
 experiments/kernels/v3_encode.py). All offsets come from
@@ -86,11 +96,14 @@ from ._common import (
     exclusive_scan8,
     field8,
     grid_size,
+    lay_lo,
+    lay_no_lo,
     layout_fields,
     lookback,
     popc32,
     prmt,
     publish,
+    quad_checksum,
     warp_sum,
     warp_xor,
 )
@@ -119,6 +132,25 @@ def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
     field k at index ``_common.LAY_*`` = k."""
     return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
             lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks)
+
+
+def wide_tuple(lay: fmt.Layout) -> tuple[int, ...]:
+    """``layout_tuple`` plus the fields of FP32 and FP16 frames: (..., low halves' offset,
+    number of bit planes, element type); the FP32 tile kernel and the wide kernels read it."""
+    return layout_tuple(lay) + (lay.lo_offset, lay.n_planes, lay.dtype)
+
+
+def finish_tuple(lay: fmt.Layout) -> tuple[int, ...]:
+    """``layout_tuple`` as ``encode_finish`` must see a frame of any type: n in 2-byte units
+    (its RAW copy moves 2n' bytes) and, for FP32, the counts offset moved so that the padding
+    it zeroes after "counts + 4 n_blocks" is the padding after the low halves (the padding
+    after the counts is zeroed by the tile kernel). For BF16 it is ``layout_tuple``."""
+    units = lay.n * fmt.ITEMSIZE[lay.dtype] // 2
+    counts = lay.counts_offset
+    if lay.dtype == fmt.DTYPE_FP32:
+        counts = lay.lo_offset + lay.lo_size - 4 * lay.n_blocks
+    return (units, lay.sm_offset, lay.planes_offset, lay.plane_stride, counts, lay.escapes_offset,
+            lay.raw_size, lay.plane_words, lay.n_blocks)
 
 
 assert (LAY_N, LAY_SM, LAY_PLANES, LAY_STRIDE, LAY_COUNTS, LAY_ESCAPES, LAY_RAW, LAY_PWORDS,
@@ -255,170 +287,265 @@ def _issue(stage, slot, x32, n, t, n_blocks, warp, lane):
     cp_commit()
 
 
-@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
-def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
-    """Code tiles taken from the ticket counter until none is left, each staged in shared
-    memory while the one before is coded (module docstring)."""
-    n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
-    lut = cuda.shared.array(256, dtype=np.uint32)
-    stage = cuda.shared.array(STAGE_WORDS, dtype=np.uint32, alignment=16)
-    pl = cuda.shared.array(4 * 96, dtype=np.uint32, alignment=16)  # per warp: 3 planes x 128 B
-    smem = cuda.shared.array(8, dtype=np.int64)
-    tid = np.int64(cuda.threadIdx.x)
-    lane = tid & 31
-    warp = tid >> 5
-    if cb64 < 0:  # the codebook was chosen on the device (stats.choose_codebook)
-        cb64 = ws[WS_CODEBOOK]
-    lut[tid] = _lut_entry(tid, cb64)
-    lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
-    if tid == 0:
-        smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-        smem[1] = ws[WS_EPOCH]
-    cuda.syncthreads()
-    tile = smem[0]
-    epoch = smem[1]
-    _issue(stage, 0, x32, n, tile, n_blocks, warp, lane)
-    slot = 0
-    cs = np.int64(0)
-    while tile < n_blocks:
-        g = tile * 512 + warp * 128 + lane
-        full = (tile + 1) * fmt.BLOCK <= n
-        cp_wait0()  # this lane's copies of this tile have landed (it reads only those)
-        sb = slot * TILE_WORDS + 4 * (warp * 128 + lane)
-        if full:
-            a0, a1, a2, a3 = lds16(stage, sb)
-            b0, b1, b2, b3 = lds16(stage, sb + 128)
-            c0, c1, c2, c3 = lds16(stage, sb + 256)
-            d0, d1, d2, d3 = lds16(stage, sb + 384)
-            va = u32(0xFF)
-            vb = va
-            vc = va
-            vd = va
-        else:  # the tail tile: 2-byte loads past n & ~7, values past n get code 0 and no escape
-            (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
-             va, vb, vc, vd) = _load_tile(x32, x16, n, tile, warp, lane)
-        acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
-        acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
-        acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
-        acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
-        if full:
-            b = U64(HDR8 + g)
-            out64[b] = np.int64(s0) | (np.int64(s1) << 32)
-            out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
-            out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
-            out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
-            pb = warp * 384 + lane  # byte of plane k, round r: pb + 128k + 32r
-            sts8(pl, pb, acc0)
-            sts8(pl, pb + 32, acc1)
-            sts8(pl, pb + 64, acc2)
-            sts8(pl, pb + 96, acc3)
-            sts8(pl, pb + 128, u32(acc0 >> 8))
-            sts8(pl, pb + 160, u32(acc1 >> 8))
-            sts8(pl, pb + 192, u32(acc2 >> 8))
-            sts8(pl, pb + 224, u32(acc3 >> 8))
-            sts8(pl, pb + 256, u32(acc0 >> 16))
-            sts8(pl, pb + 288, u32(acc1 >> 16))
-            sts8(pl, pb + 320, u32(acc2 >> 16))
-            sts8(pl, pb + 352, u32(acc3 >> 16))
-            syncwarp()
-            if lane < 24:  # plane lane >> 3, 16-byte unit lane & 7 of the warp's 128 bytes
-                w0, w1, w2, w3 = lds16(pl, warp * 96 + 4 * lane)
-                q = planes_off + (lane >> 3) * stride + tile * 512 + warp * 128 + 16 * (lane & 7)
-                store16(out32, q >> 4, w0, w1, w2, w3)
-            syncwarp()
-        else:
-            acc0 = u32(acc0 & u32(va * 0x01010101))
-            acc1 = u32(acc1 & u32(vb * 0x01010101))
-            acc2 = u32(acc2 & u32(vc * 0x01010101))
-            acc3 = u32(acc3 & u32(vd * 0x01010101))
-            _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
-            _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
-            _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
-            _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
-        if do_cs:
-            cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
-                        + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
-                        + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
-                        + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
+@cuda.jit(device=True)
+def _zero_gaps32(out8, n, planes_off, counts_off, n_blocks, lo_off, tid):
+    """FP32 frame: zero the padding after the sign-mantissa words and after the counts (each
+    run is shorter than ALIGN); ``encode_finish`` zeroes the plane gaps and the padding after
+    the low halves (``finish_tuple``)."""
+    i = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)) + tid
+    if i < planes_off:
+        out8[i] = 0
+    i = counts_off + 4 * n_blocks + tid
+    if i < lo_off:
+        out8[i] = 0
 
-        # escape mask: bit 8r + s = value s of round r; ranks by one packed warp scan
-        escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
-                   | u32(u32(acc2 >> 8) & 0xFF0000) | u32(acc3 & 0xFF000000))
-        cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
-                  | u32(popc32(u32(escm & 0xFF0000)) << 16) | u32(popc32(u32(escm & 0xFF000000)) << 24))
-        ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
-        if lane == 0:
-            smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
-        cuda.syncthreads()  # A: warp totals
-        woff = np.int64(0)
-        btot = np.int64(0)
-        for w in range(4):
-            v = smem[2 + w]
-            if w < warp:
-                woff += v
-            btot += v
-        if warp == 0:
-            if lane == 0:
-                out32[(counts_off >> 2) + tile] = btot
-                if do_cs:
-                    cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-                if tile == 0:
-                    publish(ws, tile, epoch, STATUS_INC, btot)
-                else:
-                    publish(ws, tile, epoch, STATUS_AGG, btot)
-            prefix = np.int64(0)
-            if tile > 0:
-                prefix = lookback(ws, tile, epoch, lane)
-                if lane == 0:
-                    publish(ws, tile, epoch, STATUS_INC, prefix + btot)
-            if lane == 0:
-                smem[6] = prefix
-                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-        cuda.syncthreads()  # B: this tile's prefix, the next tile's ticket
-        prefix = smem[6]
-        nxt = smem[0]
-        _issue(stage, slot ^ 1, x32, n, nxt, n_blocks, warp, lane)  # the next tile's copies
-        if escm != 0:
-            # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
-            base = eo + prefix + woff
-            k0 = base + np.int64(field8(ex, 0))
-            k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
-            k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
-            k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
-                                     - popc32(u32(escm & 0xFFFFFF))))
-            e0 = 8 * g
-            m = escm
-            while m != 0:
-                low = u32(m & u32(u32(~m) + 1))
-                m = u32(m ^ low)
-                bb = popc32(u32(low - 1))  # bit 8r + s: value s of round r
-                r = u32(bb >> 3)
-                s = u32(bb & 7)
-                if full:  # the value, from the staging buffer (this lane copied it)
-                    wv = stage[sb + np.int64(u32(u32(r << 7) + u32(s >> 1)))]
-                    v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
-                else:
-                    v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
-                pos = k0
-                if r == 1:
-                    pos = k1
-                elif r == 2:
-                    pos = k2
-                elif r == 3:
-                    pos = k3
-                pos += np.int64(popc32(u32(escm & u32(low - 1))))
-                if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
-                    x = u32(u32(v >> 7) & 0xFF)
-                    out8[U64(pos)] = x
-                    if do_cs:
-                        cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
-        tile = nxt
-        slot ^= 1
-    cp_wait0()
+
+@cuda.jit(device=True)
+def _round32(x32, out8, out32, u, n, lo_off, full, do_cs):
+    """FP32 input, one round: the 8 values from 8u. Returns their upper halves as 4 BF16-style
+    words (two values each), the mask of the values < n, and the checksum terms of their low
+    halves, which it stores (one 16-byte store; in the tail tile 2 bytes per value < n)."""
+    e = 8 * u
+    if full or e + 8 <= n:
+        v0, v1, v2, v3 = load16(x32, 2 * u)
+        v4, v5, v6, v7 = load16(x32, 2 * u + 1)
+        vm = u32(0xFF)
+    else:
+        v0 = u32(0)
+        v1 = v0
+        v2 = v0
+        v3 = v0
+        v4 = v0
+        v5 = v0
+        v6 = v0
+        v7 = v0
+        vm = u32(0)
+        if e < n:
+            vm = u32((np.int64(1) << (n - e)) - 1)
+            v0 = u32(x32[e])
+            if e + 1 < n:
+                v1 = u32(x32[e + 1])
+            if e + 2 < n:
+                v2 = u32(x32[e + 2])
+            if e + 3 < n:
+                v3 = u32(x32[e + 3])
+            if e + 4 < n:
+                v4 = u32(x32[e + 4])
+            if e + 5 < n:
+                v5 = u32(x32[e + 5])
+            if e + 6 < n:
+                v6 = u32(x32[e + 6])
+    l0 = prmt(v0, v1, 0x5410)
+    l1 = prmt(v2, v3, 0x5410)
+    l2 = prmt(v4, v5, 0x5410)
+    l3 = prmt(v6, v7, 0x5410)
+    if vm == 0xFF:
+        store16(out32, (lo_off >> 4) + u, l0, l1, l2, l3)
+    else:
+        for k in range(8):
+            if e + k < n:
+                v = np.int64(x32[e + k])
+                out8[lo_off + 2 * (e + k)] = v & 0xFF
+                out8[lo_off + 2 * (e + k) + 1] = (v >> 8) & 0xFF
+    cs = np.int64(0)
     if do_cs:
-        cs = warp_sum(cs)
-        if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+        i = ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u
+        cs = quad_checksum(l0, l1, l2, l3, i)
+    return (prmt(v0, v1, 0x7632), prmt(v2, v3, 0x7632), prmt(v4, v5, 0x7632), prmt(v6, v7, 0x7632),
+            vm, cs)
+
+
+def _tiles_kernel(fp32: bool):
+    """The tile kernel for BF16 input (``fp32`` False) or FP32 input (True; module docstring,
+    "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its own path."""
+    stage_words = 4 if fp32 else STAGE_WORDS  # FP32 tiles are not staged
+    lo_of = lay_lo if fp32 else lay_no_lo
+
+    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+    def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
+        """Code tiles taken from the ticket counter until none is left (module docstring)."""
+        n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
+        lo_off = lo_of(lay)
+        lut = cuda.shared.array(256, dtype=np.uint32)
+        stage = cuda.shared.array(stage_words, dtype=np.uint32, alignment=16)
+        pl = cuda.shared.array(4 * 96, dtype=np.uint32, alignment=16)  # per warp: 3 planes x 128 B
+        smem = cuda.shared.array(8, dtype=np.int64)
+        tid = np.int64(cuda.threadIdx.x)
+        lane = tid & 31
+        warp = tid >> 5
+        if cb64 < 0:  # the codebook was chosen on the device (stats.choose_codebook)
+            cb64 = ws[WS_CODEBOOK]
+        lut[tid] = _lut_entry(tid, cb64)
+        lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
+        if tid == 0:
+            smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            smem[1] = ws[WS_EPOCH]
+        if fp32 and cuda.blockIdx.x == 0:
+            _zero_gaps32(out8, n, planes_off, counts_off, n_blocks, lo_off, tid)
+        cuda.syncthreads()
+        tile = smem[0]
+        epoch = smem[1]
+        if not fp32:
+            _issue(stage, 0, x32, n, tile, n_blocks, warp, lane)
+        slot = 0
+        cs = np.int64(0)
+        while tile < n_blocks:
+            g = tile * 512 + warp * 128 + lane
+            full = (tile + 1) * fmt.BLOCK <= n
+            if not fp32:
+                cp_wait0()  # this lane's copies of this tile have landed (it reads only those)
+            sb = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+            if fp32:  # upper halves as BF16 words; the low halves are stored here
+                a0, a1, a2, a3, va, la = _round32(x32, out8, out32, g, n, lo_off, full, do_cs)
+                b0, b1, b2, b3, vb, lb = _round32(x32, out8, out32, g + 32, n, lo_off, full, do_cs)
+                c0, c1, c2, c3, vc, lc = _round32(x32, out8, out32, g + 64, n, lo_off, full, do_cs)
+                d0, d1, d2, d3, vd, ld = _round32(x32, out8, out32, g + 96, n, lo_off, full, do_cs)
+                if do_cs:
+                    cs = wrap64(cs + la + lb + lc + ld)
+            elif full:
+                a0, a1, a2, a3 = lds16(stage, sb)
+                b0, b1, b2, b3 = lds16(stage, sb + 128)
+                c0, c1, c2, c3 = lds16(stage, sb + 256)
+                d0, d1, d2, d3 = lds16(stage, sb + 384)
+                va = u32(0xFF)
+                vb = va
+                vc = va
+                vd = va
+            else:  # the tail tile: 2-byte loads past n & ~7, values past n get code 0 and no escape
+                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+                 va, vb, vc, vd) = _load_tile(x32, x16, n, tile, warp, lane)
+            acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
+            acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
+            acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
+            acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
+            if full:
+                b = U64(HDR8 + g)
+                out64[b] = np.int64(s0) | (np.int64(s1) << 32)
+                out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
+                out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
+                out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
+                pb = warp * 384 + lane  # byte of plane k, round r: pb + 128k + 32r
+                sts8(pl, pb, acc0)
+                sts8(pl, pb + 32, acc1)
+                sts8(pl, pb + 64, acc2)
+                sts8(pl, pb + 96, acc3)
+                sts8(pl, pb + 128, u32(acc0 >> 8))
+                sts8(pl, pb + 160, u32(acc1 >> 8))
+                sts8(pl, pb + 192, u32(acc2 >> 8))
+                sts8(pl, pb + 224, u32(acc3 >> 8))
+                sts8(pl, pb + 256, u32(acc0 >> 16))
+                sts8(pl, pb + 288, u32(acc1 >> 16))
+                sts8(pl, pb + 320, u32(acc2 >> 16))
+                sts8(pl, pb + 352, u32(acc3 >> 16))
+                syncwarp()
+                if lane < 24:  # plane lane >> 3, 16-byte unit lane & 7 of the warp's 128 bytes
+                    w0, w1, w2, w3 = lds16(pl, warp * 96 + 4 * lane)
+                    q = planes_off + (lane >> 3) * stride + tile * 512 + warp * 128 + 16 * (lane & 7)
+                    store16(out32, q >> 4, w0, w1, w2, w3)
+                syncwarp()
+            else:
+                acc0 = u32(acc0 & u32(va * 0x01010101))
+                acc1 = u32(acc1 & u32(vb * 0x01010101))
+                acc2 = u32(acc2 & u32(vc * 0x01010101))
+                acc3 = u32(acc3 & u32(vd * 0x01010101))
+                _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
+                _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
+            if do_cs:
+                cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
+                            + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
+                            + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
+                            + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
+
+            # escape mask: bit 8r + s = value s of round r; ranks by one packed warp scan
+            escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
+                       | u32(u32(acc2 >> 8) & 0xFF0000) | u32(acc3 & 0xFF000000))
+            cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
+                      | u32(popc32(u32(escm & 0xFF0000)) << 16) | u32(popc32(u32(escm & 0xFF000000)) << 24))
+            ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
+            if lane == 0:
+                smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
+            cuda.syncthreads()  # A: warp totals
+            woff = np.int64(0)
+            btot = np.int64(0)
+            for w in range(4):
+                v = smem[2 + w]
+                if w < warp:
+                    woff += v
+                btot += v
+            if warp == 0:
+                if lane == 0:
+                    out32[(counts_off >> 2) + tile] = btot
+                    if do_cs:
+                        cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
+                    if tile == 0:
+                        publish(ws, tile, epoch, STATUS_INC, btot)
+                    else:
+                        publish(ws, tile, epoch, STATUS_AGG, btot)
+                prefix = np.int64(0)
+                if tile > 0:
+                    prefix = lookback(ws, tile, epoch, lane)
+                    if lane == 0:
+                        publish(ws, tile, epoch, STATUS_INC, prefix + btot)
+                if lane == 0:
+                    smem[6] = prefix
+                    smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cuda.syncthreads()  # B: this tile's prefix, the next tile's ticket
+            prefix = smem[6]
+            nxt = smem[0]
+            if not fp32:
+                _issue(stage, slot ^ 1, x32, n, nxt, n_blocks, warp, lane)  # the next tile's copies
+            if escm != 0:
+                # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
+                base = eo + prefix + woff
+                k0 = base + np.int64(field8(ex, 0))
+                k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+                k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+                k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
+                                         - popc32(u32(escm & 0xFFFFFF))))
+                e0 = 8 * g
+                m = escm
+                while m != 0:
+                    low = u32(m & u32(u32(~m) + 1))
+                    m = u32(m ^ low)
+                    bb = popc32(u32(low - 1))  # bit 8r + s: value s of round r
+                    r = u32(bb >> 3)
+                    s = u32(bb & 7)
+                    if fp32:  # the upper half, from global memory (still cached)
+                        v = u32(x32[U64(e0 + np.int64(u32(u32(r << 8) + s)))] >> 16)
+                    elif full:  # the value, from the staging buffer (this lane copied it)
+                        wv = stage[sb + np.int64(u32(u32(r << 7) + u32(s >> 1)))]
+                        v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
+                    else:
+                        v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
+                    pos = k0
+                    if r == 1:
+                        pos = k1
+                    elif r == 2:
+                        pos = k2
+                    elif r == 3:
+                        pos = k3
+                    pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                    if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
+                        x = u32(u32(v >> 7) & 0xFF)
+                        out8[U64(pos)] = x
+                        if do_cs:
+                            cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
+            tile = nxt
+            slot ^= 1
+        if not fp32:
+            cp_wait0()
+        if do_cs:
+            cs = warp_sum(cs)
+            if lane == 0:
+                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+    return encode_tiles
+
+
+encode_tiles = _tiles_kernel(False)
+encode_tiles32 = _tiles_kernel(True)
 
 
 @cuda.jit
@@ -584,6 +711,10 @@ _A = launch_route.array
 TILES = launch_route.Kernel(encode_tiles, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
                                            _A(np.int64), _A(np.int64), launch_route.int_tuple(LAY_FIELDS),
                                            launch_route.I64, launch_route.I64))
+TILES32 = launch_route.Kernel(encode_tiles32, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
+                                               _A(np.int64), _A(np.int64),
+                                               launch_route.int_tuple(LAY_FIELDS + 3), launch_route.I64,
+                                               launch_route.I64))
 FINISH = launch_route.Kernel(encode_finish, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
                                              _A(np.int64), _A(np.int64), launch_route.int_tuple(LAY_FIELDS),
                                              launch_route.int_tuple(16), launch_route.I64, _A(np.int64),

@@ -64,29 +64,11 @@ from ._common import (
 )
 from .compat import ballot, popc, wrap64
 
+finish_tuple = encode.finish_tuple
+wide_tuple = encode.wide_tuple
 HDR = fmt.HEADER_SIZE
 FP32 = fmt.DTYPE_FP32
 FP16 = fmt.DTYPE_FP16
-
-
-def wide_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """The Layout fields ``wide_tiles`` reads, as one int tuple (a single kernel argument)."""
-    return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
-            lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks, lay.lo_offset,
-            lay.n_planes, lay.dtype)
-
-
-def finish_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """``encode.layout_tuple`` as ``encode.encode_finish`` must see a wide frame: n in 2-byte
-    units (its RAW copy moves 2n' bytes) and the counts offset moved so that the padding it
-    zeroes after "counts + 4 n_blocks" is the padding after FP32's low halves (FP16: the
-    padding after the counts, as for BF16)."""
-    units = lay.n * fmt.ITEMSIZE[lay.dtype] // 2
-    counts = lay.counts_offset
-    if lay.dtype == FP32:
-        counts = lay.lo_offset + lay.lo_size - 4 * lay.n_blocks
-    return (units, lay.sm_offset, lay.planes_offset, lay.plane_stride, counts, lay.escapes_offset,
-            lay.raw_size, lay.plane_words, lay.n_blocks)
 
 
 @dev
@@ -318,12 +300,16 @@ def launch(x32, x16, xu32, xu16, out8, out16, out32, out64, ws, lay: fmt.Layout,
     raw = force_raw(lay)
     tiles = 0
     if lay.n_blocks and not raw:
-        wide_tiles[grid_size(lay.n_blocks), TPB, stream](x32, x16, out8, out16, out32, ws,
-                                                         wide_tuple(lay), cb64, do_cs)
+        if lay.dtype == FP32:
+            encode.encode_tiles32[grid_size(lay.n_blocks), TPB, stream](x32, xu16, out8, out32, out64, ws,
+                                                                        wide_tuple(lay), cb64, do_cs)
+        else:
+            wide_tiles[grid_size(lay.n_blocks), TPB, stream](x32, x16, out8, out16, out32, ws,
+                                                             wide_tuple(lay), cb64, do_cs)
         tiles = lay.n_blocks
     encode.encode_finish[finish_blocks(lay), TPB, stream](xu32, xu16, out8, out32, out64, ws,
                                                           finish_tuple(lay), hdr, crc_base, crc_tab,
-                                                          raw, do_cs, tiles, 0)
+                                                          raw, do_cs, tiles, 1 if cb64 < 0 else 0)
 
 
 # -- the lean route (see launch.py) --
@@ -355,9 +341,17 @@ class Plan:
         self.tiles = None
         tiles = 0
         if lay.n_blocks and not raw:
-            self.tiles = TILES.function(device)
             self.tiles_grid = grid_size(lay.n_blocks)
-            self.p_tiles = launch_route.Params(TILES, (x32, x16, *out, ws, wide_tuple(lay), cb64, do_cs))
+            if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (encode.py)
+                self.tiles = encode.TILES32.function(device)
+                self.p_tiles = launch_route.Params(encode.TILES32, (
+                    x32, (x_ptr, 2 * n), out[0], out[2], (out_ptr, out_nbytes // 8), ws, wide_tuple(lay),
+                    cb64, do_cs))
+                self.x_slots, self.o_slots = _T32_X, _T32_OUT
+            else:
+                self.tiles = TILES.function(device)
+                self.p_tiles = launch_route.Params(TILES, (x32, x16, *out, ws, wide_tuple(lay), cb64, do_cs))
+                self.x_slots, self.o_slots = _TILE_X, _TILE_OUT
             tiles = lay.n_blocks
         units = nbytes // 2
         self.finish = encode.FINISH.function(device)
@@ -365,14 +359,14 @@ class Plan:
         self.p_finish = launch_route.Params(encode.FINISH, (
             (x_ptr, (units & ~7) // 2), (x_ptr, units), (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4),
             (out_ptr, out_nbytes // 8), ws, finish_tuple(lay), hdr, crc_base, (crc_ptr, crc_count), raw,
-            do_cs, tiles, 0))
+            do_cs, tiles, 1 if cb64 < 0 else 0))
 
     def retarget(self, x_ptr: int, out_ptr: int) -> None:
         """Point the plan at other buffers of the same sizes (the values, the frame)."""
         if self.tiles is not None:
-            for slot in _TILE_X:
+            for slot in self.x_slots:
                 self.p_tiles.set(slot, x_ptr)
-            for slot in _TILE_OUT:
+            for slot in self.o_slots:
                 self.p_tiles.set(slot, out_ptr)
         for slot in _FIN_X:
             self.p_finish.set(slot, x_ptr)
@@ -387,5 +381,7 @@ class Plan:
 
 _TILE_X = (TILES.data_slot(0), TILES.data_slot(1))
 _TILE_OUT = (TILES.data_slot(2), TILES.data_slot(3), TILES.data_slot(4))
+_T32_X = (encode.TILES32.data_slot(0), encode.TILES32.data_slot(1))
+_T32_OUT = (encode.TILES32.data_slot(2), encode.TILES32.data_slot(3), encode.TILES32.data_slot(4))
 _FIN_X = (encode.FINISH.data_slot(0), encode.FINISH.data_slot(1))
 _FIN_OUT = (encode.FINISH.data_slot(2), encode.FINISH.data_slot(3), encode.FINISH.data_slot(4))

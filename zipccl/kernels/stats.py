@@ -246,10 +246,12 @@ def codebook_args(n: int, samples: int) -> tuple[int, int, int]:
     return stride, count, int(math.floor(FALLBACK_MARGIN * count))
 
 
-def launch_codebook(x16, n: int, samples: int, scale, thr, starts, ws, stream) -> None:
-    """Enqueue ``choose_codebook`` (Numba's dispatcher: the simulator's route)."""
+def launch_codebook(x16, n: int, samples: int, scale, thr, starts, ws, stream, step: int = 1) -> None:
+    """Enqueue ``choose_codebook`` (Numba's dispatcher: the simulator's route) for the n
+    values at every ``step``-th uint16 of ``x16`` (2: FP32 upper halves)."""
     stride, count, threshold = codebook_args(n, samples)
-    choose_codebook[1, LOAD_TPB, stream](x16, stride, count, threshold, scale, thr, starts, thr.size, ws)
+    choose_codebook[1, LOAD_TPB, stream](x16, step * stride, count, threshold, scale, thr, starts,
+                                         thr.size, ws)
 
 
 _A = launch_route.array
@@ -264,11 +266,13 @@ class CodebookPlan:
     __slots__ = ("function", "params", "keep")
 
     def __init__(self, device: int, x_ptr: int, n: int, samples: int, tables, ws_ptr: int,
-                 ws_count: int):
+                 ws_count: int, step: int = 1):
+        """The n values at every ``step``-th uint16 from ``x_ptr`` (2: FP32 upper halves)."""
         stride, count, threshold = codebook_args(n, samples)
         (scale_ptr, scale_n), (thr_ptr, thr_n), (st_ptr, st_n) = tables
         self.function = CODEBOOK.function(device)
-        self.params = launch_route.Params(CODEBOOK, ((x_ptr, n), stride, count, threshold,
+        span = max(0, step * (n - 1) + 1)  # uint16 elements up to the last value
+        self.params = launch_route.Params(CODEBOOK, ((x_ptr, span), step * stride, count, threshold,
                                                      (scale_ptr, scale_n), (thr_ptr, thr_n),
                                                      (st_ptr, st_n), thr_n, (ws_ptr, ws_count)))
 
