@@ -43,11 +43,12 @@ from that guess (the output is then sized from it and the frame decoded again).
 Collectives use the ``*_into`` functions.
 
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
-and float16 arrays (or 16-bit integers with ``dtype="float16"``) and run the kernels
-of ``kernels/encode_wide.py`` / ``decode_wide.py`` through the same plans and
-workspaces; ``compress`` picks their default codebook from the strided sample,
-gathered on the device and read back (one synchronisation more than for BF16,
-whose codebook is chosen on the device).
+and float16 arrays (or 16-bit integers with ``dtype="float16"``) through the same
+plans and workspaces (``kernels/encode_wide.py`` / ``decode_wide.py``): FP32 runs the
+BF16 tile kernels' FP32 build, FP16 its own kernels. ``compress`` chooses the FP32
+codebook on the device, as for BF16 (the choice kernel on the upper halves); the FP16
+codebook comes from the strided sample, gathered on the device and read back (one
+synchronisation more).
 
 Launching: on a GPU every kernel is launched from a *plan* (``kernels/launch.py``:
 compiled once per signature and device, parameters packed once, one
@@ -640,7 +641,7 @@ def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace,
     fp32 = code == fmt.DTYPE_FP32
     _wide()[0].launch(v(xb, n if fp32 else 0, np.uint32), v(xb, 0 if fp32 else n, np.uint16),
                       v(xb, (units & ~7) // 2, np.uint32), v(xb, units, np.uint16),
-                      v(ob, nbytes, np.uint8), v(ob, nbytes // 2, np.uint16), v(ob, nbytes // 4, np.uint32),
+                      v(ob, nbytes, np.uint8), v(ob, nbytes // 4, np.uint32),
                       v(ob, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base, runtime.crc_table(), cb64,
                       checksum, runtime.stream(stream))
 

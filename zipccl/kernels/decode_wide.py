@@ -1,23 +1,25 @@
-"""GPU decoder for FP32 and FP16 frames, accepting exactly what ``codec.reference.decode``
-accepts and never writing outside the output.
+"""GPU decoder for FP16 frames, the finishing kernel of FP32 and FP16 frames and their launch
+plan; accepts exactly what ``codec.reference.decode`` accepts and never writes outside the
+output.
 
-Two launches, no host synchronisation, as for BF16 (``decode.py``):
+FP32 frames are decoded by the BF16 tile kernel's FP32 build (``decode.decode_tiles32``),
+then ``wide_finish``. FP16 takes two launches, no host synchronisation, as BF16 does
+(``decode.py``):
 
 1. ``wide_tiles``: a persistent grid whose blocks take tiles from the ticket counter.
    Thread 0 of every block checks the header fields it relies on (magic, version,
-   element type, flags, n = the output's, lengths, FP16 codebook entries <= 31); if
-   they do not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp
-   decodes 1024 values as 32 groups of 32: every lane reads the group's plane words
-   (one broadcast load each; the loads of 4 groups go out together), takes its code
-   from bit j, its byte-plane byte (and FP32 low half, FP16 raw bits) and writes its
-   value; escaped values are written once the look-back (``_common.lookback``, over
-   the stored counts) has given the tile's first escape, each at its rank among the
-   group's escape votes. Each tile compares the escape codes it saw with its stored
-   count; escape reads are checked against the header's total, and FP16 escape bytes
-   against 31.
-2. ``wide_finish`` (one block): header CRC, escape total, payload checksum (the
-   tiles' sums plus the padding bytes it reads), then the call's error bits, counter
-   reset and the next epoch, as ``decode.decode_finish`` does for BF16.
+   element type, flags, n = the output's, lengths, codebook entries <= 31); if they do
+   not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp decodes
+   1024 values as 32 groups of 32: every lane reads the group's plane words (one
+   broadcast load each; the loads of 4 groups go out together), takes its code and raw
+   bits from bit j, its low byte, and writes its value; escaped values are written once
+   the look-back (``_common.lookback``, over the stored counts) has given the tile's
+   first escape, each at its rank among the group's escape votes. Each tile compares
+   the escape codes it saw with its stored count; escape reads are checked against the
+   header's total, and escape bytes against 31.
+2. ``wide_finish`` (one block, FP32 and FP16): header CRC, escape total, payload
+   checksum (the tiles' sums plus the padding bytes it reads), then the call's error
+   bits, counter reset and the next epoch, as ``decode.decode_finish`` does for BF16.
 
 Error bits are ``_common``'s, plus ``ERR_ESCAPE_VALUE`` (an FP16 escape byte above 31).
 """
@@ -100,10 +102,8 @@ def header_ok(f64, nbytes, lay):
 
 
 @dev
-def _assemble(kind, ex, byte, low, r8, r9, r15):
-    """One value's bits from its exponent, byte-plane byte and raw bits (see encode_wide)."""
-    if kind == FP32:
-        return ((byte & 0x80) << 24) | (ex << 23) | ((byte & 0x7F) << 16) | low
+def _assemble(ex, byte, r8, r9, r15):
+    """One FP16 value's bits from its exponent, low byte and raw bits (see encode_wide)."""
     return (r15 << 15) | (ex << 10) | (r9 << 9) | (r8 << 8) | byte
 
 
@@ -117,28 +117,23 @@ def _bits3(f32, at, stride, word, lane):
 
 
 @dev
-def _dload(f8, f16, f32, e, word, lane, lay):
-    """(code | raw bits << 3, byte-plane byte, FP32 low half) of lane's value e of a group
-    (zeros past the sections)."""
+def _dload(f8, f32, e, word, lane, lay):
+    """(code | raw bits << 3, low byte) of lane's value e of a group (zeros past the
+    sections)."""
     c = np.int64(0)
     if word < lay[7]:
         c = _bits3(f32, lay[2], lay[3], word, lane)
-        if lay[11] == FP16:
-            c |= _bits3(f32, lay[2] + 3 * lay[3], lay[3], word, lane) << 3
+        c |= _bits3(f32, lay[2] + 3 * lay[3], lay[3], word, lane) << 3
     b = np.int64(0)
-    lo = np.int64(0)
     if e < lay[0]:
         b = np.int64(f8[HDR + e])
-        if lay[11] == FP32:
-            lo = np.int64(f16[(lay[9] >> 1) + e])
-    return c, b, lo
+    return c, b
 
 
 @dev
-def _dgroup(c, byte, low, e, word, lane, cb, f32, out32, out16, lay, do_cs, cs):
+def _dgroup(c, byte, e, word, lane, cb, f32, out16, lay, do_cs, cs):
     """Write lane's value e of one group (an escaped one with exponent 0 for now); returns
     (checksum, the group's escape vote)."""
-    kind = lay[11]
     valid = e < lay[0]
     code = c & 7
     if do_cs and word < lay[7] and lane < lay[10]:
@@ -148,42 +143,30 @@ def _dgroup(c, byte, low, e, word, lane, cb, f32, out32, out16, lay, do_cs, cs):
     if valid:
         if do_cs:
             cs = wrap64(cs + bcs(byte, e))
-            if kind == FP32:
-                cs = wrap64(cs + bcs(low, lay[9] - HDR + 2 * e))
         ex = np.int64(0)
         if code != 0:
             ex = (cb >> (8 * (code - 1))) & 0xFF
-        v = _assemble(kind, ex, byte, low, (c >> 3) & 1, (c >> 4) & 1, (c >> 5) & 1)
-        if kind == FP32:
-            out32[e] = v
-        else:
-            out16[e] = v
+        out16[e] = _assemble(ex, byte, (c >> 3) & 1, (c >> 4) & 1, (c >> 5) & 1)
     return cs, esc
 
 
 @cuda.jit(device=True)
-def _copy_raw(f8, f16, f32, out32, out16, n, kind, tile, tid, do_cs):
+def _copy_raw(f16, out16, n, tile, tid, do_cs):
     """RAW frame: the tile's values from the payload; returns their checksum terms."""
     cs = np.int64(0)
     e = tile * fmt.BLOCK + tid
     for _ in range(fmt.BLOCK // TPB):
         if e < n:
-            if kind == FP32:
-                v = np.int64(f32[(HDR >> 2) + e])
-                out32[e] = v
-                if do_cs:
-                    cs = wrap64(cs + v * (2 * e + 1))
-            else:
-                v = np.int64(f16[(HDR >> 1) + e])
-                out16[e] = v
-                if do_cs:
-                    cs = wrap64(cs + byte_checksum(v, 2 * e))
+            v = np.int64(f16[(HDR >> 1) + e])
+            out16[e] = v
+            if do_cs:
+                cs = wrap64(cs + byte_checksum(v, 2 * e))
         e += TPB
     return cs
 
 
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
-def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
+def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
     """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
     n = lay[0]
     planes_off = lay[2]
@@ -191,8 +174,6 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
     counts_off = lay[4]
     eo = lay[5]
     n_blocks = lay[8]
-    lo_off = lay[9]
-    kind = lay[11]
     votes = cuda.shared.array(128, dtype=np.int64)
     smem = cuda.shared.array(16, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
@@ -222,7 +203,7 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
     err = np.int64(0)
     if smem[3] != 0:
         while tile < n_blocks:
-            cs = wrap64(cs + _copy_raw(f8, f16, f32, out32, out16, n, kind, tile, tid, do_cs))
+            cs = wrap64(cs + _copy_raw(f16, out16, n, tile, tid, do_cs))
             cuda.syncthreads()  # everyone has read this ticket
             if tid == 0:
                 smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
@@ -244,14 +225,14 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
         for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
             e0 = wbase + 32 * q0 + lane
             w0 = tile * 128 + warp * 32 + q0
-            c0, b0, l0 = _dload(f8, f16, f32, e0, w0, lane, lay)
-            c1, b1, l1 = _dload(f8, f16, f32, e0 + 32, w0 + 1, lane, lay)
-            c2, b2, l2 = _dload(f8, f16, f32, e0 + 64, w0 + 2, lane, lay)
-            c3, b3, l3 = _dload(f8, f16, f32, e0 + 96, w0 + 3, lane, lay)
-            cs, s0 = _dgroup(c0, b0, l0, e0, w0, lane, cb, f32, out32, out16, lay, do_cs, cs)
-            cs, s1 = _dgroup(c1, b1, l1, e0 + 32, w0 + 1, lane, cb, f32, out32, out16, lay, do_cs, cs)
-            cs, s2 = _dgroup(c2, b2, l2, e0 + 64, w0 + 2, lane, cb, f32, out32, out16, lay, do_cs, cs)
-            cs, s3 = _dgroup(c3, b3, l3, e0 + 96, w0 + 3, lane, cb, f32, out32, out16, lay, do_cs, cs)
+            c0, b0 = _dload(f8, f32, e0, w0, lane, lay)
+            c1, b1 = _dload(f8, f32, e0 + 32, w0 + 1, lane, lay)
+            c2, b2 = _dload(f8, f32, e0 + 64, w0 + 2, lane, lay)
+            c3, b3 = _dload(f8, f32, e0 + 96, w0 + 3, lane, lay)
+            cs, s0 = _dgroup(c0, b0, e0, w0, lane, cb, f32, out16, lay, do_cs, cs)
+            cs, s1 = _dgroup(c1, b1, e0 + 32, w0 + 1, lane, cb, f32, out16, lay, do_cs, cs)
+            cs, s2 = _dgroup(c2, b2, e0 + 64, w0 + 2, lane, cb, f32, out16, lay, do_cs, cs)
+            cs, s3 = _dgroup(c3, b3, e0 + 96, w0 + 3, lane, cb, f32, out16, lay, do_cs, cs)
             if lane == 0:
                 votes[warp * 32 + q0] = s0
                 votes[warp * 32 + q0 + 1] = s1
@@ -298,17 +279,14 @@ def wide_tiles(f8, f16, f32, f64, out32, out16, ws, lay):
                         ex = np.int64(f8[eo + pos])
                         if do_cs:
                             cs = wrap64(cs + byte_checksum(ex, eo + pos - HDR))
-                        if kind == FP16 and ex > 31:
+                        if ex > 31:
                             err |= ERR_ESCAPE_VALUE
                         word = tile * 128 + warp * 32 + q
                         byte = np.int64(f8[HDR + e])
-                        if kind == FP32:
-                            out32[e] = _assemble(kind, ex, byte, np.int64(f16[(lo_off >> 1) + e]), 0, 0, 0)
-                        else:
-                            r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
-                            r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
-                            r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
-                            out16[e] = _assemble(kind, ex & 0x1F, byte, 0, r8, r9, r15)
+                        r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
+                        r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
+                        r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
+                        out16[e] = _assemble(ex & 0x1F, byte, r8, r9, r15)
                 run += popc(esc)
         tile = smem[0]
         cuda.syncthreads()  # C: smem and votes are reused by the next tile
@@ -386,26 +364,26 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
 
 def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
     """Enqueue the decoder through Numba's dispatcher (the simulator's route). ``f*``: the
-    frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the n output values
-    (FP32 / FP16; the other one empty)."""
+    frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the output as uint32 /
+    uint16 (FP32: n / 2n of them; FP16: out32 empty, n)."""
     lt = wide_tuple(lay)
     if lay.n_blocks and lay.dtype == FP32:
         decode.decode_tiles32[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
     elif lay.n_blocks:
-        wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out32, out16, ws, lt)
+        wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out16, ws, lt)
     wide_finish[1, TPB, stream](f8, f64, ws, lt, crc_zero, crc_tab)
 
 
 _A = launch_route.array
 TILES = launch_route.Kernel(wide_tiles, (_A(np.uint8), _A(np.uint16), _A(np.uint32), _A(np.int64),
-                                         _A(np.uint32), _A(np.uint16), _A(np.int64),
-                                         launch_route.int_tuple(12)))
+                                         _A(np.uint16), _A(np.int64), launch_route.int_tuple(12)))
 FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int64),
                                            launch_route.int_tuple(12), launch_route.I64, _A(np.int64)))
 
 
 class Plan:
-    """The launches of one FP32 / FP16 decode with everything but the stream fixed."""
+    """The launches of one FP32 / FP16 decode with everything but the stream fixed:
+    ``decode.decode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then ``wide_finish``."""
 
     __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace", "f_slots",
                  "o_slots")
@@ -426,8 +404,7 @@ class Plan:
                 self.f_slots, self.o_slots = _T32_F, _T32_OUT
             else:
                 self.tiles = TILES.function(device)
-                self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, 0), (out_ptr, n),
-                                                           (ws_ptr, ws_count), lt))
+                self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, n), (ws_ptr, ws_count), lt))
                 self.f_slots, self.o_slots = _F_SLOTS, _OUT_SLOTS
         self.finish = FINISH.function(device)
         self.p_finish = launch_route.Params(FINISH, (frame[0], frame[3], (ws_ptr, ws_count), lt, crc_zero,
@@ -450,7 +427,7 @@ class Plan:
 
 
 _F_SLOTS = tuple(TILES.data_slot(i) for i in range(4))
-_OUT_SLOTS = (TILES.data_slot(4), TILES.data_slot(5))
+_OUT_SLOTS = (TILES.data_slot(4),)
 _T32_F = tuple(decode.TILES32.data_slot(i) for i in range(3))
 _T32_OUT = (decode.TILES32.data_slot(3), decode.TILES32.data_slot(4))
 _FIN_F_SLOTS = (FINISH.data_slot(0), FINISH.data_slot(1))

@@ -1,40 +1,39 @@
-"""GPU encoder for FP32 and FP16 frames, byte-identical to ``codec.reference.encode``.
+"""GPU encoder for FP16 frames, and the launch plan of FP32 and FP16 frames; byte-identical
+to ``codec.reference.encode``.
 
-Two launches, no host synchronisation, as for BF16 (``encode.py``):
+FP32 frames are coded by the BF16 tile kernel's FP32 build (``encode.encode_tiles32``: an
+FP32 frame is the BF16 frame of the upper halves plus the low halves); ``Plan`` and
+``launch`` here pick it. FP16 takes two launches, no host synchronisation:
 
 1. ``wide_tiles``: a persistent grid whose blocks take tiles (one escape block of
    4096 values) from the workspace ticket counter. A warp codes 1024 consecutive
    values as 32 groups of 32; in a group lane j holds value 32g + j (one coalesced
-   load of 4 or 2 bytes per lane; the loads of 4 groups are issued together). The
-   code comes from a 256-entry shared table
-   (code = 1 + codebook index, 0 = escape), and each code plane word is one warp
-   vote (``ballot``): bit j is lane j's code bit, which is exactly the format's
-   plane word. Lane k stores plane k's word, so one store instruction writes all
-   3 (FP16: 6) words of a group. Lane j stores value j's byte of the byte plane
-   (FP32: sign | top 7 mantissa bits; FP16: the low byte) and, for FP32, its low
-   half (a warp writes 32 and 64 contiguous bytes). The group's escape vote goes
-   to shared memory; once the tile's escape count is known it is published for
-   the decoupled look-back (``_common.lookback``), and the lanes of escaped values
-   write their exponent bytes at the tile's prefix + their rank (a population
-   count of the votes below them), re-reading their value (still cached). Block 0
-   also zeroes the padding between sections. Payload checksum terms go to the
-   workspace's 8 checksum slots, as for BF16.
-2. ``encode.encode_finish``, the BF16 encoder's second kernel, unchanged: RAW
-   decision (the same ``Layout.is_raw`` rule on the escape total of the last
-   tile's inclusive status word), RAW copy, header with its CRC, counters and
-   epoch. It is given a layout tuple (``finish_tuple``) in which the value count
-   is counted in 2-byte units (an FP32 RAW frame copies 4n bytes) and the
-   "counts" field is placed so that the one padding run it zeroes is the padding
-   after the low halves (``wide_tiles`` zeroes the others).
+   2-byte load per lane; the loads of 4 groups are issued together). The code comes
+   from a 256-entry shared table (code = 1 + codebook index, 0 = escape), and each
+   bit-plane word is one warp vote (``ballot``): bit j is lane j's bit, which is
+   exactly the format's plane word. Lane k stores plane k's word, so one store
+   instruction writes the 6 words of a group (3 code planes, 3 raw-bit planes). Lane j
+   stores value j's low byte. The group's escape vote goes to shared memory; once the
+   tile's escape count is known it is published for the decoupled look-back
+   (``_common.lookback``), and the lanes of escaped values write their exponent bytes
+   at the tile's prefix + their rank (a population count of the votes below them),
+   re-reading their value (still cached). Block 0 also zeroes the padding between
+   sections. Payload checksum terms go to the workspace's 8 checksum slots.
+2. ``encode.encode_finish``, the BF16 encoder's second kernel: RAW decision (the same
+   ``Layout.is_raw`` rule on the escape total of the last tile's inclusive status
+   word), RAW copy, header with its CRC, counters and epoch. It is given
+   ``encode.finish_tuple``, in which the value count is counted in 2-byte units (an
+   FP32 RAW frame copies 4n bytes; for FP32 that tuple also moves the padding run it
+   zeroes to the one after the low halves).
 
-All offsets come from ``zipccl.format.Layout`` (``wide_tuple``).
+All offsets come from ``zipccl.format.Layout`` (``encode.wide_tuple``).
 
-Speed (an H200, ``experiments/bench_dtypes.py gpu``, ``results/dtypes_gpu.jsonl``): FP32
-encode 328 GB/s of input at 256 MiB (decode 364), FP16 173 (139), against 2,000 GB/s
-wanted for FP32. One value per lane with 64-bit arithmetic costs some 400 instructions
-per group of 32 values: this first version is bound by instructions, not memory. The
-BF16 kernels' layout (8 values per lane, 16-byte loads, a byte of each plane per lane
-and round, 32-bit arithmetic) is the way to the memory-bound regime.
+Speed (an H200, ``experiments/bench_dtypes.py gpu``, ``results/dtypes_gpu.jsonl``): FP16
+168 GB/s of input at 256 MiB (decode 135). One value per lane with 64-bit arithmetic
+costs some 400 instructions per group of 32 values: bound by instructions, not memory.
+FP32 left this path for the BF16 kernels and went from 328 to 1,380 GB/s
+(experiments/kernels/NOTES.md); FP16's layout (bit planes for its 3 raw bits) would need
+its own 8-values-per-lane kernel.
 """
 
 from __future__ import annotations
@@ -80,10 +79,8 @@ def vote(pred):
 
 
 @dev
-def value_parts(v, kind):
-    """(exponent, byte-plane byte) of one value (uint32 bits; FP16 in the low 16)."""
-    if kind == FP32:
-        return (v >> 23) & 0xFF, ((v >> 24) & 0x80) | ((v >> 16) & 0x7F)
+def value_parts(v):
+    """(exponent, byte-plane byte) of one FP16 value."""
     return (v >> 10) & 0x1F, v & 0xFF
 
 
@@ -94,37 +91,29 @@ def bcs(byte, q):
 
 
 @dev
-def _load(x32, x16, e, n, kind):
+def _load(x16, e, n):
     """Value e (0 past the end) as an int64."""
     v = np.int64(0)
     if e < n:
-        if kind == FP32:
-            v = np.int64(x32[e])
-        else:
-            v = np.int64(x16[e])
+        v = np.int64(x16[e])
     return v
 
 
 @dev
-def _group(v, e, word, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs):
+def _group(v, e, word, lane, lut, out8, out32, lay, plane_at, do_cs, cs):
     """Code lane's value v (element e) of one group of 32 and store its share of the
     group's sections; returns (checksum, the group's escape vote)."""
     n = lay[0]
-    kind = lay[11]
     valid = e < n
-    ex, byte = value_parts(v, kind)
+    ex, byte = value_parts(v)
     code = lut[ex] if valid else 0
     p0 = vote((code & 1) != 0)
     p1 = vote((code & 2) != 0)
     p2 = vote((code & 4) != 0)
     esc = vote(valid and code == 0)
-    p3 = np.int64(0)
-    p4 = np.int64(0)
-    p5 = np.int64(0)
-    if kind == FP16:
-        p3 = vote(valid and ((v >> 8) & 1) != 0)
-        p4 = vote(valid and ((v >> 9) & 1) != 0)
-        p5 = vote(valid and ((v >> 15) & 1) != 0)
+    p3 = vote(valid and ((v >> 8) & 1) != 0)
+    p4 = vote(valid and ((v >> 9) & 1) != 0)
+    p5 = vote(valid and ((v >> 15) & 1) != 0)
     if word < lay[7] and lane < lay[10]:
         w = p0
         if lane == 1:
@@ -144,11 +133,6 @@ def _group(v, e, word, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs):
         out8[HDR + e] = byte
         if do_cs:
             cs = wrap64(cs + bcs(byte, e))
-        if kind == FP32:
-            lo = v & 0xFFFF
-            out16[(lay[9] >> 1) + e] = lo
-            if do_cs:
-                cs = wrap64(cs + bcs(lo, lay[9] - HDR + 2 * e))
     return cs, esc
 
 
@@ -161,7 +145,6 @@ def _zero_padding(out8, lay, tid):
     counts_off = lay[4]
     eo = lay[5]
     pwords = lay[7]
-    lo_off = lay[9]
     i = HDR + n + tid
     if i < planes_off:
         out8[i] = 0
@@ -170,16 +153,12 @@ def _zero_padding(out8, lay, tid):
         if i < planes_off + (k + 1) * stride:
             out8[i] = 0
     i = counts_off + 4 * lay[8] + tid
-    if i < lo_off:
+    if i < eo:
         out8[i] = 0
-    if lay[11] == FP32:
-        i = lo_off + 2 * n + tid
-        if i < eo:
-            out8[i] = 0
 
 
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
-def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
+def wide_tiles(x16, out8, out32, ws, lay, cb64, do_cs):
     """Code tiles taken from the ticket counter until none is left (module docstring)."""
     n = lay[0]
     planes_off = lay[2]
@@ -188,7 +167,6 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
     eo = lay[5]
     raw_size = lay[6]
     n_blocks = lay[8]
-    kind = lay[11]
     lut = cuda.shared.array(256, dtype=np.int32)
     votes = cuda.shared.array(128, dtype=np.int64)  # escape vote of each group of the tile
     smem = cuda.shared.array(8, dtype=np.int64)
@@ -218,14 +196,14 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
         for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
             e0 = wbase + 32 * q0 + lane
             w0 = tile * 128 + warp * 32 + q0
-            v0 = _load(x32, x16, e0, n, kind)
-            v1 = _load(x32, x16, e0 + 32, n, kind)
-            v2 = _load(x32, x16, e0 + 64, n, kind)
-            v3 = _load(x32, x16, e0 + 96, n, kind)
-            cs, s0 = _group(v0, e0, w0, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
-            cs, s1 = _group(v1, e0 + 32, w0 + 1, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
-            cs, s2 = _group(v2, e0 + 64, w0 + 2, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
-            cs, s3 = _group(v3, e0 + 96, w0 + 3, lane, lut, out8, out16, out32, lay, plane_at, do_cs, cs)
+            v0 = _load(x16, e0, n)
+            v1 = _load(x16, e0 + 32, n)
+            v2 = _load(x16, e0 + 64, n)
+            v3 = _load(x16, e0 + 96, n)
+            cs, s0 = _group(v0, e0, w0, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
+            cs, s1 = _group(v1, e0 + 32, w0 + 1, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
+            cs, s2 = _group(v2, e0 + 64, w0 + 2, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
+            cs, s3 = _group(v3, e0 + 96, w0 + 3, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
             if lane == 0:
                 votes[warp * 32 + q0] = s0
                 votes[warp * 32 + q0 + 1] = s1
@@ -265,8 +243,7 @@ def wide_tiles(x32, x16, out8, out16, out32, ws, lay, cb64, do_cs):
                     pos = eo + run + popc(esc & below)
                     if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
                         e = wbase + 32 * q + lane
-                        v = np.int64(x32[e]) if kind == FP32 else np.int64(x16[e])
-                        ex, _ = value_parts(v, kind)
+                        ex, _ = value_parts(np.int64(x16[e]))
                         out8[pos] = ex
                         if do_cs:
                             cs = wrap64(cs + bcs(ex, pos - HDR))
@@ -288,13 +265,13 @@ def force_raw(lay: fmt.Layout) -> int:
     return 1 if lay.static_size > lay.raw_size else 0
 
 
-def launch(x32, x16, xu32, xu16, out8, out16, out32, out64, ws, lay: fmt.Layout, hdr, crc_base: int,
+def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, crc_base: int,
            crc_tab, cb64: int, checksum: bool, stream) -> None:
     """Enqueue the encoder through Numba's dispatcher (the simulator's route).
 
     ``x32`` / ``x16``: the n values as uint32 (FP32) / uint16 (FP16), the other one
-    empty; ``xu32`` / ``xu16``: the same bytes as uint32 / uint16 for the RAW copy
-    (``finish_tuple``'s units); ``out*``: the frame buffer as uint8 / 16 / 32 / int64.
+    empty; ``xu32`` / ``xu16``: the same bytes as uint32 / uint16 (``finish_tuple``'s
+    units: the RAW copy, and FP32's tail); ``out*``: the frame buffer as uint8 / 32 / int64.
     """
     do_cs = 1 if checksum else 0
     raw = force_raw(lay)
@@ -304,8 +281,8 @@ def launch(x32, x16, xu32, xu16, out8, out16, out32, out64, ws, lay: fmt.Layout,
             encode.encode_tiles32[grid_size(lay.n_blocks), TPB, stream](x32, xu16, out8, out32, out64, ws,
                                                                         wide_tuple(lay), cb64, do_cs)
         else:
-            wide_tiles[grid_size(lay.n_blocks), TPB, stream](x32, x16, out8, out16, out32, ws,
-                                                             wide_tuple(lay), cb64, do_cs)
+            wide_tiles[grid_size(lay.n_blocks), TPB, stream](x16, out8, out32, ws, wide_tuple(lay), cb64,
+                                                             do_cs)
         tiles = lay.n_blocks
     encode.encode_finish[finish_blocks(lay), TPB, stream](xu32, xu16, out8, out32, out64, ws,
                                                           finish_tuple(lay), hdr, crc_base, crc_tab,
@@ -314,14 +291,14 @@ def launch(x32, x16, xu32, xu16, out8, out16, out32, out64, ws, lay: fmt.Layout,
 
 # -- the lean route (see launch.py) --
 _A = launch_route.array
-TILES = launch_route.Kernel(wide_tiles, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint16),
-                                         _A(np.uint32), _A(np.int64), launch_route.int_tuple(12),
-                                         launch_route.I64, launch_route.I64))
+TILES = launch_route.Kernel(wide_tiles, (_A(np.uint16), _A(np.uint8), _A(np.uint32), _A(np.int64),
+                                         launch_route.int_tuple(12), launch_route.I64, launch_route.I64))
 
 
 class Plan:
     """The launches of one FP32 / FP16 encode with everything but the stream fixed (as
-    ``encode.Plan``): ``wide_tiles`` and ``encode.encode_finish``."""
+    ``encode.Plan``): ``encode.encode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then
+    ``encode.encode_finish``."""
 
     __slots__ = ("device", "tiles", "finish", "tiles_grid", "finish_grid", "p_tiles", "p_finish",
                  "workspace", "x_slots", "o_slots")
@@ -333,9 +310,7 @@ class Plan:
         nbytes = n * fmt.ITEMSIZE[lay.dtype]
         do_cs = 1 if checksum else 0
         raw = force_raw(lay)
-        x32 = (x_ptr, n if lay.dtype == FP32 else 0)
-        x16 = (x_ptr, n if lay.dtype == FP16 else 0)
-        out = ((out_ptr, out_nbytes), (out_ptr, out_nbytes // 2), (out_ptr, out_nbytes // 4))
+        out8, out32, out64 = (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4), (out_ptr, out_nbytes // 8)
         ws = (ws_ptr, ws_count)
         self.device = device
         self.tiles = None
@@ -345,21 +320,20 @@ class Plan:
             if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (encode.py)
                 self.tiles = encode.TILES32.function(device)
                 self.p_tiles = launch_route.Params(encode.TILES32, (
-                    x32, (x_ptr, 2 * n), out[0], out[2], (out_ptr, out_nbytes // 8), ws, wide_tuple(lay),
-                    cb64, do_cs))
+                    (x_ptr, n), (x_ptr, 2 * n), out8, out32, out64, ws, wide_tuple(lay), cb64, do_cs))
                 self.x_slots, self.o_slots = _T32_X, _T32_OUT
             else:
                 self.tiles = TILES.function(device)
-                self.p_tiles = launch_route.Params(TILES, (x32, x16, *out, ws, wide_tuple(lay), cb64, do_cs))
+                self.p_tiles = launch_route.Params(TILES, ((x_ptr, n), out8, out32, ws, wide_tuple(lay), cb64,
+                                                           do_cs))
                 self.x_slots, self.o_slots = _TILE_X, _TILE_OUT
             tiles = lay.n_blocks
         units = nbytes // 2
         self.finish = encode.FINISH.function(device)
         self.finish_grid = finish_blocks(lay)
         self.p_finish = launch_route.Params(encode.FINISH, (
-            (x_ptr, (units & ~7) // 2), (x_ptr, units), (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4),
-            (out_ptr, out_nbytes // 8), ws, finish_tuple(lay), hdr, crc_base, (crc_ptr, crc_count), raw,
-            do_cs, tiles, 1 if cb64 < 0 else 0))
+            (x_ptr, (units & ~7) // 2), (x_ptr, units), out8, out32, out64, ws, finish_tuple(lay), hdr,
+            crc_base, (crc_ptr, crc_count), raw, do_cs, tiles, 1 if cb64 < 0 else 0))
 
     def retarget(self, x_ptr: int, out_ptr: int) -> None:
         """Point the plan at other buffers of the same sizes (the values, the frame)."""
@@ -379,8 +353,8 @@ class Plan:
         launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)
 
 
-_TILE_X = (TILES.data_slot(0), TILES.data_slot(1))
-_TILE_OUT = (TILES.data_slot(2), TILES.data_slot(3), TILES.data_slot(4))
+_TILE_X = (TILES.data_slot(0),)
+_TILE_OUT = (TILES.data_slot(1), TILES.data_slot(2))
 _T32_X = (encode.TILES32.data_slot(0), encode.TILES32.data_slot(1))
 _T32_OUT = (encode.TILES32.data_slot(2), encode.TILES32.data_slot(3), encode.TILES32.data_slot(4))
 _FIN_X = (encode.FINISH.data_slot(0), encode.FINISH.data_slot(1))
