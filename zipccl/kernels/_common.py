@@ -334,14 +334,14 @@ def exclusive_scan8(cnt, lane):
 _SM_COUNT: dict[int, int] = {}
 
 
-def grid_size(tiles: int) -> int:
-    """Blocks of a persistent tile kernel for ``tiles`` tiles: BLOCKS_PER_SM per
-    multiprocessor of the current device (at most one per tile; 2 under the simulator,
-    which is enough to exercise the hand-over of tiles between blocks)."""
+def grid_size(tiles: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """Blocks of a persistent tile kernel for ``tiles`` tiles: ``blocks_per_sm`` (its launch
+    bounds) per multiprocessor of the current device (at most one per tile; 2 under the
+    simulator, which is enough to exercise the hand-over of tiles between blocks)."""
     if compat.SIMULATOR:
         return max(1, min(tiles, 2))
     dev_id = cuda.get_current_device().id
     sms = _SM_COUNT.get(dev_id)
     if sms is None:
         sms = _SM_COUNT[dev_id] = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    return max(1, min(tiles, sms * BLOCKS_PER_SM))
+    return max(1, min(tiles, sms * blocks_per_sm))

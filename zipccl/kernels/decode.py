@@ -36,7 +36,10 @@ Two launches, no host synchronisation:
 FP32 (``decode_tiles32``, the same kernel built with ``fp32`` set): the upper halves are
 decoded as BF16 values; each round then loads the 8 values' low halves (one 16-byte load),
 merges them with byte permutes and stores 32 bytes; an escaped value's upper half is
-rewritten as a 2-byte store. The header must name FP32, and a RAW frame copies 4n bytes.
+rewritten as a 2-byte store. The low halves of two rounds are loaded before the first of
+their stores (a load cannot move above a store that may alias it), and the FP32 build has
+launch bounds of 6 resident blocks per multiprocessor (``FP32_BLOCKS_PER_SM``): under 64
+registers it spills. The header must name FP32, and a RAW frame copies 4n bytes.
 Its finishing kernel is ``decode_wide.wide_finish`` (the FP32 padding runs).
 
 A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores). Version
@@ -273,17 +276,35 @@ def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
 
 
 @cuda.jit(device=True)
-def _store32(f8, f32, out32, u, vm, o0, o1, o2, o3, lo_off, do_cs):
-    """FP32 output, one round: the values from 8u that are < n (mask ``vm``), from their upper
-    halves (o0..o3, two per word as BF16 values) and the low halves read here (one 16-byte
-    load; in the tail tile 2 bytes per value). Returns the low halves' checksum terms."""
-    e = 8 * u
-    l0 = u32(0)
-    l1 = l0
-    l2 = l0
-    l3 = l0
+def _lo32(f8, f32, u, vm, lo_off):
+    """FP32 output, one round: the low halves of the values from 8u that are < n (mask ``vm``)
+    as 4 words (one 16-byte load; in the tail tile 2 bytes per value, the others 0)."""
     if vm == 0xFF:
-        l0, l1, l2, l3 = load16(f32, (lo_off >> 4) + u)
+        return load16(f32, (lo_off >> 4) + u)
+    q = lo_off + 16 * u
+    return (_lo_pair(f8, q, vm), _lo_pair(f8, q + 4, u32(vm >> 2)), _lo_pair(f8, q + 8, u32(vm >> 4)),
+            _lo_pair(f8, q + 12, u32(vm >> 6)))
+
+
+@dev
+def _lo_pair(f8, q, vm):
+    """The word of two low halves at byte q, each kept where bit 0 / 1 of vm is set."""
+    w = u32(0)
+    if vm & 1:
+        w = u32(u32(f8[U64(q)]) | u32(u32(f8[U64(q + 1)]) << 8))
+    if vm & 2:
+        w = u32(w | u32(u32(f8[U64(q + 2)]) << 16) | u32(u32(f8[U64(q + 3)]) << 24))
+    return w
+
+
+@cuda.jit(device=True)
+def _store32(out32, u, vm, o0, o1, o2, o3, lo, lo_off, do_cs):
+    """FP32 output, one round: the values from 8u that are < n (mask ``vm``), from their upper
+    halves (o0..o3, two per word as BF16 values) and their low halves ``lo`` (``_lo32``): two
+    16-byte stores, in the tail tile one store per value. Returns the low halves' checksum
+    terms."""
+    l0, l1, l2, l3 = lo
+    if vm == 0xFF:
         store16(out32, 2 * u, prmt(l0, o0, 0x5410), prmt(l0, o0, 0x7632), prmt(l1, o1, 0x5410),
                 prmt(l1, o1, 0x7632))
         store16(out32, 2 * u + 1, prmt(l2, o2, 0x5410), prmt(l2, o2, 0x7632), prmt(l3, o3, 0x5410),
@@ -291,8 +312,6 @@ def _store32(f8, f32, out32, u, vm, o0, o1, o2, o3, lo_off, do_cs):
     elif vm != 0:
         for k in range(8):
             if (vm >> k) & 1:
-                q = lo_off + 2 * (e + k)
-                lo = u32(u32(f8[U64(q)]) | u32(u32(f8[U64(q + 1)]) << 8))
                 w = o0
                 lw = l0
                 if (k >> 1) == 1:
@@ -305,31 +324,25 @@ def _store32(f8, f32, out32, u, vm, o0, o1, o2, o3, lo_off, do_cs):
                     w = o3
                     lw = l3
                 sh = u32(16 * (k & 1))
-                out32[U64(e + k)] = u32(u32(u32(w >> sh) << 16) | lo)
-                lw = u32(lw | u32(lo << sh))
-                if (k >> 1) == 0:
-                    l0 = lw
-                elif (k >> 1) == 1:
-                    l1 = lw
-                elif (k >> 1) == 2:
-                    l2 = lw
-                else:
-                    l3 = lw
+                out32[U64(8 * u + k)] = u32(u32(u32(w >> sh) << 16) | u32(u32(lw >> sh) & 0xFFFF))
     cs = np.int64(0)
     if do_cs:
-        i = ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u
-        cs = quad_checksum(l0, l1, l2, l3, i)
+        cs = quad_checksum(l0, l1, l2, l3, ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u)
     return cs
 
 
-def _tiles_kernel(fp32: bool):
+def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER_SM):
     """The tile kernel for BF16 output (``fp32`` False) or FP32 output (True; module
-    docstring, "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its path."""
+    docstring, "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its path.
+    ``lo_ahead`` (FP32): how many rounds' low halves are loaded before the stores of the first
+    of them (1, 2 or 4); ``blocks_per_sm``: the launch bounds' resident blocks (8: at most 64
+    registers). experiments/kernels/NOTES.md compares them."""
+    assert lo_ahead in (1, 2, 4)
     magic = _MAGIC48_FP32 if fp32 else _MAGIC48
     lo_of = lay_lo if fp32 else lay_no_lo
     per_ticket = 8 if fp32 else 4  # RAW copy: 16-byte units per thread and tile
 
-    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
     def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
         """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
         n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
@@ -413,11 +426,25 @@ def _tiles_kernel(fp32: bool):
             b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
             c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
             d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
-            if fp32:  # with the low halves, read here
-                lcs = wrap64(_store32(f8, f32, out32, g, ra[5], a0, a1, a2, a3, lo_off, do_cs)
-                             + _store32(f8, f32, out32, g + 32, rb[5], b0, b1, b2, b3, lo_off, do_cs)
-                             + _store32(f8, f32, out32, g + 64, rc[5], c0, c1, c2, c3, lo_off, do_cs)
-                             + _store32(f8, f32, out32, g + 96, rd[5], d0, d1, d2, d3, lo_off, do_cs))
+            if fp32:  # with the low halves, lo_ahead rounds' loaded before a store
+                la = _lo32(f8, f32, g, ra[5], lo_off)
+                if lo_ahead >= 2:
+                    lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
+                if lo_ahead >= 4:
+                    lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
+                    ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+                lcs = _store32(out32, g, ra[5], a0, a1, a2, a3, la, lo_off, do_cs)
+                if lo_ahead < 2:
+                    lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
+                lcs = wrap64(lcs + _store32(out32, g + 32, rb[5], b0, b1, b2, b3, lb, lo_off, do_cs))
+                if lo_ahead < 4:
+                    lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
+                    if lo_ahead == 2:
+                        ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+                lcs = wrap64(lcs + _store32(out32, g + 64, rc[5], c0, c1, c2, c3, lc, lo_off, do_cs))
+                if lo_ahead < 2:
+                    ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+                lcs = wrap64(lcs + _store32(out32, g + 96, rd[5], d0, d1, d2, d3, ld, lo_off, do_cs))
                 cs = wrap64(cs + lcs)
             elif ra[5] == 0xFF and rd[5] == 0xFF:
                 store16(out32, g, a0, a1, a2, a3)
@@ -518,8 +545,12 @@ def _tiles_kernel(fp32: bool):
     return decode_tiles
 
 
+# FP32: low halves loaded two rounds ahead, launch bounds of 6 resident blocks (<= 80 registers:
+# under 64 it spills); measured against the other settings in experiments/kernels/NOTES.md
+FP32_LO_AHEAD = 2
+FP32_BLOCKS_PER_SM = 6
 decode_tiles = _tiles_kernel(False)
-decode_tiles32 = _tiles_kernel(True)
+decode_tiles32 = _tiles_kernel(True, FP32_LO_AHEAD, FP32_BLOCKS_PER_SM)
 
 
 @cuda.jit

@@ -368,7 +368,8 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
     uint16 (FP32: n / 2n of them; FP16: out32 empty, n)."""
     lt = wide_tuple(lay)
     if lay.n_blocks and lay.dtype == FP32:
-        decode.decode_tiles32[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
+        decode.decode_tiles32[grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM), TPB, stream](
+            f8, f32, f64, out32, out16, ws, lt)
     elif lay.n_blocks:
         wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out16, ws, lt)
     wide_finish[1, TPB, stream](f8, f64, ws, lt, crc_zero, crc_tab)
@@ -398,6 +399,7 @@ class Plan:
         if lay.n_blocks:
             self.tiles_grid = grid_size(lay.n_blocks)
             if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
+                self.tiles_grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
                 self.tiles = decode.TILES32.function(device)
                 self.p_tiles = launch_route.Params(decode.TILES32, (
                     frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), (ws_ptr, ws_count), lt))

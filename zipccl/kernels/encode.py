@@ -46,7 +46,8 @@ BF16 frame of the values' upper halves plus a section of their low halves
 (docs/FORMAT.md), so in each round a lane loads its 8 values with two 16-byte loads, byte
 permutes split them into 4 words of upper halves (coded exactly as BF16 words) and 4 words
 of low halves (one 16-byte store into the low-halves section, the tail tile 2 bytes per
-value). FP32 tiles are not staged (their 32 KiB per block would halve the resident blocks);
+value); all 8 loads of a tile go out before its first store (a load cannot move above a
+store that may alias it). FP32 tiles are not staged (32 KiB per block would halve the resident blocks);
 escaped values re-read their upper half from global memory. Block 0 zeroes the padding after
 the sign-mantissa words and after the counts; ``encode_finish`` (with ``finish_tuple``) the
 rest. The layout tuple is ``wide_tuple``.
@@ -301,67 +302,78 @@ def _zero_gaps32(out8, n, planes_off, counts_off, n_blocks, lo_off, tid):
 
 
 @cuda.jit(device=True)
-def _round32(x32, out8, out32, u, n, lo_off, full, do_cs):
-    """FP32 input, one round: the 8 values from 8u. Returns their upper halves as 4 BF16-style
-    words (two values each), the mask of the values < n, and the checksum terms of their low
-    halves, which it stores (one 16-byte store; in the tail tile 2 bytes per value < n)."""
+def _load32(x32, u, n, full):
+    """FP32 input, one round: the 8 values from 8u (two 16-byte loads; in the tail tile those
+    < n, the others 0) and their valid mask, as one tuple of 9 uint32."""
     e = 8 * u
     if full or e + 8 <= n:
         v0, v1, v2, v3 = load16(x32, 2 * u)
         v4, v5, v6, v7 = load16(x32, 2 * u + 1)
-        vm = u32(0xFF)
-    else:
-        v0 = u32(0)
-        v1 = v0
-        v2 = v0
-        v3 = v0
-        v4 = v0
-        v5 = v0
-        v6 = v0
-        v7 = v0
-        vm = u32(0)
-        if e < n:
-            vm = u32((np.int64(1) << (n - e)) - 1)
-            v0 = u32(x32[e])
-            if e + 1 < n:
-                v1 = u32(x32[e + 1])
-            if e + 2 < n:
-                v2 = u32(x32[e + 2])
-            if e + 3 < n:
-                v3 = u32(x32[e + 3])
-            if e + 4 < n:
-                v4 = u32(x32[e + 4])
-            if e + 5 < n:
-                v5 = u32(x32[e + 5])
-            if e + 6 < n:
-                v6 = u32(x32[e + 6])
+        return v0, v1, v2, v3, v4, v5, v6, v7, u32(0xFF)
+    v0 = u32(0)
+    v1 = v0
+    v2 = v0
+    v3 = v0
+    v4 = v0
+    v5 = v0
+    v6 = v0
+    v7 = v0
+    vm = u32(0)
+    if e < n:
+        vm = u32((np.int64(1) << (n - e)) - 1)
+        v0 = u32(x32[e])
+        if e + 1 < n:
+            v1 = u32(x32[e + 1])
+        if e + 2 < n:
+            v2 = u32(x32[e + 2])
+        if e + 3 < n:
+            v3 = u32(x32[e + 3])
+        if e + 4 < n:
+            v4 = u32(x32[e + 4])
+        if e + 5 < n:
+            v5 = u32(x32[e + 5])
+        if e + 6 < n:
+            v6 = u32(x32[e + 6])
+    return v0, v1, v2, v3, v4, v5, v6, v7, vm
+
+
+@cuda.jit(device=True)
+def _split32(x32, out8, out32, u, lo_off, vals, do_cs):
+    """One round of ``_load32`` values: store their low halves (one 16-byte store; in the tail
+    tile 2 bytes per value < n) and return their upper halves as 4 BF16-style words (two
+    values each), the valid mask and the low halves' checksum terms."""
+    v0, v1, v2, v3, v4, v5, v6, v7, vm = vals
     l0 = prmt(v0, v1, 0x5410)
     l1 = prmt(v2, v3, 0x5410)
     l2 = prmt(v4, v5, 0x5410)
     l3 = prmt(v6, v7, 0x5410)
+    e = 8 * u
     if vm == 0xFF:
         store16(out32, (lo_off >> 4) + u, l0, l1, l2, l3)
     else:
         for k in range(8):
-            if e + k < n:
+            if (vm >> k) & 1:
                 v = np.int64(x32[e + k])
                 out8[lo_off + 2 * (e + k)] = v & 0xFF
                 out8[lo_off + 2 * (e + k) + 1] = (v >> 8) & 0xFF
     cs = np.int64(0)
     if do_cs:
-        i = ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u
-        cs = quad_checksum(l0, l1, l2, l3, i)
+        cs = quad_checksum(l0, l1, l2, l3, ((lo_off - fmt.HEADER_SIZE) >> 2) + 4 * u)
     return (prmt(v0, v1, 0x7632), prmt(v2, v3, 0x7632), prmt(v4, v5, 0x7632), prmt(v6, v7, 0x7632),
             vm, cs)
 
 
-def _tiles_kernel(fp32: bool):
+def _tiles_kernel(fp32: bool, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM):
     """The tile kernel for BF16 input (``fp32`` False) or FP32 input (True; module docstring,
-    "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its own path."""
+    "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its own path.
+    ``ahead`` (FP32): 4 = all of a tile's loads before its first store, 1 = each round's loads
+    after the stores of the round before; ``blocks_per_sm``: the launch bounds' resident blocks
+    (8: at most 64 registers). experiments/kernels/NOTES.md compares them."""
+    assert ahead in (1, 4)
     stage_words = 4 if fp32 else STAGE_WORDS  # FP32 tiles are not staged
     lo_of = lay_lo if fp32 else lay_no_lo
 
-    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
     def encode_tiles(x32, x16, out8, out32, out64, ws, lay, cb64, do_cs):
         """Code tiles taken from the ticket counter until none is left (module docstring)."""
         n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
@@ -396,10 +408,23 @@ def _tiles_kernel(fp32: bool):
                 cp_wait0()  # this lane's copies of this tile have landed (it reads only those)
             sb = slot * TILE_WORDS + 4 * (warp * 128 + lane)
             if fp32:  # upper halves as BF16 words; the low halves are stored here
-                a0, a1, a2, a3, va, la = _round32(x32, out8, out32, g, n, lo_off, full, do_cs)
-                b0, b1, b2, b3, vb, lb = _round32(x32, out8, out32, g + 32, n, lo_off, full, do_cs)
-                c0, c1, c2, c3, vc, lc = _round32(x32, out8, out32, g + 64, n, lo_off, full, do_cs)
-                d0, d1, d2, d3, vd, ld = _round32(x32, out8, out32, g + 96, n, lo_off, full, do_cs)
+                # every load of the tile before any store: a load cannot move above a store to
+                # a buffer that may alias the input
+                ra = _load32(x32, g, n, full)
+                if ahead == 4:
+                    rb = _load32(x32, g + 32, n, full)
+                    rc = _load32(x32, g + 64, n, full)
+                    rd = _load32(x32, g + 96, n, full)
+                a0, a1, a2, a3, va, la = _split32(x32, out8, out32, g, lo_off, ra, do_cs)
+                if ahead == 1:
+                    rb = _load32(x32, g + 32, n, full)
+                b0, b1, b2, b3, vb, lb = _split32(x32, out8, out32, g + 32, lo_off, rb, do_cs)
+                if ahead == 1:
+                    rc = _load32(x32, g + 64, n, full)
+                c0, c1, c2, c3, vc, lc = _split32(x32, out8, out32, g + 64, lo_off, rc, do_cs)
+                if ahead == 1:
+                    rd = _load32(x32, g + 96, n, full)
+                d0, d1, d2, d3, vd, ld = _split32(x32, out8, out32, g + 96, lo_off, rd, do_cs)
                 if do_cs:
                     cs = wrap64(cs + la + lb + lc + ld)
             elif full:
