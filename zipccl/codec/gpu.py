@@ -811,19 +811,14 @@ def _default_stream_for(x, stream):
 
 
 def _choose_on_device(xb, n: int, ws: Workspace, stream, code: int = fmt.DTYPE_BF16) -> None:
-    """Enqueue ``stats.choose_codebook``: the default codebook of ``xb`` (BF16 values, or
-    FP32 values: their upper halves), into ``ws``."""
+    """Enqueue ``stats.choose_codebook`` through Numba's dispatcher (the simulator's route;
+    on a GPU ``compress`` launches ``_choose``'s plan): the default codebook of ``xb`` (BF16
+    values, or FP32 values: their upper halves), into ``ws``."""
     _, _, _, runtime, stats = _kernels()
     fp32 = code == fmt.DTYPE_FP32
-    if runtime.SIMULATOR:
-        x16 = runtime.view(xb, 2 * n, np.uint16)[1:] if fp32 else runtime.view(xb, n, np.uint16)
-        stats.launch_codebook(x16, n, SAMPLE_SIZE, *runtime.codebook_tables(), ws.array,
-                              runtime.stream(stream), step=2 if fp32 else 1)
-        return
-    if fp32:  # the upper half of FP32 value i is uint16 2i + 1
-        _choose(_wide_values(xb, code)[0] + 2, n, ws, _stream_key(stream), step=2)
-    else:
-        _choose(_values(xb)[0], n, ws, _stream_key(stream))
+    x16 = runtime.view(xb, 2 * n, np.uint16)[1:] if fp32 else runtime.view(xb, n, np.uint16)
+    stats.launch_codebook(x16, n, SAMPLE_SIZE, *runtime.codebook_tables(), ws.array, runtime.stream(stream),
+                          step=2 if fp32 else 1)
 
 
 def _choose(x_ptr: int, n: int, ws: Workspace, s: int, step: int = 1) -> None:
@@ -843,8 +838,8 @@ def _choose(x_ptr: int, n: int, ws: Workspace, s: int, step: int = 1) -> None:
 
 
 @lru_cache(maxsize=256)
-def _raw_size(n: int) -> int:
-    return fmt.Layout.for_count(n).raw_size
+def _raw_size(n: int, code: int = fmt.DTYPE_BF16) -> int:
+    return fmt.Layout.for_count(n, code).raw_size
 
 
 def _flat(buf):
@@ -853,15 +848,18 @@ def _flat(buf):
 
 def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
              dtype: str | None = None, checksum: bool = True, out=None, stream=None):
-    """Compress a device BF16 tensor into a device frame (exact length; see module docstring).
+    """Compress a device BF16, FP32 or FP16 tensor into a device frame (exact length; see
+    module docstring).
 
-    The default codebook is ``codebook.choose_codebook`` of the same strided sample the
-    host codec reads, computed on the device (``stats.choose_codebook``: same sigma bit
-    for bit, same window, same fallback), so device and host frames of equal data are
-    equal and nothing is read back before encoding.
+    The default codebook of BF16 and FP32 data is ``codebook.choose_codebook`` of the same
+    strided sample the host codec reads (FP32: of the values' upper halves), computed on the
+    device (``stats.choose_codebook``: same sigma bit for bit, same window, same fallback),
+    so device and host frames of equal data are equal and nothing is read back before
+    encoding. FP16's comes from the strided sample gathered on the device and read back
+    (one synchronisation more).
 
-    ``out`` (uint8, >= max_compressed_size(n) bytes) is used when given and the returned
-    frame is a view of its start. Synchronises once, to read the frame length.
+    ``out`` (uint8, >= max_compressed_size(n, dtype) bytes) is used when given and the
+    returned frame is a view of its start. Synchronises once, to read the frame length.
     """
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
@@ -869,61 +867,66 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
     xb, shape, code = _typed_view(x, dtype)
     stream = _default_stream_for(x, stream)
-    if code != fmt.DTYPE_BF16:
-        return _compress_wide(x, xb, shape, code, codebook, sigma, checksum, out, stream)
+    bf16 = code == fmt.DTYPE_BF16
     if codebook is None and sigma is not None:
-        codebook = Codebook.from_sigma(sigma)
-    exponents = None if codebook is None else codebook.exponents
+        codebook = Codebook.from_sigma(sigma, code)
+    if codebook is not None and not bf16:
+        _check_wide_codebook(codebook, code)
     if _kernels()[3].SIMULATOR:
-        return _compress_numba(x, xb, shape, exponents, checksum, out, stream)
-    x_ptr, n = _values(xb)
-    raw_size = _raw_size(n)
+        if bf16:
+            return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
+                                   checksum, out, stream)
+        return _compress_wide_numba(x, xb, shape, code, codebook, checksum, out, stream)
+    x_ptr, n = _values(xb) if bf16 else _wide_values(xb, code)
+    raw_size = _raw_size(n, code)
     s = _stream_key(stream)
     if out is not None:  # checked before anything is launched
         o_ptr, nbytes = _frame_buffer(out)
         if nbytes < raw_size:
+            what = f"{n}" if bf16 else f"{n}, {fmt.DTYPE_NAMES[code]!r}"
             raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
-                             f"(max_compressed_size({n}))")
+                             f"(max_compressed_size({what}))")
+    if codebook is None and code == fmt.DTYPE_FP16:
+        codebook = Codebook.from_sample(_wide_sample(xb, n, code, SAMPLE_SIZE, stream),
+                                        dtype=fmt.DTYPE_FP16)
+    exponents = None if codebook is None else codebook.exponents
     ws = default_workspace(s, n)
     if exponents is None:  # the GPU chooses the codebook while the output is allocated
-        _choose(x_ptr, n, ws, s)
+        if bf16:
+            _choose(x_ptr, n, ws, s)
+        else:  # FP32: the upper half of value i is uint16 2i + 1
+            _choose(x_ptr + 2, n, ws, s, step=2)
     buf = out
     if out is None:
         buf = _empty_like_framework(x, raw_size, "u8")
         o_ptr, nbytes = _frame_buffer(buf)
-    _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
+    if bf16:
+        _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
+    else:
+        _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code)
     flen = int(_launch().pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
     return _flat(buf)[:flen]
 
 
-def _compress_wide(x, xw, shape, code, codebook, sigma, checksum, out, stream):
-    """``compress`` of FP32 / FP16, then the frame length (a synchronisation). The default
-    codebook: FP32 as BF16 (``stats.choose_codebook`` of the upper halves, on the device, no
-    synchronisation); FP16 from the gathered sample (another synchronisation)."""
+def _compress_wide_numba(x, xw, shape, code, codebook, checksum, out, stream):
+    """``compress`` of FP32 / FP16 through Numba's dispatcher (the simulator's route)."""
     runtime = _kernels()[3]
     n = _wide_values(xw, code)[1]
-    if codebook is None:
-        if sigma is not None:
-            codebook = Codebook.from_sigma(sigma, code)
-        elif code == fmt.DTYPE_FP16:
-            codebook = Codebook.from_sample(_wide_sample(xw, n, code, SAMPLE_SIZE, stream),
-                                            dtype=fmt.DTYPE_FP16)
+    if codebook is None and code == fmt.DTYPE_FP16:
+        codebook = Codebook.from_sample(_wide_sample(xw, n, code, SAMPLE_SIZE, stream),
+                                        dtype=fmt.DTYPE_FP16)
     raw_size = fmt.Layout.for_count(n, code).raw_size
     buf = out if out is not None else _empty_like_framework(x, raw_size, "u8")
     nbytes = _u8(buf)[1]
     if nbytes < raw_size:
         raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
                          f"(max_compressed_size({n}, {fmt.DTYPE_NAMES[code]!r}))")
-    ws = default_workspace(stream if runtime.SIMULATOR else _stream_key(stream), n)
+    ws = default_workspace(stream, n)
     if codebook is None:
         _choose_on_device(xw, n, ws, stream, code)
     _encode_wide_into(xw, buf, codebook, stream, checksum, shape, ws, code)
-    if runtime.SIMULATOR:
-        head = runtime.host_bytes(buf, _FRAME_LEN_AT + 8, runtime.stream(stream))
-        flen = int(head[_FRAME_LEN_AT:_FRAME_LEN_AT + 8].view("<i8")[0])
-    else:
-        flen = int(_launch().pinned().read(_frame_buffer(buf)[0] + _FRAME_LEN_AT, 8,
-                                           _stream_key(stream)).view("<i8")[0])
+    head = runtime.host_bytes(buf, _FRAME_LEN_AT + 8, runtime.stream(stream))
+    flen = int(head[_FRAME_LEN_AT:_FRAME_LEN_AT + 8].view("<i8")[0])
     return _flat(buf)[:flen]
 
 
