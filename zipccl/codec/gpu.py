@@ -811,9 +811,9 @@ def _default_stream_for(x, stream):
 
 
 def _choose_on_device(xb, n: int, ws: Workspace, stream, code: int = fmt.DTYPE_BF16) -> None:
-    """Enqueue ``stats.choose_codebook`` through Numba's dispatcher (the simulator's route;
-    on a GPU ``compress`` launches ``_choose``'s plan): the default codebook of ``xb`` (BF16
-    values, or FP32 values: their upper halves), into ``ws``."""
+    """Enqueue ``stats.choose_codebook`` through Numba's dispatcher (the simulator's route,
+    and the tests'; on a GPU ``compress`` launches ``_choose``'s plan): the default codebook
+    of ``xb`` (BF16 values, or FP32 values: their upper halves), into ``ws``."""
     _, _, _, runtime, stats = _kernels()
     fp32 = code == fmt.DTYPE_FP32
     x16 = runtime.view(xb, 2 * n, np.uint16)[1:] if fp32 else runtime.view(xb, n, np.uint16)

@@ -37,7 +37,7 @@ from ..codebook import FALLBACK_MARGIN, RMS_LANES, sample_stride
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from . import launch as launch_route
 from ._common import WS_CODEBOOK
-from .compat import load16
+from .compat import load16, shfl_xor
 
 HIST_TPB = 256
 HIST_MAX_BLOCKS = 2 if compat.SIMULATOR else 1024
@@ -172,25 +172,38 @@ SQUARE_SCALE = np.array([math.ldexp(1.0, 2 * (max(e, 1) - 134)) for e in range(2
 assert SUM_TPB == 256 == RMS_LANES, "one thread per exponent bin and per partial sum"
 
 
+CHOICE_TPB = SUM_TPB  # threads of choose_codebook: few warps make each block barrier cheap
+CHOICE_LOADS = SAMPLE_MAX // CHOICE_TPB  # sampled values per thread
+
+
 @cuda.jit
 def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws):
-    """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one block)."""
+    """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one
+    block of CHOICE_TPB threads). Block barriers only where every thread's data meet: around
+    the sample's stores and the histogram, in the sum's halving tree, after the window; the
+    top-7 is found by warp 0 alone with shuffles (7 rounds of a warp maximum, no barrier)."""
     samp = cuda.shared.array(SAMPLE_MAX, dtype=np.uint16)
     hist = cuda.shared.array(256, dtype=np.int32)  # 32-bit: native shared-memory atomics
     ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)
     key = cuda.shared.array(SUM_TPB, dtype=np.int64)
-    top = cuda.shared.array(8, dtype=np.int64)
     found = cuda.shared.array(1, dtype=np.int64)
     tid = cuda.threadIdx.x
-    if tid < 256:
-        hist[tid] = 0
+    hist[tid] = 0
     if tid == 0:
         found[0] = 0
-    _load_sample(x16, stride, count, samp)
-    i = np.int64(tid)
-    while i < count:
-        cuda.atomic.add(hist, (np.int64(samp[i]) >> 7) & 0xFF, 1)
-        i += LOAD_TPB
+    # the sample: each thread's 16 loads into registers first, all in flight together (a
+    # load may not move above a store to shared memory: generic pointers may alias it)
+    v = cuda.local.array(CHOICE_LOADS, dtype=np.uint16)
+    for k in range(CHOICE_LOADS):
+        i = np.int64(tid) + k * CHOICE_TPB
+        v[k] = x16[i * stride] if i < count else 0
+    cuda.syncthreads()  # the histogram is zeroed (the loads stay in flight)
+    for k in range(CHOICE_LOADS):
+        i = np.int64(tid) + k * CHOICE_TPB
+        if i < count:
+            samp[i] = v[k]
+            cuda.atomic.add(hist, (np.int64(v[k]) >> 7) & 0xFF, 1)
+    cuda.syncthreads()
     _sample_sums(samp, count, scale, ssum, key)
     total = ssum[0]
     finite = key[0]
@@ -203,38 +216,41 @@ def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws
         while t < n_thr:
             if thr[t] <= sigma and (t + 1 == n_thr or thr[t + 1] > sigma):
                 found[0] = starts[t]
-            t += LOAD_TPB
+            t += CHOICE_TPB
     cuda.syncthreads()
-    taken = False
-    for r in range(7):  # the sample's top-7: count descending, then exponent ascending
-        if tid < 256:
-            key[tid] = -1 if taken else np.int64(hist[tid]) * 256 + (255 - tid)
-        cuda.syncthreads()
-        h = SUM_TPB // 2
-        while h > 0:
-            if tid < h and key[tid + h] > key[tid]:
-                key[tid] = key[tid + h]
-            cuda.syncthreads()
-            h //= 2
-        if tid < 256 and 255 - (key[0] & 255) == tid:
-            taken = True
-            top[r] = tid
-        cuda.syncthreads()
-    if tid == 0:
-        start = found[0]
-        n_sigma = np.int64(0)
+    if tid < 32:  # the sample's top-7 (count descending, then exponent ascending): warp 0
+        lane = np.int64(tid)
+        taken = np.int64(0)  # bit k: bin 8 lane + k is in the top already
+        cb_top = np.int64(0)
         n_top = np.int64(0)
         for r in range(7):
-            n_sigma += np.int64(hist[start + r])
-            n_top += np.int64(hist[top[r]])
-        cb = np.int64(0)
-        if count > 0 and n_top - n_sigma > threshold:
+            best = np.int64(-1)
+            for k in range(8):
+                b = 8 * lane + k
+                kk = np.int64(hist[b]) * 256 + (255 - b)
+                if ((taken >> k) & 1) == 0 and kk > best:
+                    best = kk
+            for off in (16, 8, 4, 2, 1):
+                other = shfl_xor(best, off)
+                if other > best:
+                    best = other
+            b = 255 - (best & 255)
+            if (b >> 3) == lane:
+                taken |= np.int64(1) << (b & 7)
+            cb_top |= b << (8 * r)
+            n_top += best >> 8
+        if tid == 0:
+            start = found[0]
+            n_sigma = np.int64(0)
             for r in range(7):
-                cb |= top[r] << (8 * r)
-        else:
-            for r in range(7):
-                cb |= (start + r) << (8 * r)
-        ws[WS_CODEBOOK] = cb
+                n_sigma += np.int64(hist[start + r])
+            cb = np.int64(0)
+            if count > 0 and n_top - n_sigma > threshold:
+                cb = cb_top
+            else:
+                for r in range(7):
+                    cb |= (start + r) << (8 * r)
+            ws[WS_CODEBOOK] = cb
 
 
 def codebook_args(n: int, samples: int) -> tuple[int, int, int]:
@@ -250,8 +266,8 @@ def launch_codebook(x16, n: int, samples: int, scale, thr, starts, ws, stream, s
     """Enqueue ``choose_codebook`` (Numba's dispatcher: the simulator's route) for the n
     values at every ``step``-th uint16 of ``x16`` (2: FP32 upper halves)."""
     stride, count, threshold = codebook_args(n, samples)
-    choose_codebook[1, LOAD_TPB, stream](x16, step * stride, count, threshold, scale, thr, starts,
-                                         thr.size, ws)
+    choose_codebook[1, CHOICE_TPB, stream](x16, step * stride, count, threshold, scale, thr, starts,
+                                           thr.size, ws)
 
 
 _A = launch_route.array
@@ -281,7 +297,7 @@ class CodebookPlan:
         self.params.set(_CB_X_SLOT, x_ptr)
 
     def launch(self, stream: int) -> None:
-        launch_route.launch(self.function, 1, LOAD_TPB, stream, self.params)
+        launch_route.launch(self.function, 1, CHOICE_TPB, stream, self.params)
 
 
 _CB_X_SLOT = CODEBOOK.data_slot(0)
