@@ -94,7 +94,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m zipccl demo") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m zipccl demo", comm=None) -> int:
+    """The demo's command line on ``comm`` (default: the launcher's job, ``mpijob.job_world``)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="use only the first N values of the checkpoint (at least one per rank)")
@@ -104,11 +105,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl demo") -> 
     parser.add_argument("--backend", default="auto", choices=("auto", "nccl", "mpi"))
     args = parser.parse_args(argv)
 
-    from mpi4py import MPI
+    from .tools.mpijob import job_world, run_main
 
-    from .tools.mpijob import run_main
-
-    comm = MPI.COMM_WORLD  # the demo's main() is an entry point: it may name the world
+    comm = job_world() if comm is None else comm
     if args.limit is not None and args.limit < comm.Get_size():
         # Every rank sees the same numbers, so every rank stops here alike: no abort needed.
         parser.error(f"--limit {args.limit} gives some of the {comm.Get_size()} ranks no values; "

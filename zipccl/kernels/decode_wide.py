@@ -397,7 +397,6 @@ class Plan:
         self.device = device
         self.tiles = None
         if lay.n_blocks:
-            self.tiles_grid = grid_size(lay.n_blocks)
             if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
                 self.tiles_grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
                 self.tiles = decode.TILES32.function(device)
@@ -405,6 +404,7 @@ class Plan:
                     frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), (ws_ptr, ws_count), lt))
                 self.f_slots, self.o_slots = _T32_F, _T32_OUT
             else:
+                self.tiles_grid = grid_size(lay.n_blocks)
                 self.tiles = TILES.function(device)
                 self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, n), (ws_ptr, ws_count), lt))
                 self.f_slots, self.o_slots = _F_SLOTS, _OUT_SLOTS

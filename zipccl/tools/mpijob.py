@@ -35,6 +35,14 @@ def _abort(comm, message: str, code: int) -> None:
     comm.Abort(code)
 
 
+def job_world():
+    """The communicator of every process the launcher started: what an entry point runs on
+    when its caller gives it none (the library's functions always take one)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
 def run_main(main: Callable[[], int | None], comm) -> int:
     """``main()``'s exit status; on an exception on this rank, abort every rank of ``comm``.
 
