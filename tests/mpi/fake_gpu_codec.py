@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from zipccl import format as fmt
+from zipccl.codebook import choose_codebook
 from zipccl.codec import cpu
 from zipccl.kernels import _common
 
@@ -81,6 +82,16 @@ def encode_into(bits, out, codebook, stream=None, checksum=False, shape=None, wo
     frame = cpu.encode(_patterns(bits, code), codebook, (bits.size,), checksum, dtype=code)
     np.asarray(out)[:frame.size] = frame
     workspace.array[_common.WS_FLEN] = frame.size
+
+
+def encode_chosen_into(bits, out, stream=None, checksum=False, shape=None, workspace=None,
+                       dtype=None):
+    """The device's codebook choice is ``choose_codebook`` of the strided sample, bit for bit."""
+    code = _code(bits, dtype)
+    if code == fmt.DTYPE_FP16:
+        raise ValueError("the device codebook choice covers BF16 and FP32; FP16 needs a codebook")
+    cb = choose_codebook(_patterns(bits, code), dtype=code).codebook
+    encode_into(bits, out, cb, stream, checksum, shape, workspace, dtype)
 
 
 def decode_into(frame, out, stream=None, workspace=None, dtype=None):

@@ -461,6 +461,41 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
     _encode(x_ptr, n, o_ptr, nbytes, codebook.exponents, s, checksum, shape, ws)
 
 
+def encode_chosen_into(bits, out, stream=None, checksum: bool = False,
+                       shape: tuple[int, ...] | None = None, workspace: Workspace | None = None,
+                       dtype: str | None = None) -> None:
+    """``encode_into`` with the default codebook chosen on the device from ``bits`` itself
+    (``kernels/stats.choose_codebook``, the same codebook ``compress`` picks): the choice
+    kernel, then the encoder, on ``stream``. No synchronisation, no host sample: the
+    collectives' entry, one fresh codebook per frame. BF16 and FP32 (FP16's choice runs on
+    the host: ValueError)."""
+    code = element_code(bits, dtype)
+    xb = bits
+    if code == fmt.DTYPE_FP16:
+        raise ValueError("the device codebook choice covers BF16 and FP32; FP16 needs a codebook")
+    if _kernels()[3].SIMULATOR:
+        if code == fmt.DTYPE_BF16:
+            xb, n = _u16(xb)
+        else:
+            n = _wide_values(xb, code)[1]
+        ws = workspace if workspace is not None else default_workspace(stream, n)
+        _choose_on_device(xb, n, ws, stream, code)
+        if code == fmt.DTYPE_BF16:
+            return _encode_into_numba(xb, out, None, stream, checksum, shape, ws)
+        return _encode_wide_numba(xb, out, None, stream, checksum, shape, ws, code)
+    bf16 = code == fmt.DTYPE_BF16
+    x_ptr, n = _values(xb) if bf16 else _wide_values(xb, code)
+    o_ptr, nbytes = _frame_buffer(out)
+    s = _stream_key(stream)
+    ws = workspace if workspace is not None else default_workspace(s, n)
+    if bf16:
+        _choose(x_ptr, n, ws, s)
+        _encode(x_ptr, n, o_ptr, nbytes, None, s, checksum, shape, ws)
+    else:  # FP32: the upper half of value i is uint16 2i + 1
+        _choose(x_ptr + 2, n, ws, s, step=2)
+        _encode_wide(x_ptr, n, o_ptr, nbytes, None, s, checksum, shape, ws, code)
+
+
 def _encode(x_ptr: int, n: int, o_ptr: int, nbytes: int, exponents: tuple[int, ...] | None,
             s: int, checksum: bool, shape, ws: Workspace) -> None:
     """Launch the encoder's plan on stream handle ``s``; ``exponents=None``: the codebook

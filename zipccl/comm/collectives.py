@@ -709,7 +709,7 @@ def check_phases(phases: int, chunk: int) -> None:
 
 def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                     compress: bool, stream=None, chunk: int = 0,
-                    control: Control | None = None) -> ExchangeStats:
+                    control: Control | None = None, channel=None) -> ExchangeStats:
     """recv[offsets(counts)[j]:][:counts[j]] = rank j's send, for every j.
 
     ``chunk``: elements per pipeline round of the compressed path (0: the two-phase
@@ -719,6 +719,14 @@ def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequenc
     me = tr.rank
     isz = fmt.ITEMSIZE[value_code(send)]
     r_off = offsets(counts)
+    if compress and channel is not None:
+        from .exchange import slot_exchange
+
+        channel.check("all_gather")
+        return slot_exchange(eng, tr, channel, send, [(0, counts[me])] * tr.size, recv,
+                             list(zip(r_off, counts, strict=True)), op="all_gather",
+                             capacity=channel.capacity, chunk=chunk, max_count=max(counts),
+                             shared=True, stream=stream)
     if compress:
         sends = [(0, counts[me])] * tr.size
         return _exchange(eng, tr, agree, send, sends, recv, list(zip(r_off, counts, strict=True)),
@@ -736,7 +744,7 @@ def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequenc
 def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
                     max_count: int | None = None, control: Control | None = None,
-                    phases: int = 2) -> ExchangeStats:
+                    phases: int = 2, channel=None) -> ExchangeStats:
     """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
 
     ``max_count``: the largest message between two different ranks anywhere (all ranks
@@ -747,6 +755,13 @@ def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Se
     check_phases(phases, chunk if compress else 0)
     sends = list(zip(offsets(send_counts), send_counts, strict=True))
     recvs = list(zip(offsets(recv_counts), recv_counts, strict=True))
+    if compress and channel is not None:
+        from .exchange import slot_exchange
+
+        channel.check("all_to_all")
+        return slot_exchange(eng, tr, channel, send, sends, recv, recvs, op="all_to_all",
+                             capacity=channel.capacity, chunk=chunk, max_count=max_count,
+                             stream=stream)
     if compress:
         if max_count is None:
             if tr.size > 2 and chunk > 0:
@@ -764,7 +779,7 @@ def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Se
 
 def reduce_scatter_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequence[int], *,
                         compress: bool, stream=None, chunk: int = 0,
-                        control: Control | None = None) -> ExchangeStats:
+                        control: Control | None = None, channel=None) -> ExchangeStats:
     """recv = reduce_sum over ranks of each rank's shard ``me`` of ``send`` (packed by counts).
 
     Both paths gather the p shards into a (p, counts[me]) staging array, then reduce;
@@ -780,6 +795,13 @@ def reduce_scatter_values(eng: Engine, tr, agree: Agree, send, recv, counts: Seq
         def reduce_cols(lo: int, hi: int) -> None:
             eng.reduce_cols(stage, p, m, lo, hi, recv)
 
+        if channel is not None:
+            from .exchange import slot_exchange
+
+            channel.check("reduce_scatter")
+            return slot_exchange(eng, tr, channel, send, sends, stage, recvs, op="reduce_scatter",
+                                 capacity=channel.capacity, chunk=chunk, max_count=max(counts),
+                                 stream=stream, on_chunk=reduce_cols)
         return _exchange(eng, tr, agree, send, sends, stage, recvs, chunk=chunk,
                          max_count=max(counts), stream=stream, on_chunk=reduce_cols,
                          control=control)
@@ -791,7 +813,7 @@ def reduce_scatter_values(eng: Engine, tr, agree: Agree, send, recv, counts: Seq
 
 
 def all_reduce_values(eng: Engine, tr, agree: Agree, buf, *, compress: bool, stream=None,
-                    chunk: int = 0, control: Control | None = None) -> ExchangeStats:
+                    chunk: int = 0, control: Control | None = None, channel=None) -> ExchangeStats:
     """In place: reduce-scatter of near-equal shards, then all-gather of the reduced shards.
 
     ``control`` rides on the reduce-scatter (the all-gather is then part of an agreed call).
@@ -799,9 +821,9 @@ def all_reduce_values(eng: Engine, tr, agree: Agree, buf, *, compress: bool, str
     counts = split_counts(buf.size, tr.size)
     shard = eng.values_workspace("shard", counts[tr.rank], buf.dtype)
     stats = reduce_scatter_values(eng, tr, agree, buf, shard, counts, compress=compress, stream=stream,
-                                chunk=chunk, control=control)
+                                chunk=chunk, control=control, channel=channel)
     stats.add(all_gather_values(eng, tr, agree, shard, buf, counts, compress=compress, stream=stream,
-                              chunk=chunk))
+                              chunk=chunk, channel=channel))
     return stats
 
 

@@ -373,6 +373,7 @@ class Communicator:
         self._nccl_error: str | None = None
         self._host = HostEngine(checksum=self._checksum)
         self._device_engine = None
+        self._slot_channel = None
         self.last_decision: Decision | None = None
         self.last_stats: ExchangeStats | None = None
         try:
@@ -439,6 +440,9 @@ class Communicator:
         """Free the duplicated MPI communicator and the NCCL communicator, if any."""
         self._plans.clear()
         self._agreed.clear()
+        if getattr(self, "_slot_channel", None) is not None:
+            self._slot_channel.close()
+            self._slot_channel = None
         if self._nccl is not None:
             self._nccl.close()
             self._nccl = None
@@ -578,6 +582,23 @@ class Communicator:
         if key is not None and run is not None and self.verify == "first" and \
                 self._plans.get(key) is plan and plan.sig in self._agreed:
             plan.run = run
+
+    def _slots(self, eng, op: str, plan: _Plan):
+        """The slot channel of a compressed device call (None on the host, whose exchange
+        blocks anyway and agrees as it goes). A compressed signature is agreed across ranks
+        the first time it is seen (every call with ``verify="always"``); afterwards a call
+        makes no host exchange at all, as NCCL's do."""
+        if not eng.device:
+            return None
+        if plan.crc and (plan.sig not in self._agreed or self.verify == "always"):
+            self._control(op, plan.crc, None, describe=self._describe(plan))
+            self._remember(plan.sig)
+        if self._slot_channel is None:
+            from .exchange import SlotChannel
+            from .spill import MPIChannel, Spills
+
+            self._slot_channel = SlotChannel(Spills(MPIChannel(self.comm), device=True))
+        return self._slot_channel
 
     def _route(self, device: bool, stream):
         """(engine, transport) for host or device data; the device side is set up lazily."""
@@ -722,10 +743,11 @@ class Communicator:
         eng, tr = self._route(s.device, st)
         if plan.compress:
             sdata = self._detached(eng, s.data, r.data)
+            ch = self._slots(eng, "all_gather", plan)
             self.last_stats = all_gather_values(eng, tr, self._agree, sdata, r.data,
                                                 [s.size] * self.size, compress=True, stream=st,
-                                                chunk=self._chunk_of(s),
-                                              control=self._controller("all_gather", plan))
+                                                chunk=self._chunk_of(s), channel=ch,
+                                                control=None if ch else self._controller("all_gather", plan))
             return
         if plan.stats is None:
             raw = s.nbytes * (self.size - 1)
@@ -774,7 +796,9 @@ class Communicator:
             self.last_stats = reduce_scatter_values(
                 eng, tr, self._agree, sdata, r.data, [r.size] * self.size, compress=plan.compress,
                 stream=st, chunk=self._chunk_of(s),
-                control=self._controller("reduce_scatter", plan) if plan.compress else None)
+                channel=self._slots(eng, "reduce_scatter", plan) if plan.compress else None,
+                control=self._controller("reduce_scatter", plan) if plan.compress and not eng.device
+                else None)
             return
         if plan.stats is None:
             raw = s.nbytes - r.nbytes
@@ -894,10 +918,12 @@ class Communicator:
                         plan: _Plan, st, control) -> None:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
+        ch = self._slots(eng, "all_to_all", plan)
         self.last_stats = all_to_all_values(eng, tr, self._agree, sdata, r.data, send_counts,
                                             recv_counts, compress=True, stream=st,
                                             chunk=self._chunk_of(s), max_count=largest,
-                                            control=control, phases=self.phases)
+                                            control=None if ch else control, phases=self.phases,
+                                            channel=ch)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
@@ -927,7 +953,9 @@ class Communicator:
             self.last_stats = all_reduce_values(
                 eng, tr, self._agree, b.data, compress=plan.compress, stream=st,
                 chunk=self._chunk_of(b),
-                control=self._controller("all_reduce", plan) if plan.compress else None)
+                channel=self._slots(eng, "all_reduce", plan) if plan.compress else None,
+                control=self._controller("all_reduce", plan) if plan.compress and not eng.device
+                else None)
             return
         if plan.stats is None:
             raw = 2 * b.nbytes * (self.size - 1) // self.size

@@ -381,6 +381,51 @@ class DeviceEngine:
                 out[...] = dst
         return None
 
+    # -- hooks of exchange.slot_exchange: the same streams and events, no host reads ----------
+    def encode_slot(self, values, region) -> None:
+        """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
+        the device from ``values`` (BF16, FP32; FP16 from the host sample, ``codebook``)."""
+        from .slots import SLOT_HEADER
+
+        src, bounced = self._aligned(values, "bounce_in")
+        if bounced:
+            self.copy(src, values)
+        if self._encode_ws is None or not self._encode_ws.fits(values.size):
+            self._encode_ws = self.gpu.Workspace(max(int(values.size), 1 << 20))
+        out = region[SLOT_HEADER:]
+        if values.dtype == np.float16:
+            self.gpu.encode_into(src, out, self.codebook(values), self._stream, checksum=self.checksum,
+                                 workspace=self._encode_ws, **_typed(values))
+        else:
+            self.gpu.encode_chosen_into(src, out, self._stream, checksum=self.checksum,
+                                        workspace=self._encode_ws)
+
+    def encode_stream(self):
+        """The stream the encodes (and the spill-out kernel after them) run on: the caller's."""
+        return self._stream
+
+    def decode_stream(self, k: int):
+        """The decode stream, ordered after round ``k``'s transfer."""
+        if self._dec_round != k:
+            self._dec.wait_event(self._ev_recv[k])
+            self._dec_round = k
+        return self._dec
+
+    def pipeline_finish(self) -> list:
+        """Order the caller's stream after the transfers and decodes, without reading anything
+        back; returns (decode stream, workspace) of every decode workspace this call used, whose
+        sticky error bits go into the communicator's error word."""
+        self._in_pipeline = False
+        x_done, d_done = self._ev_tail
+        x_done.record(self._xfer)
+        d_done.record(self._dec)
+        self._stream.wait_event(x_done)
+        self._stream.wait_event(d_done)
+        if not self._dec_used:
+            return []
+        retired, self._dec_retired = self._dec_retired, []
+        return [(self._dec, ws) for ws in (*retired, self._dec_ws)]
+
     def pipeline_end(self) -> str | None:
         """Order the caller's stream after the transfers and decodes; read the decode errors.
 

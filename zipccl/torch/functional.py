@@ -213,6 +213,7 @@ class Collectives:
         self._host: HostEngine | None = None
         self._device: dict[int, object] = {}
         self._routes: dict[tuple, tuple] = {}
+        self._channels: dict[tuple, object] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
     def _route(self, group, t: torch.Tensor):
@@ -239,6 +240,21 @@ class Collectives:
         stream = torch.cuda.current_stream(t.device).cuda_stream
         eng.set_stream(stream)
         return eng, tr, agree, stream
+
+    def _channel(self, group, t: torch.Tensor):
+        """The slot channel of compressed CUDA calls over ``group`` (None for host tensors, which
+        take the host exchange): call numbering, spills over a gloo group, the error word. Made
+        at the group's first compressed CUDA call, which every rank makes at the same point."""
+        if not t.is_cuda:
+            return None
+        key = (group, t.device)
+        ch = self._channels.get(key)
+        if ch is None:
+            from ..comm.exchange import SlotChannel
+            from ..comm.spill import Spills, TorchChannel
+
+            ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=True))
+        return ch
 
     @staticmethod
     def _bits(t: torch.Tensor):
@@ -294,7 +310,8 @@ class Collectives:
         if _overlaps(send, output_tensor) and send.data_ptr() != own.data_ptr():
             send = send.clone()  # partial overlap: only the in-place slot is safe to read while writing
         ex = all_gather_values(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
-                             compress=True, stream=stream, chunk=self._chunk_of(send))
+                             compress=True, stream=stream, chunk=self._chunk_of(send),
+                             channel=self._channel(group, send))
         self.stats.add(True, ex)
         return _done_work(output_tensor) if async_op else None
 
@@ -318,7 +335,8 @@ class Collectives:
         eng, tr, agree, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
         ex = reduce_scatter_values(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
-                                 compress=True, stream=stream, chunk=self._chunk_of(send))
+                                 compress=True, stream=stream, chunk=self._chunk_of(send),
+                             channel=self._channel(group, send))
         if name == "avg":
             _divide(output, p)
         self.stats.add(True, ex)
@@ -372,7 +390,7 @@ class Collectives:
             largest = self._agreed_max(group, input, [local])[0]
         ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
                              compress=True, stream=stream, chunk=self._chunk_of(send), max_count=largest,
-                             phases=self.phases)
+                             phases=self.phases, channel=self._channel(group, send))
         self.stats.add(True, ex)
         return _done_work(output) if async_op else None
 
@@ -393,7 +411,7 @@ class Collectives:
                                 raw, async_op)
         eng, tr, agree, stream = self._route(group, tensor)
         ex = all_reduce_values(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
-                               chunk=self._chunk_of(tensor))
+                               chunk=self._chunk_of(tensor), channel=self._channel(group, tensor))
         if name == "avg":
             _divide(tensor, p)
         self.stats.add(True, ex)

@@ -1,0 +1,207 @@
+"""The slot exchange: the one compressed all-to-all of frames that never waits on the host.
+
+Every compressed collective moves its messages through ``slot_exchange``:
+
+1. **encode** each outgoing piece into a region of the send workspace
+   (``slots.region_bytes``), the codebook chosen on the device from the piece itself
+   (``engine.encode_slot``); an all-gather encodes its shard once for every peer;
+2. **slot headers and spill-out** (``Spills.launch_out``): a kernel writes each slot's
+   header and copies the tail of any frame longer than its slot to mapped host memory;
+3. **transfer** one slot per message, ``slots.slot_bytes`` each: a byte count every rank
+   computes from the element counts and the capacity rule, so the host posts it at once;
+4. **spill-in** (``Spills.launch_in``): a kernel checks every received slot header and,
+   for a frame that spilled, waits (on the CPU: the progress thread) for its tail;
+5. **decode** straight from the received regions (``engine.decode_frame``), then the
+   reduction of the round's columns (``on_chunk``) for reductions.
+
+Messages are cut into rounds of ``chunk`` elements (0: one round). On a device engine
+round k's transfer runs on the transfer stream while round k+1 is encoded on the
+caller's stream and round k-1 decoded on the decode stream, ordered by events only.
+The host reads nothing back: errors (a bad frame, a slot header that does not match the
+call) land in the communicator's sticky error word (``Spills.error``), raised as
+``CollectiveError`` at the next call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .. import format as fmt
+from . import slots
+from .collectives import ExchangeStats, _piece, chunk_count, offsets, value_code
+from .engine import Engine
+
+Capacity = Callable[[int, int], int]  # (n, element type code) -> escape bytes reserved
+
+
+def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int]], recv,
+                  recvs: Sequence[tuple[int, int]], *, op: str, capacity: Capacity,
+                  chunk: int = 0, max_count: int | None = None, shared: bool = False,
+                  stream=None, on_chunk: Callable[[int, int], None] | None = None) -> ExchangeStats:
+    """All-to-all of ``send``'s messages as slots (see the module docstring).
+
+    Peer j's outgoing message is ``send[o:o+c]`` for ``(o, c) = sends[j]``; its incoming
+    one lands in ``recv[o:o+c]`` for ``(o, c) = recvs[j]``; with ``shared`` every peer gets
+    the same message (an all-gather). The message to self is copied, never coded.
+    ``max_count``: with ``chunk`` > 0, the largest message between two ranks anywhere (all
+    ranks pass the same; it fixes the number of rounds); with ``chunk`` = 0 (one round) this
+    rank's largest is enough. Returns this rank's byte counts (slots; spilled
+    tails are counted by ``spills``).
+    """
+    p, me = tr.size, tr.rank
+    code = value_code(send)
+    isz = fmt.ITEMSIZE[code]
+    stats = ExchangeStats()
+    if max_count is None:
+        max_count = max([c for j, (_, c) in enumerate(sends) if j != me]
+                        + [c for j, (_, c) in enumerate(recvs) if j != me] + [0])
+    if chunk > 0:  # every rank passes the same max_count: the same rounds everywhere
+        step, rounds = chunk, chunk_count(max_count, chunk)
+    else:  # one round, also when this rank moves nothing (its peers still meet it there)
+        step, rounds = max(max_count, 1), 1
+    rounds = rounds if p > 1 else 0
+
+    o, c = recvs[me]
+    if c:
+        so, sc = sends[me]
+        if sc != c:
+            raise ValueError(f"rank {me} sends itself {sc} elements but expects {c}")
+        eng.copy(recv[o:o + c], send[so:so + sc])
+    if p == 1:
+        if on_chunk is not None and c:
+            on_chunk(0, c)
+        return stats
+
+    # regions: one per frame of every round, at offsets fixed by the element counts alone
+    # (every round has its own, so no round waits for another one's transfer or decode)
+    def layout(counts: Sequence[int], k: int, one: bool):
+        if one:  # an all-gather: one region, the same slot for every peer
+            n = _piece(counts[me], step, k)[1]
+            return [n if j != me else 0 for j in range(p)], [0] * p, slots.region_bytes(n, code)
+        pieces = [_piece(cnt, step, k)[1] if j != me else 0 for j, cnt in enumerate(counts)]
+        regions = [slots.region_bytes(n, code) for n in pieces]
+        return pieces, offsets(regions), sum(regions)
+
+    s_counts = [cnt for _, cnt in sends]
+    r_counts = [cnt for _, cnt in recvs]
+    s_plan = [layout(s_counts, k, shared) for k in range(rounds)]
+    r_plan = [layout(r_counts, k, False) for k in range(rounds)]
+    s_base = offsets([t for _, _, t in s_plan])
+    r_base = offsets([t for _, _, t in r_plan])
+    sbuf = eng.workspace("slot_send", sum(t for _, _, t in s_plan))
+    rbuf = eng.workspace("slot_recv", sum(t for _, _, t in r_plan))
+
+    def frames(plan, base: int, buf, k: int):
+        """(peer, region, slot bytes) of round k's frames in ``buf``."""
+        n_of, off, _ = plan
+        out = []
+        for j in range(p):
+            n = n_of[j]
+            if j != me and n:
+                region = slots.region_bytes(n, code)
+                at = base + off[j]
+                out.append((j, buf[at:at + region], slots.slot_bytes(n, code, capacity(n, code))))
+        return out
+
+    eng.pipeline_begin(rounds, p)
+    seqs: list[int] = []
+
+    def encode_round(k: int) -> None:
+        out = frames(s_plan[k], s_base[k], sbuf, k)
+        if shared and out:
+            lo, n = _piece(sends[me][1], step, k)
+            src = sends[me][0] + lo
+            eng.encode_slot(send[src:src + n], out[0][1])
+        elif not shared:
+            for j, region, _ in out:
+                lo, n = _piece(sends[j][1], step, k)
+                src = sends[j][0] + lo
+                eng.encode_slot(send[src:src + n], region)
+        seq = channel.begin(op, code, out, frames(r_plan[k], r_base[k], rbuf, k))
+        channel.launch_out(seq, eng.encode_stream())
+        seqs.append(seq)
+        eng.encoded(k)
+
+    encode_round(0)
+    for k in range(rounds):
+        s_len, s_dsp, r_len, r_dsp = [0] * p, [0] * p, [0] * p, [0] * p
+        for j, _, sl in frames(s_plan[k], s_base[k], sbuf, k):
+            s_len[j], s_dsp[j] = sl, s_base[k] + s_plan[k][1][j]
+        for j, _, sl in frames(r_plan[k], r_base[k], rbuf, k):
+            r_len[j], r_dsp[j] = sl, r_base[k] + r_plan[k][1][j]
+        tr.alltoallv(sbuf, s_len, s_dsp, rbuf, r_len, r_dsp, eng.transfer_stream(k))
+        stats.wire_bytes += sum(s_len)
+        stats.raw_bytes += sum(isz * n for n in s_plan[k][0])
+        eng.received(k)
+        if k + 1 < rounds:
+            encode_round(k + 1)  # on the caller's stream while round k is on the wire
+        channel.launch_in(seqs[k], eng.decode_stream(k))
+        lo = hi = k * step
+        for j, (ro, rc) in enumerate(recvs):
+            plo, n = _piece(rc, step, k)
+            hi = max(hi, plo + n)
+            if j == me or not n:
+                continue
+            at = r_base[k] + r_plan[k][1][j]
+            eng.decode_frame(rbuf[at + slots.SLOT_HEADER:at + slots.region_bytes(n, code)],
+                             recv[ro + plo:ro + plo + n], k)
+        if on_chunk is not None and hi > lo:
+            on_chunk(lo, hi)
+    for dstream, ws in eng.pipeline_finish():
+        channel.record_error(dstream, ws)
+    return stats
+
+
+def default_capacity(n: int, code: int) -> int:
+    """Escape bytes reserved per frame until the capacity rule is wired in: 1 in 12 values."""
+    return -(-int(n) // 12)
+
+
+def _address(a) -> int:
+    """Device (or, on a stand-in device, host) address of a 1-D array."""
+    data = getattr(a, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr)
+    return int(a.__array_interface__["data"][0])
+
+
+class SlotChannel:
+    """A communicator's slot machinery: the call numbering, the spill path (``spill.Spills``),
+    the sticky error word and the capacity rule. Every rank numbers its compressed calls alike
+    (the same calls in the same order, as NCCL requires)."""
+
+    def __init__(self, spills, capacity: Capacity = default_capacity):
+        self.spills = spills
+        self.capacity = capacity
+        self.seq = 0
+
+    def check(self, op: str) -> None:
+        """Raise the sticky error of an earlier call (a read of mapped memory, no wait)."""
+        from .collectives import CollectiveError
+
+        bits = int(self.spills.error())
+        if bits:
+            raise CollectiveError(f"zipccl {op}: an earlier compressed call on this communicator "
+                                  f"failed on the device (error word 0x{bits:08x})")
+
+    def begin(self, op: str, code: int, out, inn) -> int:
+        self.seq += 1
+        sends = [(j, _address(region), sl, int(region.size)) for j, region, sl in out]
+        recvs = [(j, _address(region), sl, int(region.size)) for j, region, sl in inn]
+        self.spills.begin(self.seq, slots.OP_CODES[op], code, sends, recvs)
+        return self.seq
+
+    def launch_out(self, seq: int, stream) -> None:
+        self.spills.launch_out(seq, stream)
+
+    def launch_in(self, seq: int, stream) -> None:
+        self.spills.launch_in(seq, stream)
+
+    def record_error(self, stream, ws) -> None:
+        from ..kernels._common import WS_ERR_STICKY
+
+        base = int(getattr(ws, "ptr", 0) or 0) or _address(ws.array)
+        self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
+
+    def close(self) -> None:
+        self.spills.close()
