@@ -160,6 +160,20 @@ def _truncated_safetensors(path):
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _torch_saved(make_obj):
+    def write(path):
+        torch = pytest.importorskip("torch")
+        torch.save(make_obj(torch), path)
+    return write
+
+
+def _zip_without_pickle(path):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+
+
 BAD_FILES = {  # name -> (how to make it, what the error says)
     "empty.npy": (lambda p: p.write_bytes(b""), "is empty"),
     "empty.safetensors": (lambda p: p.write_bytes(b""), "is empty"),
@@ -171,10 +185,22 @@ BAD_FILES = {  # name -> (how to make it, what the error says)
     "pickled.npy": (_pickled, "not a readable .npy file"),
     "object.npy": (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)),
                    "not a readable .npy file"),
-    "pickled.pt": (_pickled, "not a readable .pt file"),
+    "pickled.pt": (_pickled, "not a PyTorch checkpoint (a plain Python pickle"),
+    "garbage.pt": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096)),
+                   "not a PyTorch checkpoint (neither the zip archive nor the legacy pickle"),
+    "archive.pt": (_zip_without_pickle, "not a PyTorch checkpoint (a zip archive without the data.pkl"),
+    "module.pt": (_torch_saved(lambda torch: torch.nn.Linear(4, 3)),
+                  "holds a pickled object (torch.nn.modules.linear.Linear) that cannot be loaded with "
+                  "weights_only=True (loading it would run code from the file); save "
+                  "model.state_dict() instead"),
+    "list.bin": (_torch_saved(lambda torch: [torch.ones(2)]), "holds a list, not a state dict"),
     "ints.npy": (lambda p: np.save(p, np.arange(10)), "no floating-point tensors"),
     "ints.npz": (lambda p: np.savez(p, a=np.arange(3), b=np.ones(2, bool)),
                  "no floating-point tensors"),
+    "zero_size.npy": (lambda p: np.save(p, np.zeros(0, np.float32)),
+                      "only empty floating-point tensors (zero_size of shape (0,)): no values to measure"),
+    "zero_size.npz": (lambda p: np.savez(p, a=np.zeros((3, 0), np.float32), b=np.zeros(0, np.float16)),
+                      "only empty floating-point tensors (a of shape (3, 0), b of shape (0,))"),
     "a_directory.npy": (lambda p: p.mkdir(), "is a directory"),
 }
 
@@ -182,14 +208,16 @@ BAD_FILES = {  # name -> (how to make it, what the error says)
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch.load on pickled.pt
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
 def test_analyze_unusable_file_is_a_clear_input_error(tmp_path, capsys, name):
-    """Exit 2 with the file and the reason on stderr: not a traceback, not 1 (NOT bit-exact), not 0."""
+    """Exit 2 with the file and the reason on stderr, in one printable line: not a traceback, no
+    terminal escapes, not 1 (NOT bit-exact), not 0, and nothing on stdout."""
     make, says = BAD_FILES[name]
     path = tmp_path / name
     make(path)
     assert cli_main(["analyze", "--no-progress", str(path)]) == analyze.INPUT_ERROR == 2
-    err = capsys.readouterr().err
-    assert f"zipccl analyze: error: {path}" in err and says in err, err
-    assert "Traceback" not in err
+    out, err = capsys.readouterr()
+    assert err.startswith(f"zipccl analyze: error: {path}: ") and says in err, err
+    assert err.endswith("\n") and err.count("\n") == 1 and err[:-1].isprintable(), repr(err)
+    assert out == ""
 
 
 def test_analyze_stops_at_an_unusable_file_before_any_output(tmp_path, capsys):
@@ -229,3 +257,64 @@ def test_analyze_per_dtype(tmp_path, tensors, capsys, dtype, item, raw_bits):
     assert v["entropy_ratio"] == pytest.approx((raw_bits + v["entropy_bits"]) / (8 * item))
     assert analyze.main([str(st), "--summary", "--dtype", dtype, "--no-progress"]) == 0
     assert f"{dtype.replace('float', 'FP')} bytes" in capsys.readouterr().out
+
+
+def test_analyze_error_from_another_library_is_one_printable_line():
+    """Its first line, escapes and tabs dropped, a long one cut after a sentence, never inside a word."""
+    msg = ("\x1b[1mWeights only load failed\x1b[0m.\tWhat failed is said in this sentence. "
+           + "word " * 80 + "\nthe rest")
+    line = analyze._first_line(pickle.UnpicklingError(msg))
+    assert line == "UnpicklingError: Weights only load failed. What failed is said in this sentence."
+    long = analyze._first_line(ValueError("a" * 10 + " bcdefgh" * 40))
+    assert long.endswith(" bcdefgh ...") and len(long) < 220 and long.isprintable()
+
+
+# ---------------------------------------------------------------- BF16 saved by ml_dtypes, empty tensors
+
+
+def test_analyze_reads_bf16_that_ml_dtypes_saved(tmp_path):
+    """np.save of an ml_dtypes.bfloat16 array writes the descr '<V2'; it is read back as BF16, bit for
+    bit, from .npy and from .npz members, and analyzed exactly as the same tensor in a safetensors file."""
+    w = np.random.default_rng(3).normal(0, 0.02, (32, 48)).astype(ml_dtypes.bfloat16)
+    npy, npz, st = tmp_path / "w.npy", tmp_path / "m.npz", tmp_path / "m.safetensors"
+    np.save(npy, w)
+    np.savez(npz, w=w)
+    _write_safetensors(st, {"w": w})
+    with open(npy, "rb") as f:
+        np.lib.format.read_magic(f)
+        assert np.lib.format.read_array_header_1_0(f)[2].str == "|V2"  # how the header says it
+    for path in (npy, npz):
+        (_, got), = checkpoints.iter_tensors(path)
+        assert got.dtype == ml_dtypes.bfloat16 and got.shape == w.shape
+        assert np.array_equal(got.view(np.uint16), w.view(np.uint16))
+    out = io.StringIO()
+    analyze.run([st, npy, npz], as_json=True, out=out, progress=False)
+    rows = [json.loads(s) for s in out.getvalue().splitlines()]
+    assert rows[-1]["skipped"] == [] and rows[-1]["total"]["tensors"] == 3
+    measured = [{k: v for k, v in r.items() if k not in ("file", "name")} for r in rows[:3]]
+    assert measured[0] == measured[1] == measured[2] and measured[0]["numel"] == 32 * 48
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_analyze_empty_tensor_has_no_ratio_and_stays_out_of_the_totals(tmp_path, capsys, dtype):
+    """An empty tensor's sigma, entropy, coverages and ratios are undefined: null in --json, "-" in the
+    table. The totals are those of the tensors that hold values, and say how many were empty."""
+    v = np.random.default_rng(5).normal(0, 1.0, 3000).astype(np.float32)
+    both, alone = tmp_path / "both.npz", tmp_path / "v.npy"
+    np.savez(both, e=np.zeros((0, 4), np.float32), v=v)
+    np.save(alone, v)
+    out = io.StringIO()
+    total = analyze.run([both], as_json=True, out=out, progress=False, dtype=dtype)
+    empty, full, last = [json.loads(s) for s in out.getvalue().splitlines()]
+    undefined = ("sigma", "entropy_bits", "coverage_sigma", "coverage_hist", "ratio", "entropy_ratio")
+    assert all(empty[k] is None for k in undefined) and empty["numel"] == 0 and empty["bit_exact"]
+    assert all(isinstance(full[k], float) for k in undefined)
+    ref = io.StringIO()
+    analyze.run([alone], as_json=True, out=ref, progress=False, dtype=dtype)
+    assert last["total"] == total == {**json.loads(ref.getvalue().splitlines()[-1])["total"], "empty": 1}
+    assert total["tensors"] == 1 and total["frame_bytes"] == full["frame_bytes"]
+
+    assert analyze.main([str(both), "--no-progress", "--dtype", dtype]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["e", "0"] + ["-"] * 6 + ["yes"]
+    assert lines[-1].startswith("total: 1 tensors (and 1 empty, not counted), 3,000 values, ")

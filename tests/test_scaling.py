@@ -89,6 +89,21 @@ def test_calibration_fits_overlap_when_codec_throughput_is_measured():
     assert cal.codec.reduce_gbps == pytest.approx(900.0, rel=1e-6)
 
 
+def test_codec_fit_is_the_same_bits_when_the_arithmetic_differs_in_its_last_bits():
+    """The least-squares fit is rounded to ``FIT_DIGITS`` digits, so the committed projection is
+    rebuilt to the same bytes on machines whose BLAS / SIMD paths round differently: times that
+    differ by one ulp (a stand-in for that) give the same codec, overlap and diagnostics."""
+    truth = known()
+    timed = [sc.Timed(t, op, m, 2, truth.zipccl_time(op, m, 2, t) * (1 + 0.01 * math.sin(i)))
+             for i, (t, op, m) in enumerate((t, op, m) for t in truth.links for op in cm.OPS
+                                            for m in SIZES)]
+    nudged = [replace(t, seconds=math.nextafter(t.seconds, 1.0)) for t in timed]
+    fits = [sc.fit_codec(ts, truth.wires, truth.ratio, codec_known=truth.codec) for ts in (timed, nudged)]
+    assert fits[0] == fits[1]
+    codec, overlap, _ = fits[0]
+    assert all(float(f"{v:.{sc.FIT_DIGITS}g}") == v for v in (codec.overhead, overlap))
+
+
 def test_calibration_uses_each_links_newest_run():
     old = records(replace(known(), codec=replace(known().codec, overhead=5e-3)), run="")
     new = records(known(), run="2026-12-01T00:00:00")

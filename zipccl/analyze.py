@@ -6,13 +6,17 @@ histogram codebook, the compressed ratio (frame bytes / BF16 bytes), the
 entropy-limit ratio (8 + H) / 16, and whether the round trip was bit-exact.
 ``--dtype float32`` / ``float16`` casts to that type instead (``bf16_bytes`` then
 counts that type's bytes; the entropy limits are (24 + H) / 32 and (11 + H) / 16).
+An empty tensor has no sigma, entropy, coverage or ratio: its report shows "-"
+(``null`` in ``--json``), its round trip is still checked, and the totals count
+only the tensors that hold values (how many were empty is reported beside them).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +24,7 @@ import numpy as np
 from . import api
 from . import format as fmt
 from .arrays import host_bits, host_values, to_bf16
-from .checkpoints import default_checkpoint, is_floating, iter_tensors
+from .checkpoints import CheckpointError, default_checkpoint, is_floating, iter_tensors
 from .codebook import Codebook, estimate_sigma, exponent_entropy, exponent_histogram
 
 NOT_EXACT = 1  # exit status: a round trip was not bit-exact
@@ -29,30 +33,40 @@ INPUT_ERROR = 2  # exit status: a file could not be analyzed (as argparse's usag
 
 @dataclass(frozen=True)
 class TensorReport:
-    """One tensor's numbers; ``frame_bytes / bf16_bytes`` is its ratio."""
+    """One tensor's numbers; ``frame_bytes / bf16_bytes`` is its ratio. The measures of the
+    values (sigma, entropy, coverages, ratios) are None for an empty tensor."""
 
     file: str
     name: str
     shape: tuple[int, ...]
     numel: int
-    sigma: float
-    entropy_bits: float
-    coverage_sigma: float
-    coverage_hist: float
+    sigma: float | None
+    entropy_bits: float | None
+    coverage_sigma: float | None
+    coverage_hist: float | None
     bf16_bytes: int  # bytes of the tensor in the analysed type (BF16 unless ``dtype`` says)
     frame_bytes: int
     bit_exact: bool
     dtype: str = "bfloat16"
 
     @property
-    def ratio(self) -> float:
-        return self.frame_bytes / self.bf16_bytes if self.bf16_bytes else 1.0
+    def ratio(self) -> float | None:
+        return self.frame_bytes / self.bf16_bytes if self.numel else None
 
     @property
-    def entropy_ratio(self) -> float:
+    def entropy_ratio(self) -> float | None:
         """(raw bits + H) / value bits: what a coder of the exponent alone can reach."""
+        if self.entropy_bits is None:
+            return None
         raw, width = _RAW_BITS[self.dtype]
         return (raw + self.entropy_bits) / width
+
+
+def _measured(r: TensorReport) -> TensorReport:
+    """``r`` with the measures that no value defines cleared when the tensor is empty."""
+    if r.numel:
+        return r
+    return replace(r, sigma=None, entropy_bits=None, coverage_sigma=None, coverage_hist=None)
 
 
 # sign and mantissa bits stored raw, bits per value
@@ -71,12 +85,12 @@ def analyze_tensor(file: str, name: str, arr: np.ndarray, backend: str = "auto",
     frame = api.compress(bf, codebook=cb, backend=backend)
     back = api.decompress(frame, backend=backend)
     exact = back.shape == bf.shape and np.array_equal(back.view(np.uint16), bits)
-    return TensorReport(file=file, name=name, shape=tuple(bf.shape), numel=int(bf.size),
+    return _measured(TensorReport(file=file, name=name, shape=tuple(bf.shape), numel=int(bf.size),
                         sigma=estimate_sigma(bits), entropy_bits=exponent_entropy(exponent_histogram(bits)),
                         coverage_sigma=cb.coverage(bits, dtype="bfloat16"),
                         coverage_hist=Codebook.from_histogram(bits, dtype="bfloat16").coverage(
                             bits, dtype="bfloat16"),
-                        bf16_bytes=int(bf.nbytes), frame_bytes=int(frame.size), bit_exact=bool(exact))
+                        bf16_bytes=int(bf.nbytes), frame_bytes=int(frame.size), bit_exact=bool(exact)))
 
 
 def _analyze_wide(file: str, name: str, arr: np.ndarray, backend: str, dtype: str) -> TensorReport:
@@ -87,23 +101,26 @@ def _analyze_wide(file: str, name: str, arr: np.ndarray, backend: str, dtype: st
     frame = api.compress(x, codebook=cb, backend=backend)
     back = api.decompress(frame, backend=backend)
     exact = back.shape == x.shape and np.array_equal(back.view(bits.dtype), bits)
-    return TensorReport(file=file, name=name, shape=tuple(x.shape), numel=int(x.size),
+    return _measured(TensorReport(file=file, name=name, shape=tuple(x.shape), numel=int(x.size),
                         sigma=estimate_sigma(bits, dtype=code),
                         entropy_bits=exponent_entropy(exponent_histogram(bits, code)),
                         coverage_sigma=cb.coverage(x),
                         coverage_hist=Codebook.from_histogram(x).coverage(x),
                         bf16_bytes=int(x.nbytes), frame_bytes=int(frame.size), bit_exact=bool(exact),
-                        dtype=fmt.DTYPE_NAMES[code])
+                        dtype=fmt.DTYPE_NAMES[code]))
 
 
 def summarize(reports: list[TensorReport]) -> dict:
-    """Totals over tensors; coverages and entropy weighted by element count."""
-    n = sum(r.numel for r in reports)
-    raw = sum(r.bf16_bytes for r in reports)
-    framed = sum(r.frame_bytes for r in reports)
-    w = (lambda f: sum(f(r) * r.numel for r in reports) / n) if n else (lambda f: 0.0)
-    return {"tensors": len(reports), "numel": n, "bf16_bytes": raw, "frame_bytes": framed,
-            "ratio": framed / raw if raw else 1.0,
+    """Totals over the tensors that hold values (``tensors`` of them; ``empty`` more were empty):
+    bytes summed, coverages and entropy weighted by element count, None where no tensor holds a
+    value. ``bit_exact`` covers every round trip, the empty ones included."""
+    full = [r for r in reports if r.numel]
+    n = sum(r.numel for r in full)
+    raw = sum(r.bf16_bytes for r in full)
+    framed = sum(r.frame_bytes for r in full)
+    w = (lambda f: sum(f(r) * r.numel for r in full) / n) if n else (lambda f: None)
+    return {"tensors": len(full), "empty": len(reports) - len(full), "numel": n,
+            "bf16_bytes": raw, "frame_bytes": framed, "ratio": framed / raw if raw else None,
             "entropy_ratio": w(lambda r: r.entropy_ratio),
             "coverage_sigma": w(lambda r: r.coverage_sigma),
             "coverage_hist": w(lambda r: r.coverage_hist),
@@ -114,9 +131,24 @@ class InputError(ValueError):
     """A file that cannot be analyzed: missing, a directory, empty, unreadable, no floats."""
 
 
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: terminal escapes and control characters dropped, line
+    breaks and tabs turned into spaces (messages from other libraries carry both)."""
+    text = re.sub(r"\s+", " ", _ESCAPES.sub(lambda m: " " if m.group().isspace() else "", text))
+    return text.strip()
+
+
 def _first_line(exc: BaseException, limit: int = 200) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__
+    """``exc`` named and its first line, cut after a whole sentence or word within ``limit``."""
+    text = one_line((str(exc).strip().splitlines() or [""])[0])
+    if len(text) > limit:
+        cut = text[:limit]
+        end = cut.rfind(". ")
+        text = cut[:end + 1] if end > limit // 4 else cut[:cut.rfind(" ")].rstrip(",;:") + " ..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def check_file(path: Path) -> None:
@@ -137,6 +169,8 @@ def read_tensors(path: Path) -> list[tuple[str, np.ndarray]]:
     check_file(path)
     try:
         return list(iter_tensors(path))
+    except CheckpointError as exc:  # says what the file is instead
+        raise InputError(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 -- every way a file fails to parse is the same input error
         raise InputError(f"{path}: not a readable {path.suffix or 'checkpoint'} file "
                          f"({_first_line(exc)})") from exc
@@ -153,7 +187,8 @@ def _progress(total: int, enabled: bool):
 def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backend: str = "auto",
         progress: bool | None = None, out=None, dtype: str = "bfloat16") -> dict:
     """Analyze every file; print a table (or JSON lines) to ``out`` (default: sys.stdout); return
-    the summary. Raises InputError for a file it cannot read or when no tensor is floating."""
+    the summary. Raises InputError for a file it cannot read, or when no tensor is floating or
+    every floating tensor is empty (there is then no value to measure)."""
     out = sys.stdout if out is None else out
     reports: list[TensorReport] = []
     skipped: list[str] = []
@@ -174,6 +209,11 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
     if not reports:
         raise InputError(f"{', '.join(map(str, paths))}: no floating-point tensors to analyze"
                          + (f" (skipped {', '.join(skipped)})" if skipped else " (no tensors at all)"))
+    if not any(r.numel for r in reports):
+        shown = ", ".join(f"{r.name} of shape {r.shape}" for r in reports[:4])
+        shown += ", ..." if len(reports) > 4 else ""
+        raise InputError(f"{', '.join(map(str, paths))}: only empty floating-point tensors "
+                         f"({shown}): no values to measure")
     total = summarize(reports)
     if as_json:
         for r in reports:
@@ -184,13 +224,18 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
         print(f"{'tensor':48s} {'elements':>10s} {'sigma':>9s} {'H(exp)':>6s} {'cov σ':>7s} "
               f"{'cov hist':>8s} {'ratio':>6s} {'limit':>6s} exact", file=out)
         for r in reports:
-            print(f"{r.name[-48:]:48s} {r.numel:10d} {r.sigma:9.3g} {r.entropy_bits:6.3f} "
-                  f"{r.coverage_sigma:7.2%} {r.coverage_hist:8.2%} {r.ratio:6.4f} "
-                  f"{r.entropy_ratio:6.4f} {'yes' if r.bit_exact else 'NO'}", file=out)
+            if r.numel:
+                measures = (f"{r.sigma:9.3g} {r.entropy_bits:6.3f} {r.coverage_sigma:7.2%} "
+                            f"{r.coverage_hist:8.2%} {r.ratio:6.4f} {r.entropy_ratio:6.4f}")
+            else:
+                measures = f"{'-':>9s} {'-':>6s} {'-':>7s} {'-':>8s} {'-':>6s} {'-':>6s}"
+            print(f"{r.name[-48:]:48s} {r.numel:10d} {measures} {'yes' if r.bit_exact else 'NO'}",
+                  file=out)
     if skipped:
         print(f"skipped {len(skipped)} non-floating tensors", file=out)
     kind = {"bfloat16": "BF16", "float32": "FP32", "float16": "FP16"}[dtype]
-    print(f"total: {total['tensors']} tensors, {total['numel']:,} values, "
+    empty = f" (and {total['empty']} empty, not counted)" if total["empty"] else ""
+    print(f"total: {total['tensors']} tensors{empty}, {total['numel']:,} values, "
           f"{total['bf16_bytes']:,} {kind} bytes -> {total['frame_bytes']:,} frame bytes, "
           f"ratio {total['ratio']:.4f} (entropy limit {total['entropy_ratio']:.4f}); "
           f"coverage sigma {total['coverage_sigma']:.2%} vs histogram {total['coverage_hist']:.2%}; "
@@ -205,7 +250,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
                                 epilog="exit status: 0 every round trip bit-exact, 1 a round trip "
                                        "NOT bit-exact, 2 a usage or input error (a missing, empty "
-                                       "or unreadable file, a directory, no floating tensors)")
+                                       "or unreadable file, a directory, no floating tensors or "
+                                       "only empty ones)")
     p.add_argument("files", nargs="*", type=Path,
                    help=".safetensors/.npy/.npz/.pt files (default: the bundled real checkpoint)")
     p.add_argument("--json", action="store_true", help="one JSON object per tensor, then the total")
@@ -232,6 +278,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
                     progress=False if args.no_progress else None, dtype=args.dtype)
     except InputError as e:
         sys.stdout.flush()
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(str(e))}", file=sys.stderr)
         return INPUT_ERROR
     return 0 if total["bit_exact"] else NOT_EXACT

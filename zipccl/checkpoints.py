@@ -1,15 +1,20 @@
 """Reading real tensors from checkpoint files, and finding the bundled real checkpoint.
 
 Supports ``.safetensors`` (read directly from the file's JSON header, so BF16
-tensors need no framework), ``.npy``, ``.npz`` and, when torch is installed,
-``.pt`` / ``.pth`` / ``.bin`` state dicts. Tools and demos use this; the codec
-does not.
+tensors need no framework), ``.npy``, ``.npz`` (BF16 arrays that ml_dtypes saved,
+whose header says ``<V2``, are read as BF16) and, when torch is installed,
+``.pt`` / ``.pth`` / ``.bin`` state dicts (loaded with ``weights_only=True``: a
+checkpoint never runs code). Tools and demos use this; the codec does not.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import struct
+import tarfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +30,10 @@ _ST_DTYPES = {
     "BOOL": np.dtype("?"),
 }
 SUFFIXES = (".safetensors", ".npy", ".npz", ".pt", ".pth", ".bin")
+
+
+class CheckpointError(ValueError):
+    """A file that is not the checkpoint its name says; the message is one complete line."""
 
 
 def default_checkpoint() -> Path | None:
@@ -61,16 +70,56 @@ def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
         yield name, raw[base + start:base + end].view(dt).reshape(meta["shape"])
 
 
+def _torch_format(path: Path, magic: int) -> None:
+    """Raise CheckpointError unless ``path`` has one of the layouts ``torch.save`` writes: a zip
+    archive holding ``data.pkl`` (torch >= 1.6), or the legacy pickle stream that starts with
+    torch's magic number (or its older tar archive)."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            if any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist()):
+                return
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (a zip archive without the "
+                              f"data.pkl that torch.save writes)")
+    legacy = pickle.dumps(magic, protocol=2)
+    with open(path, "rb") as f:
+        head = f.read(len(legacy))
+    if head == legacy or tarfile.is_tarfile(path):
+        return
+    what = ("a plain Python pickle, not a file torch.save writes" if head[:1] == b"\x80" else
+            "neither the zip archive nor the legacy pickle that torch.save writes")
+    raise CheckpointError(f"{path}: not a PyTorch checkpoint ({what})")
+
+
+def _weights_only_refusal(path: Path, exc: pickle.UnpicklingError) -> CheckpointError:
+    """What torch's refusal to unpickle a file with ``weights_only=True`` means for the user."""
+    text = str(exc)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:  # a class or function: torch.save(model) rather than of its state dict
+        return CheckpointError(
+            f"{path}: holds a pickled object ({found.group(1)}) that cannot be loaded with "
+            f"weights_only=True (loading it would run code from the file); save "
+            f"model.state_dict() instead: torch.save(model.state_dict(), PATH)")
+    detail = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    return CheckpointError(f"{path}: not a readable PyTorch checkpoint (torch's weights-only "
+                           f"unpickler: {detail.group(1).strip() if detail else 'refused it'})")
+
+
 def _torch_file(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     try:
         import torch
     except ImportError as exc:
         raise RuntimeError(f"{path}: reading .pt files needs torch (pip install torch)") from exc
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    _torch_format(path, torch.serialization.MAGIC_NUMBER)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" not in str(exc):
+            raise
+        raise _weights_only_refusal(path, exc) from exc
     if isinstance(obj, torch.Tensor):
         obj = {"tensor": obj}
     if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a state dict or a tensor, got {type(obj).__name__}")
+        raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a state dict or a tensor")
     stack = [("", obj)]
     while stack:
         prefix, d = stack.pop()
@@ -86,6 +135,19 @@ def _torch_file(path: Path) -> Iterator[tuple[str, np.ndarray]]:
                     yield name, t.numpy()
 
 
+def _numpy_array(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as read from a .npy file or .npz member, with ml_dtypes' BF16 restored.
+
+    ``np.save`` of an ``ml_dtypes.bfloat16`` array writes the descr ``<V2`` (NumPy has no name
+    for the type), and ``np.load`` gives back 2-byte voids; a plain 2-byte void with no fields is
+    how BF16 arrives, so it is read as BF16 (bit patterns unchanged).
+    """
+    dt = arr.dtype
+    if dt.kind == "V" and dt.itemsize == 2 and dt.fields is None and dt.subdtype is None:
+        return arr.view(BF16)
+    return arr
+
+
 def iter_tensors(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (name, array) for every tensor stored in ``path``, in file order."""
     path = Path(path)
@@ -93,11 +155,11 @@ def iter_tensors(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
     if suffix == ".safetensors":
         yield from _safetensors(path)
     elif suffix == ".npy":
-        yield path.stem, np.load(path, allow_pickle=False)
+        yield path.stem, _numpy_array(np.load(path, allow_pickle=False))
     elif suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             for k in z.files:
-                yield k, z[k]
+                yield k, _numpy_array(z[k])
     elif suffix in (".pt", ".pth", ".bin"):
         yield from _torch_file(path)
     else:

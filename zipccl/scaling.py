@@ -203,6 +203,20 @@ def fit_codec_gpu(encode: Mapping[int, float], decode: Mapping[int, float]) -> c
     return cm.Codec("zipccl", gbps["encode"], gbps["decode"], 0.7)
 
 
+FIT_DIGITS = 10  # significant digits kept of what ``fit_codec`` fits
+
+
+def _settled(v: float) -> float:
+    """``v`` to ``FIT_DIGITS`` significant digits.
+
+    The least-squares solution differs in its last bits between machines (BLAS and SIMD
+    paths), and so would every record projected from it; the measured times carry three or
+    four digits, so ten keep all they say and make a committed projection the same bytes
+    wherever it is rebuilt.
+    """
+    return float(f"{v:.{FIT_DIGITS}g}")
+
+
 def fit_codec(timed: Sequence[Timed], wires: Mapping[str, cm.Link], ratio: Mapping[str, float],
               codec_known: cm.Codec | None = None, chunks: int = 1) -> tuple[cm.Codec, float, dict]:
     """(codec, overlap, diagnostics) from the compressed path's measured times.
@@ -210,7 +224,8 @@ def fit_codec(timed: Sequence[Timed], wires: Mapping[str, cm.Link], ratio: Mappi
     One codec for every transport. Without ``codec_known`` it fits the per-call
     overhead, the encode = decode throughput and the reduction throughput, with
     overlap 0; with it, the overhead, the overlap and the reduction throughput.
-    Non-negative least squares on relative errors (``scipy.optimize.nnls``).
+    Non-negative least squares on relative errors (``scipy.optimize.nnls``); the fitted
+    values and the diagnostics are kept to ``FIT_DIGITS`` significant digits.
     """
     from scipy.optimize import nnls
 
@@ -224,7 +239,7 @@ def fit_codec(timed: Sequence[Timed], wires: Mapping[str, cm.Link], ratio: Mappi
         ys.append(float(t.seconds) - base)
         ws.append(1.0 / float(t.seconds))
     a, y, w = np.array(rows), np.array(ys), np.array(ws)
-    x, _ = nnls(a * w[:, None], y * w)
+    x = np.array([_settled(float(v)) for v in nnls(a * w[:, None], y * w)[0]])
     o, second, inv_red = (float(v) for v in x)
     red = math.inf if inv_red == 0 else 1.0 / inv_red
     if codec_known is None:
@@ -238,8 +253,8 @@ def fit_codec(timed: Sequence[Timed], wires: Mapping[str, cm.Link], ratio: Mappi
     rel = (a @ x - y) * w  # predicted / measured - 1
     diag = {"codec_fit": "overhead, throughput, reduction" if codec_known is None
             else "overhead, overlap, reduction (throughput from codec_gpu records)",
-            "fit_records": len(timed), "fit_rms_rel_err": float(np.sqrt(np.mean(rel ** 2))),
-            "fit_max_abs_rel_err": float(np.max(np.abs(rel)))}
+            "fit_records": len(timed), "fit_rms_rel_err": _settled(float(np.sqrt(np.mean(rel ** 2)))),
+            "fit_max_abs_rel_err": _settled(float(np.max(np.abs(rel))))}
     return codec, overlap, diag
 
 
