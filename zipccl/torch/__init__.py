@@ -10,12 +10,18 @@ GPUs, gloo on CPUs), so a ``torchrun`` job needs no MPI.
 - ``compress_fsdp(model, policy=...)``: FSDP2 in one line (``ZipAllGather``,
   ``ZipReduceScatter``), ``hooks.stats`` counts calls and bytes;
 - ``ddp_comm_hook`` with ``DDPCommState``: DDP's gradient all-reduce;
-- ``MegatronComm``: Megatron-LM's all-gather / reduce-scatter functions.
+- ``MegatronComm``: Megatron-LM's all-gather / reduce-scatter functions;
+- the torch.distributed backend "zipccl", registered on import:
+  ``dist.init_process_group("cpu:gloo,cuda:zipccl")`` compresses what any code issues
+  (``backend``); ``stats()`` says what it compressed, ``explain(op, nbytes)`` why
+  (``autotune``: "auto" calibrates once per group and caches the profile on disk).
 
 What is bit-identical to torch.distributed and what zipccl guarantees instead:
 ``zipccl.torch.functional``'s docstring and docs/TORCH.md.
 """
 
+from .autotune import calibrate, explain
+from .backend import BackendOptions, ZipProcessGroup, register, reset_stats, stats
 from .ddp import DDPCommState, ddp_comm_hook
 from .fsdp import FSDPHooks, ZipAllGather, ZipReduceScatter, compress_fsdp
 from .functional import (
@@ -32,9 +38,12 @@ from .functional import (
 from .megatron import MegatronComm
 from .transport import GroupAgreement, ProcessGroupTransport
 
+register()
+
 __all__ = [
-    "Collectives", "DDPCommState", "FSDPHooks", "GroupAgreement", "MegatronComm",
-    "ProcessGroupTransport", "ReduceOp", "Stats", "ZipAllGather", "ZipReduceScatter",
-    "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all_single",
-    "compress_fsdp", "ddp_comm_hook", "reduce_scatter_single", "reduce_scatter_tensor",
+    "BackendOptions", "Collectives", "DDPCommState", "FSDPHooks", "GroupAgreement", "MegatronComm",
+    "ProcessGroupTransport", "ReduceOp", "Stats", "ZipAllGather", "ZipProcessGroup", "ZipReduceScatter",
+    "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all_single", "calibrate",
+    "compress_fsdp", "ddp_comm_hook", "explain", "reduce_scatter_single", "reduce_scatter_tensor",
+    "register", "reset_stats", "stats",
 ]

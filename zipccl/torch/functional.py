@@ -56,6 +56,7 @@ from ..comm.collectives import (
 )
 from ..comm.host import HostEngine
 from ..comm.policy import Policy
+from . import autotune as _autotune
 from . import transport as _tr
 from .transport import GroupAgreement, ProcessGroupTransport, resolve_group
 
@@ -276,9 +277,11 @@ class Collectives:
         """Elements per pipeline round for ``t``'s type (``collectives.chunk_elements``)."""
         return chunk_elements(self.chunk, t.element_size())
 
-    def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int, reduce_op: str | None = "sum"):
+    def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int, reduce_op: str | None = "sum",
+                group=None):
         dtype = _CODED.get(t.dtype) if reduce_op is not None else None
-        d = self.policy.decide(op, nbytes, dtype=dtype, device=t.is_cuda, world=p)
+        policy = _autotune.resolve(self.policy, group, t)  # "auto": the group's calibration
+        d = policy.decide(op, nbytes, dtype=dtype, device=t.is_cuda, world=p)
         self.last_decision = d
         return d
 
@@ -299,7 +302,7 @@ class Collectives:
         p = dist.get_world_size(group)
         _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", p)
         n = input_tensor.numel()
-        d = self._decide("all_gather", n * input_tensor.element_size(), input_tensor, p)
+        d = self._decide("all_gather", n * input_tensor.element_size(), input_tensor, p, group=group)
         if not d.compress:
             raw = n * input_tensor.element_size() * (p - 1)
             return self._native(lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
@@ -327,7 +330,7 @@ class Collectives:
         _check_pair(input, "input", output, "output", p)
         m = output.numel()
         name = _op_name(op)
-        d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p, name)
+        d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p, name, group)
         if not d.compress or name is None:
             raw = (p - 1) * m * input.element_size()
             return self._native(lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
@@ -375,7 +378,7 @@ class Collectives:
         nbytes = input.numel() * input.element_size()
         if uneven and input.dtype in _CODED and self.policy.mode == "auto":
             nbytes = self._agreed_max(group, input, [nbytes])[0]  # every rank decides alike
-        d = self._decide("all_to_all", nbytes, input, p)
+        d = self._decide("all_to_all", nbytes, input, p, group=group)
         if not d.compress:
             raw = (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
             return self._native(lambda: dist.all_to_all_single(
@@ -404,7 +407,7 @@ class Collectives:
         _check(tensor, "tensor")
         p = dist.get_world_size(group)
         name = _op_name(op)
-        d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p, name)
+        d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p, name, group)
         if not d.compress or name is None:
             raw = 2 * tensor.numel() * tensor.element_size() * (p - 1) // max(p, 1)
             return self._native(lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),

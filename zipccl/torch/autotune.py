@@ -1,0 +1,422 @@
+"""``policy="auto"`` in the torch layer: measure once per group, cache on disk, decide alike everywhere.
+
+``calibrate(group, device)`` times every collective of the cost model (all-gather,
+reduce-scatter, all-to-all, all-reduce) natively and compressed at a few sizes, on
+the group itself, every rank taking part; each time is the slowest rank's, the
+least of ``BEST_OF`` runs of ``repeat`` back-to-back calls. It also times the codec
+alone (``zipccl.compress`` / ``decompress``) and a local BF16 sum, and reads the
+wire ratio from the compressed calls. The result is a ``zipccl.comm.policy.Profile``
+(the same the MPI ``Communicator.calibrate`` builds), whose predictions are the cost
+model's (``zipccl.costmodel``: native alpha-beta fits, the compressed exchange
+with its per-call cost fitted to the compressed calls, each path scaled to the
+nearest measured size). Rank 0's profile is broadcast and every rank decides from
+those same bytes, so all ranks choose alike for every (op, size).
+
+The profile is cached at ``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``) as
+``profile-<hash>.json``, keyed by what determines it: world size and ranks per host,
+the device model(s), the link (the inner backend, and every ``NCCL_*`` / ``GLOO_*``
+setting), and the versions of zipccl, torch, NCCL, Numba and CuPy. A job whose key
+matches loads it (rank 0 reads, every rank receives the same text) and does not
+calibrate; a damaged or other-version file is measured again and replaced.
+
+``ZIPCCL_POLICY=always|never|auto`` replaces the default ``"auto"``: the zipccl
+backend's policy, and the ``"auto"`` of ``zipccl.torch``'s functions and hooks
+(an explicit "always" / "never" in code stays). ``ZIPCCL_CALIBRATION_SIZES``
+(comma-separated bytes per rank) overrides the calibrated sizes.
+
+Host tensors under the functions and hooks keep the threshold rule (native unless
+``compress_host``); the backend calibrates on every device type it serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..comm.calibrate import CALIBRATION_BEST_OF as BEST_OF
+from ..comm.policy import MODES, Policy, Profile
+from ..costmodel import OPS, fit_alpha_beta
+from .transport import resolve_group
+
+POLICY_ENV = "ZIPCCL_POLICY"
+CACHE_ENV = "ZIPCCL_CACHE_DIR"
+SIZES_ENV = "ZIPCCL_CALIBRATION_SIZES"
+DEVICE_SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)  # bytes per rank
+HOST_SIZES = (16 << 10, 256 << 10, 1 << 20)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Where a group's profile came from: "measured" or "cache", the file, seconds spent."""
+
+    source: str
+    path: str | None
+    seconds: float
+    profile: Profile
+
+
+_DONE: dict[tuple, tuple] = {}  # (id(group), device type) -> (group, Policy, Calibration)
+_FORCED: dict[tuple, Policy] = {}
+
+
+def env_policy() -> str | None:
+    """``$ZIPCCL_POLICY`` ("always", "never", "auto"), or None when unset; ValueError otherwise."""
+    v = os.environ.get(POLICY_ENV, "").strip().lower()
+    if not v:
+        return None
+    if v not in MODES:
+        raise ValueError(f"{POLICY_ENV}={v!r}: expected one of {MODES}")
+    return v
+
+
+def cache_dir() -> Path:
+    """``$ZIPCCL_CACHE_DIR``, else ``~/.cache/zipccl`` (``$XDG_CACHE_HOME/zipccl`` where set)."""
+    d = os.environ.get(CACHE_ENV)
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zipccl"
+
+
+def calibration_sizes(device: torch.device) -> tuple[int, ...]:
+    """Bytes per rank calibrated on ``device``'s type (``$ZIPCCL_CALIBRATION_SIZES`` overrides)."""
+    v = os.environ.get(SIZES_ENV)
+    if v:
+        sizes = tuple(sorted({int(s) for s in v.split(",") if s.strip()}))
+        if len(sizes) < 2 or sizes[0] < 4:
+            raise ValueError(f"{SIZES_ENV}={v!r}: need at least two sizes of >= 4 bytes")
+        return sizes
+    return DEVICE_SIZES if device.type == "cuda" else HOST_SIZES
+
+
+def _inner_backend(group, device: torch.device) -> str:
+    from .backend import ZipProcessGroup
+
+    if isinstance(group, ZipProcessGroup):
+        return group.inner._get_backend(device).name()
+    return str(dist.get_backend(group))
+
+
+def _device_model(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _versions(device: torch.device) -> dict:
+    import zipccl
+
+    v = {"zipccl": zipccl.__version__, "torch": torch.__version__}
+    try:
+        import numba
+
+        v["numba"] = numba.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        try:
+            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError):
+            pass
+        try:
+            import cupy
+
+            v["cupy"] = cupy.__version__
+        except ImportError:
+            pass
+    return v
+
+
+def profile_key(group=None, device: torch.device | str = "cpu") -> str:
+    """What a profile of ``group`` on ``device`` depends on, the same string on every rank (collective)."""
+    import socket
+
+    group = resolve_group(group)
+    device = torch.device(device)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))}
+    env.pop("NCCL_DEBUG", None)
+    env.pop("NCCL_DEBUG_SUBSYS", None)
+    mine = {"host": socket.gethostname(), "model": _device_model(device), "env": env,
+            "versions": _versions(device)}
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    hosts = Counter(d["host"] for d in every)
+    desc = {"world": len(every), "hosts": len(hosts), "ranks_per_host": max(hosts.values()),
+            "device": device.type, "backend": _inner_backend(group, device),
+            "models": sorted({d["model"] for d in every}),
+            "env": sorted({json.dumps(d["env"], sort_keys=True) for d in every}),
+            "versions": sorted({json.dumps(d["versions"], sort_keys=True) for d in every})}
+    return "torch|" + json.dumps(desc, sort_keys=True)
+
+
+def profile_path(key: str) -> Path:
+    """The cache file of the profile with ``key``."""
+    return cache_dir() / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _bcast(text: str | None, group) -> str | None:
+    """Rank 0's ``text`` on every rank of ``group``."""
+    box = [text]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]
+
+
+def calibrate(group=None, device: torch.device | str | None = None, *, sizes=None, repeat: int = 3,
+              cache: bool = True) -> Calibration:
+    """``group``'s profile on ``device``: loaded from the cache, else measured (and cached).
+
+    Collective: every rank of ``group`` calls it. ``sizes``: bytes per rank (default
+    ``calibration_sizes``). Returns a ``Calibration`` holding the same ``Profile`` on every rank.
+
+    >>> # in a torch.distributed job:
+    >>> # cal = zipccl.torch.autotune.calibrate(device="cuda"); cal.source, cal.path
+    """
+    group = resolve_group(group)
+    device = torch.device(device if device is not None else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    t0 = time.perf_counter()
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    key = profile_key(group, device)
+    path = profile_path(key)
+    if cache:
+        text = None
+        if rank == 0:
+            try:
+                text = path.read_text()
+            except OSError:
+                text = None
+        text = _bcast(text, group)
+        prof = _parse(text, key, p)
+        if prof is not None:
+            return Calibration("cache", str(path), time.perf_counter() - t0, prof)
+    sizes = tuple(sorted(sizes)) if sizes is not None else calibration_sizes(device)
+    measured = _measure(group, device, key, sizes, repeat)
+    text = _bcast(measured.to_json() if rank == 0 else None, group)
+    prof = Profile.from_json(text)  # rank 0's bytes on every rank: the same decisions everywhere
+    if cache and rank == 0:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except OSError as e:
+            warnings.warn(f"zipccl: could not cache the calibration profile at {path}: {e}", stacklevel=2)
+    return Calibration("measured", str(path) if cache else None, time.perf_counter() - t0, prof)
+
+
+def _parse(text: str | None, key: str, world: int) -> Profile | None:
+    if not text:
+        return None
+    try:
+        prof = Profile.from_json(text)
+    except (ValueError, KeyError, TypeError):
+        return None  # another version or a damaged file: measure again
+    return prof if prof.key == key and prof.world == world else None
+
+
+def _measure(group, device: torch.device, key: str, sizes, repeat: int) -> Profile:
+    """Time the four collectives both ways, the codec, and the local sum (see the module docstring)."""
+    from .. import compress, decompress
+    from .functional import Collectives, ReduceOp
+
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    cuda = device.type == "cuda"
+    gen = torch.Generator().manual_seed(12345 + rank)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def data(n: int) -> torch.Tensor:
+        return (torch.randn(n, generator=gen) * 0.02).to(torch.bfloat16).to(device)
+
+    def empty(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.bfloat16, device=device)
+
+    def slowest(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=ReduceOp.MAX, group=group)
+        return [float(v) for v in t.tolist()]
+
+    def timed(call) -> float:
+        """Seconds per call, slowest rank: least of BEST_OF means of ``repeat`` calls, after 2."""
+        call()
+        call()
+        sync()
+        best = float("inf")
+        for _ in range(BEST_OF):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                call()
+            sync()
+            best = min(best, slowest([(time.perf_counter() - t0) / repeat])[0])
+        return best
+
+    def make_call(c: Collectives, op: str, n: int):
+        """``op`` on messages of ``n`` BF16 elements per rank (the metrics convention)."""
+        if op == "all_gather":
+            x, out = data(n), empty(p * n)
+            return lambda: c.all_gather_into_tensor(out, x, group=group)
+        if op == "reduce_scatter":
+            x, out = data(p * n), empty(n)
+            return lambda: c.reduce_scatter_tensor(out, x, ReduceOp.SUM, group=group)
+        n = max(p, n // p * p)
+        x = data(n)
+        out = empty(n)
+        if op == "all_to_all":
+            return lambda: c.all_to_all_single(out, x, group=group)
+
+        def call():  # in place: every call starts from the same input; both paths pay the copy
+            out.copy_(x)
+            c.all_reduce(out, ReduceOp.SUM, group=group)
+        return call
+
+    paths = {"native": Collectives(Policy("never")), "compressed": Collectives(Policy("always"))}
+    measured, native = {}, {}
+    for op in OPS:
+        meas = measured[op] = {"native": [], "compressed": []}
+        for size in sizes:
+            for name, c in paths.items():
+                t = timed(make_call(c, op, max(1, size // 2)))
+                meas[name].append([int(c.last_decision.nbytes), t])
+        native[op] = fit_alpha_beta([b for b, _ in meas["native"]], [t for _, t in meas["native"]])
+    st = paths["compressed"].stats
+    ratio = slowest([st.wire_bytes / max(1, st.raw_bytes)])[0]
+
+    # the codec alone at the largest size: encode / decode / a p-way BF16 sum (FP32 accumulation)
+    n = max(4096, max(sizes) // 2)
+    x = data(n)
+    frame = compress(x, checksum=False)
+    out = empty(n)
+    stage = data(p * n)
+
+    def best(call) -> float:
+        call()
+        sync()
+        t = float("inf")
+        for _ in range(BEST_OF):
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                call()
+            sync()
+            t = min(t, (time.perf_counter() - t0) / repeat)
+        return t
+
+    te, td, tr = slowest([
+        best(lambda: compress(x, checksum=False)),
+        best(lambda: decompress(frame, out=out) if not cuda else decompress(frame)),
+        best(lambda: stage.view(p, n).float().sum(0).to(torch.bfloat16))])
+    codec = {"encode_gbps": 2 * n / te / 1e9, "decode_gbps": 2 * n / td / 1e9,
+             "reduce_gbps": 2 * p * n / tr / 1e9, "ratio": ratio}
+    zero = dict.fromkeys(OPS, 0.0)  # one round a call; the per-call cost is fitted to the calls
+    return Profile(key, p, paths["compressed"].chunk, cuda, native, codec, zero, dict(zero), measured,
+                   best_of=BEST_OF)
+
+
+def policy_for(group, device: torch.device, base: Policy | None = None) -> Policy:
+    """``base`` ("auto") with ``group``'s profile on ``device``'s type; calibrates on first use
+    (collective then: every rank calls it at the same point)."""
+    group = resolve_group(group)
+    device = torch.device(device)
+    k = (id(group), device.type)
+    done = _DONE.get(k)
+    if done is None or done[0] is not group:
+        cal = calibrate(group, device)
+        pol = dataclasses.replace(base if base is not None else Policy("auto"), profile=cal.profile)
+        done = _DONE[k] = (group, pol, cal)  # the group is held: its id stays its own
+    return done[1]
+
+
+def _held(group, device) -> tuple[Policy | None, Calibration | None, str]:
+    """(policy, calibration, device type) ``group`` holds for ``device`` (None: CUDA, else CPU)."""
+    from .backend import ZipProcessGroup
+
+    types = [torch.device(device).type] if device is not None else ["cuda", "cpu"]
+    for t in types:
+        done = _DONE.get((id(group), t))
+        if done is not None and done[0] is group:
+            return done[1], done[2], t
+    if isinstance(group, ZipProcessGroup) and group.policy_mode != "auto":
+        pol = group._policy
+        return (pol if isinstance(pol, Policy) else Policy(pol)), None, types[-1]
+    return None, None, types[-1]
+
+
+def calibration(group=None, device: torch.device | str | None = None) -> Calibration | None:
+    """The calibration ``group`` (default: world) holds for ``device``'s type, or None (local)."""
+    return _held(resolve_group(group), device)[1]
+
+
+def explain(op: str, nbytes: int, group=None, device: torch.device | str | None = None) -> str:
+    """What ``group`` (default: world) does with ``op`` on ``nbytes`` BF16 bytes per rank, and why:
+    with a calibration, both paths' predicted times and the choice. Local (no communication).
+
+    ``nbytes`` follows the policy's convention: the send buffer (all-to-all: its mean).
+
+    >>> # zipccl.torch.explain("all_gather", 64 << 20)
+    >>> # 'all_gather 67,108,864 B/rank -> native (predicted native 0.301 ms (...), compressed ...'
+    """
+    group = resolve_group(group)
+    pol, cal, dev = _held(group, device)
+    if pol is None:
+        return (f"{op} {int(nbytes):,} B/rank: not calibrated yet on this group; its first eligible "
+                f"call under \"auto\" calibrates (or zipccl.torch.autotune.calibrate)")
+    d = pol.decide(op, int(nbytes), dtype="bfloat16", device=dev == "cuda",
+                   world=dist.get_world_size(group))
+    return str(d) + (f" [profile {cal.source}: {cal.path}]" if cal is not None else "")
+
+
+def policy_for_mode(policy: Policy) -> Policy:
+    """``policy``, or -- for a profile-free "auto" while ``$ZIPCCL_POLICY`` forces another mode --
+    that mode with ``policy``'s other settings."""
+    if policy.mode != "auto" or policy.profile is not None:
+        return policy
+    forced = env_policy()
+    if forced is None or forced == "auto":
+        return policy
+    k = (id(policy), forced)
+    got = _FORCED.get(k)
+    if got is None:
+        got = _FORCED[k] = dataclasses.replace(policy, mode=forced)
+        _FORCED[(id(got), "held")] = policy  # keep ``policy`` alive: its id stays its own
+    return got
+
+
+def resolve(policy: Policy, group, t: torch.Tensor) -> Policy:
+    """The policy a call of ``zipccl.torch``'s functions and hooks follows.
+
+    A profile-free "auto" on CUDA tensors takes the group's calibrated profile (calibrating on
+    first use); ``$ZIPCCL_POLICY`` may force another mode; anything else is ``policy`` itself.
+    """
+    from .backend import ZipProcessGroup
+
+    pol = policy_for_mode(policy)
+    if pol.mode != "auto" or pol.profile is not None or group is None:
+        return pol
+    if isinstance(group, ZipProcessGroup):
+        return pol  # the group's own calls below decide (its policy, its calibration)
+    if not t.is_cuda:
+        return pol
+    return policy_for(group, t.device, base=pol)

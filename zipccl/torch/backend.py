@@ -1,0 +1,412 @@
+"""The torch.distributed backend "zipccl": compression for any code, by changing the backend string.
+
+``import zipccl.torch`` registers it; then::
+
+    dist.init_process_group("cpu:gloo,cuda:zipccl")   # GPUs (or "cpu:zipccl" on CPUs)
+
+and every eligible collective that any code issues -- FSDP1/FSDP2, DDP, DTensor,
+TorchTitan, a user's ``dist.all_reduce`` -- goes through ``zipccl.torch``'s
+compressed collectives, as the policy decides; everything else goes to an inner
+group with the inner backend's exact behaviour.
+
+How it is built. ``ZipProcessGroup`` is a Python subclass of
+``torch.distributed.ProcessGroup`` (torch's extension point for Python groups,
+the one ``torch.testing._internal.distributed.multi_threaded_pg`` uses). At
+creation it builds, over the same store and ranks, an *inner* plain c10d
+``ProcessGroup`` holding gloo for CPU tensors and, where CUDA and NCCL are
+available, NCCL for CUDA tensors; both backends are also registered on the zipccl
+group itself, so torch's device queries (object collectives, FSDP2's buffer
+allocation) see the inner ones. torch calls the group's methods by their c10d
+names (``all_gather_single`` / ``_allgather_base``, ``reduce_scatter_single`` /
+``_reduce_scatter_base``, ``all_to_all_single`` / ``alltoall_base``,
+``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``, ``barrier``,
+``send``, ...), from Python (``torch.distributed``'s functions) and from C++
+(DDP's reducer, functional collectives), with options objects
+(``AllreduceOptions``, ...). Each method here either
+
+- compresses: BF16 / FP32 / FP16 ``all_gather_single``, ``reduce_scatter_single``
+  (SUM, AVG), ``all_to_all_single``, single-tensor ``allreduce`` (SUM, AVG), and
+  the list forms ``allgather`` / ``reduce_scatter`` where every tensor has the
+  input's shape (through one flat buffer: one extra copy); the arguments are
+  checked first, and any call torch would reject goes to the inner group
+  unchanged, so it raises torch's own error; or
+- passes the call, arguments and options untouched, to the inner group: every
+  other method, every other dtype or reduction (MAX, PREMUL_SUM, ...), coalesced
+  calls, point-to-point, object collectives (they move uint8 tensors).
+
+While a compressed call runs, every call it makes on this group (zipccl's frames,
+agreements, native fallbacks) goes to the inner group: a per-thread depth counter
+(``_Passthrough``) marks them.
+
+The policy: ``pg_options=BackendOptions(policy=...)``, else ``$ZIPCCL_POLICY``
+(``always`` / ``never`` / ``auto``), else ``"auto"``, which calibrates once per
+group and device type on the first eligible call (``zipccl.torch.autotune``).
+
+What the registration cannot do (torch 2.13, the version tested here; torch 2.9-2.12
+expose the same ``register_backend`` and Python ``ProcessGroup`` and call the
+``_allgather_base`` / ``_reduce_scatter_base`` / ``alltoall_base`` names, which are
+implemented too, untested):
+
+- torch replaces its whole group by a Python one, so in ``"cpu:gloo,cuda:zipccl"``
+  CPU tensors reach zipccl as well and go to zipccl's own inner gloo (with the same
+  results: torch's gloo group is built and left unused);
+- ``init_process_group(device_id=...)`` does not bind the inner NCCL group (torch sets
+  the id on the group it replaces), so NCCL communicators are created lazily;
+  ``split_group`` and NCCL-only features reached through the group
+  (``_get_backend(...)`` options, symmetric memory, ``TORCH_NCCL_*`` flight
+  recorder dumps) are the inner group's;
+- ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` does not wrap a Python group in torch's
+  collective-checking wrapper;
+- ``torch.compile`` traces a Python group's collectives as opaque calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    ReduceScatterOptions,
+)
+
+from ..comm.policy import MODES, Policy
+from .functional import _CODED, Collectives, Stats, _op_name
+
+BACKEND = "zipccl"
+STAT_OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """``pg_options`` of ``init_process_group`` / ``new_group`` for the zipccl backend.
+
+    ``policy``: "auto" | "always" | "never" | a ``zipccl.comm.Policy`` (None:
+    ``$ZIPCCL_POLICY``, else "auto"); ``nccl``: a ``ProcessGroupNCCL.Options`` for the inner
+    NCCL group (its timeout is the group's); ``cuda``: the inner backend for CUDA tensors,
+    "nccl" or "gloo" (gloo moves CUDA tensors too: ranks that share one GPU, which NCCL refuses).
+
+    >>> BackendOptions(policy="always").policy
+    'always'
+    """
+
+    policy: str | Policy | None = None
+    nccl: object | None = None
+    cuda: str = "nccl"
+
+    def __post_init__(self):
+        if self.cuda not in ("nccl", "gloo"):
+            raise ValueError(f'cuda must be "nccl" or "gloo", got {self.cuda!r}')
+        if isinstance(self.policy, str) and self.policy not in MODES:
+            raise ValueError(f"policy must be one of {MODES} or a Policy, got {self.policy!r}")
+
+
+def _mode(policy: str | Policy | None) -> str | Policy:
+    """The policy a new group starts with: the argument, else ``$ZIPCCL_POLICY``, else "auto"."""
+    from .autotune import env_policy
+
+    if policy is not None:
+        return policy
+    return env_policy() or "auto"
+
+
+class _Passthrough(threading.local):
+    depth = 0
+
+
+class ZipProcessGroup(dist.ProcessGroup):
+    """The "zipccl" torch.distributed group (module docstring). Built by torch, not by users."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta,
+                 options: BackendOptions | None = None):
+        super().__init__(rank, size)
+        options = options if options is not None else BackendOptions()
+        self._pt = _Passthrough()
+        self._inner = dist.ProcessGroup(store, rank, size)
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("zipccl-gloo/", store), rank, size, timeout)
+        gloo._set_sequence_number_for_group()
+        backends = [("cpu", dist.ProcessGroup.BackendType.GLOO, gloo)]
+        if options.cuda == "gloo":
+            backends.append(("cuda", dist.ProcessGroup.BackendType.GLOO, gloo))
+        elif torch.cuda.is_available() and dist.is_nccl_available():
+            nopts = options.nccl if options.nccl is not None else dist.ProcessGroupNCCL.Options()
+            nopts._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("zipccl-nccl/", store), rank, size, nopts)
+            nccl._set_sequence_number_for_group()
+            backends.append(("cuda", dist.ProcessGroup.BackendType.NCCL, nccl))
+        for device, kind, backend in backends:
+            self._inner._register_backend(torch.device(device), kind, backend)
+            self._register_backend(torch.device(device), kind, backend)
+        self._inner._set_default_backend(backends[-1][1])
+        self._policy = _mode(options.policy)
+        self._zc: dict[str, Collectives] = {}  # per device type
+        self._stats = {op: Stats() for op in STAT_OPS}
+        self._passed: dict[str, int] = {}
+
+    # -- identity ---------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 -- torch's name for it
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"ZipProcessGroup(rank={self.rank()}, size={self.size()}, policy={self.policy_mode!r})"
+
+    @property
+    def inner(self) -> dist.ProcessGroup:
+        """The wrapped c10d group (gloo for CPU tensors, NCCL for CUDA tensors)."""
+        return self._inner
+
+    @property
+    def policy_mode(self) -> str:
+        return self._policy if isinstance(self._policy, str) else self._policy.mode
+
+    # -- the policy -------------------------------------------------------------------------
+    def collectives(self, device: torch.device) -> Collectives:
+        """The ``Collectives`` for tensors on ``device``'s type, calibrated on first use under "auto".
+
+        Collective under "auto" the first time per device type: every rank reaches it at the same
+        call (the first eligible one).
+        """
+        c = self._zc.get(device.type)
+        if c is None:
+            policy = self._policy
+            if isinstance(policy, str) and policy == "auto":
+                from . import autotune
+
+                with self.passthrough():
+                    policy = autotune.policy_for(self, device, base=Policy("auto"))
+            c = self._zc[device.type] = Collectives(policy)
+        return c
+
+    def passthrough(self):
+        """Context manager: calls on this group from this thread go to the inner group."""
+        return _Scope(self._pt)
+
+    # -- stats ------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Per collective: calls, compressed calls, raw and wire bytes sent, bytes saved; and the
+        number of calls passed through per method."""
+        out = {}
+        for op, s in self._stats.items():
+            out[op] = {**s.as_dict(), "saved_bytes": s.raw_bytes - s.wire_bytes}
+        out["passthrough"] = dict(self._passed)
+        return out
+
+    def reset_stats(self) -> None:
+        for s in self._stats.values():
+            s.reset()
+        self._passed.clear()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _pass(self, name: str, *args, **kwargs):
+        if not self._pt.depth:
+            self._passed[name] = self._passed.get(name, 0) + 1
+        return getattr(self._inner, name)(*args, **kwargs)
+
+    def _run(self, op: str, device: torch.device, call):
+        """Run ``call(collectives)`` with this group's calls passed through; counts into stats[op]."""
+        c = self.collectives(device)
+        before = c.stats.as_dict()
+        with self.passthrough():
+            work = call(c)
+        after = c.stats.as_dict()
+        s = self._stats[op]
+        s.calls += after["calls"] - before["calls"]
+        s.compressed_calls += after["compressed_calls"] - before["compressed_calls"]
+        s.raw_bytes += after["raw_bytes"] - before["raw_bytes"]
+        s.wire_bytes += after["wire_bytes"] - before["wire_bytes"]
+        return work
+
+    def _eligible(self, *tensors: torch.Tensor) -> bool:
+        """Tensors zipccl moves: one coded dtype, one device (CPU, or CUDA with an inner NCCL),
+        contiguous, outside any pass-through scope."""
+        if self._pt.depth or not tensors:
+            return False
+        t0 = tensors[0]
+        if t0.dtype not in _CODED or t0.device.type not in self._device_types_str():
+            return False
+        return all(t.dtype == t0.dtype and t.device == t0.device and t.is_contiguous()
+                   and not t.is_sparse for t in tensors)
+
+    def _device_types_str(self) -> tuple[str, ...]:
+        d = getattr(self, "_dev_types", None)
+        if d is None:
+            d = self._dev_types = tuple(x.type for x in self._inner._device_types)
+        return d
+
+    # all-gather into one tensor (torch >= 2.13 calls all_gather_single, older _allgather_base)
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+        if self._eligible(output, input) and output.numel() == self.size() * input.numel():
+            return self._run("all_gather", input.device, lambda c: c.all_gather_into_tensor(
+                output, input, group=self, async_op=True))
+        return self._pass("all_gather_single", output, input, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+        if self._eligible(output, input) and output.numel() == self.size() * input.numel():
+            return self.all_gather_single(output, input, opts)
+        return self._pass("_allgather_base", output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else ReduceScatterOptions()
+        if (self._eligible(output, input) and input.numel() == self.size() * output.numel()
+                and _op_name(opts.reduceOp) is not None):
+            return self._run("reduce_scatter", input.device, lambda c: c.reduce_scatter_tensor(
+                output, input, opts.reduceOp, group=self, async_op=True))
+        return self._pass("reduce_scatter_single", output, input, opts)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts if opts is not None else ReduceScatterOptions()
+        if (self._eligible(output, input) and input.numel() == self.size() * output.numel()
+                and _op_name(opts.reduceOp) is not None):
+            return self.reduce_scatter_single(output, input, opts)
+        return self._pass("_reduce_scatter_base", output, input, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else AllToAllOptions()
+        osz = list(output_split_sizes) or None
+        isz = list(input_split_sizes) or None
+        if self._eligible(output, input) and _splits_ok(output, osz, self.size()) \
+                and _splits_ok(input, isz, self.size()):
+            return self._run("all_to_all", input.device, lambda c: c.all_to_all_single(
+                output, input, osz, isz, group=self, async_op=True))
+        return self._pass("all_to_all_single", output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else AllToAllOptions()
+        if self._eligible(output, input):
+            return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+        return self._pass("alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
+
+    def allreduce(self, tensors, opts=None):
+        if not isinstance(opts, AllreduceOptions):  # allreduce(tensors, op) overload
+            op, opts = opts, AllreduceOptions()
+            if op is not None:
+                opts.reduceOp = op
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if (len(tensors) == 1 and self._eligible(tensors[0])
+                and _op_name(opts.reduceOp) is not None):
+            t = tensors[0]
+            return self._run("all_reduce", t.device, lambda c: c.all_reduce(
+                t, opts.reduceOp, group=self, async_op=True))
+        return self._pass("allreduce", tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+        p = self.size()
+        if (len(input_tensors) == 1 and len(output_tensors) == 1 and len(output_tensors[0]) == p
+                and self._eligible(input_tensors[0], *output_tensors[0])
+                and all(o.shape == input_tensors[0].shape for o in output_tensors[0])):
+            x, outs = input_tensors[0], output_tensors[0]
+            flat = torch.empty((p * x.numel(),), dtype=x.dtype, device=x.device)
+            work = self._run("all_gather", x.device, lambda c: c.all_gather_into_tensor(
+                flat, x, group=self, async_op=True))
+            work.wait()
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * x.numel():(r + 1) * x.numel()].view(o.shape))
+            return _done(outs)
+        return self._pass("allgather", output_tensors, input_tensors, opts)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else ReduceScatterOptions()
+        p = self.size()
+        if (len(output_tensors) == 1 and len(input_tensors) == 1 and len(input_tensors[0]) == p
+                and self._eligible(output_tensors[0], *input_tensors[0])
+                and all(i.shape == output_tensors[0].shape for i in input_tensors[0])
+                and _op_name(opts.reduceOp) is not None):
+            out = output_tensors[0]
+            flat = torch.cat([i.reshape(-1) for i in input_tensors[0]])
+            return self._run("reduce_scatter", out.device, lambda c: c.reduce_scatter_tensor(
+                out, flat, opts.reduceOp, group=self, async_op=True))
+        return self._pass("reduce_scatter", output_tensors, input_tensors, opts)
+
+
+def _splits_ok(t: torch.Tensor, splits, p: int) -> bool:
+    """Split sizes torch would accept for ``t`` on ``p`` ranks (None: equal blocks)."""
+    rows = t.shape[0] if t.dim() else 1
+    if splits is None:
+        return rows % p == 0
+    return len(splits) == p and sum(splits) == rows and min(splits) >= 0
+
+
+def _done(tensors):
+    from .functional import _done_work
+
+    return _done_work(tensors[0] if tensors else None)
+
+
+class _Scope:
+    def __init__(self, pt: _Passthrough):
+        self._pt = pt
+
+    def __enter__(self):
+        self._pt.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self._pt.depth -= 1
+
+
+def _passthrough_method(name: str):
+    def method(self, *args, **kwargs):
+        return self._pass(name, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``{name}``: the inner group's, unchanged."
+    return method
+
+
+# Everything else torch may call on a group goes to the inner group as it is.
+_PASSED = ("allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
+           "allreduce_coalesced", "alltoall", "barrier", "broadcast", "gather", "monitored_barrier",
+           "recv", "recv_anysource", "reduce", "reduce_scatter_single_coalesced",
+           "reduce_scatter_tensor_coalesced", "scatter", "send", "_start_coalescing",
+           "_end_coalescing")
+for _name in _PASSED:
+    if hasattr(dist.ProcessGroup, _name):
+        setattr(ZipProcessGroup, _name, _passthrough_method(_name))
+
+
+def _create(backend_opts, pg_options) -> ZipProcessGroup:
+    """torch's creator for "zipccl" (``register_backend(..., extended_api=True)``)."""
+    if pg_options is not None and not isinstance(pg_options, BackendOptions):
+        raise TypeError(f"pg_options for the zipccl backend must be zipccl.torch.BackendOptions, "
+                        f"got {type(pg_options).__name__}")
+    return ZipProcessGroup(backend_opts.store, backend_opts.group_rank, backend_opts.group_size,
+                           backend_opts.timeout, pg_options)
+
+
+def register() -> None:
+    """Register "zipccl" with torch.distributed (``import zipccl.torch`` does; idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def zip_group(group=None) -> ZipProcessGroup:
+    """``group`` (default: the world group) as a zipccl group; TypeError if it is another backend's."""
+    g = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(g, ZipProcessGroup):
+        raise TypeError(f"not a zipccl group (backend {dist.get_backend(g)!r}): create it with "
+                        f'init_process_group("cpu:gloo,cuda:zipccl") or new_group(backend="zipccl")')
+    return g
+
+
+def stats(group=None) -> dict:
+    """What the zipccl group ``group`` (default: world) compressed, per collective.
+
+    ``{op: {"calls", "compressed_calls", "raw_bytes", "wire_bytes", "saved_bytes"}, ...,
+    "passthrough": {method: calls}}`` for op in all_gather, reduce_scatter, all_to_all,
+    all_reduce: bytes this rank sent, raw vs on the wire.
+    """
+    return zip_group(group).stats()
+
+
+def reset_stats(group=None) -> None:
+    """Zero ``stats(group)``."""
+    zip_group(group).reset_stats()
