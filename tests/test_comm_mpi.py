@@ -110,6 +110,16 @@ def test_device_path_with_stand_in_cupy():
 
 
 @pytest.mark.mpi
+def test_compressed_device_calls_make_no_host_wait():
+    """Steady-state compressed calls on (stand-in) device arrays: no synchronisation, no
+    device-to-host read, no host agreement on the caller's thread (tests/mpi/mpi_no_host_wait.py)."""
+    r = run_with_fake_cupy(2, ["--cpu-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                               "ignore::RuntimeWarning", "mpi/mpi_no_host_wait.py"])
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert "passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.mpi
 def test_bench_collectives_runs_through(tmp_path):
     """experiments/bench_collectives.py end to end on stand-ins: records written, all exact."""
     out = tmp_path / "bench.jsonl"
