@@ -51,7 +51,6 @@ from zipccl.kernels._common import (
     byte_checksum,
     exclusive_scan8,
     field8,
-    layout_fields,
     lookback,
     popc32,
     publish,
@@ -76,6 +75,7 @@ from zipccl.kernels.encode import (
     _round_cs,
     _store_round,
 )
+from zipccl.kernels.layout import layout_fields
 
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input per tile
 

@@ -35,7 +35,7 @@ from numba import cuda  # noqa: I001
 
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
-from .compat import atomic_read, ballot, shfl, shfl_up, shfl_xor, wrap64
+from .compat import atomic_read, ballot, shfl, shfl_up, shfl_xor, u32, wrap64
 
 TPB = 128  # threads per CUDA block: 4 warps
 WARPS = TPB // 32
@@ -56,19 +56,6 @@ WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
 WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, when chosen on the device
 WS_SLOTS = 32
 WS_STATUS = WS_SLOTS
-
-# The kernels take the frame layout as one tuple argument (``encode.layout_tuple``); its fields
-# by name (Numba folds these constants, so ``lay[LAY_N]`` is the same code as ``lay[0]``)
-LAY_N = 0  # number of values
-LAY_SM = 1  # sign-mantissa section offset
-LAY_PLANES = 2  # first code plane's offset
-LAY_STRIDE = 3  # bytes from one plane to the next
-LAY_COUNTS = 4  # escape counts' offset
-LAY_ESCAPES = 5  # escape section's offset
-LAY_RAW = 6  # size of the RAW frame
-LAY_PWORDS = 7  # uint32 words in one code plane
-LAY_NBLOCKS = 8  # escape blocks (tiles)
-LAY_FIELDS = 9
 
 STATUS_AGG = 1
 STATUS_INC = 2
@@ -267,26 +254,6 @@ else:
 
 
 @dev
-def layout_fields(lay):
-    """(n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks): the fields of the
-    layout tuple the kernels read, by name (``encode.layout_tuple``; ``LAY_*`` give the order)."""
-    return (lay[LAY_N], lay[LAY_PLANES], lay[LAY_STRIDE], lay[LAY_COUNTS], lay[LAY_ESCAPES],
-            lay[LAY_RAW], lay[LAY_PWORDS], lay[LAY_NBLOCKS])
-
-
-@dev
-def lay_lo(lay):
-    """The FP32 low halves' offset: ``encode.wide_tuple``'s field after ``layout_tuple``'s."""
-    return lay[LAY_FIELDS]
-
-
-@dev
-def lay_no_lo(lay):
-    """``lay_lo`` of a BF16 kernel (no low halves)."""
-    return np.int64(0)
-
-
-@dev
 def quad_checksum(w0, w1, w2, w3, i):
     """Payload checksum terms of 4 consecutive uint32 words, the first payload word i."""
     return wrap64(np.int64(w0) * (2 * i + 1) + np.int64(w1) * (2 * i + 3)
@@ -300,6 +267,15 @@ def field8(x, r):
 
 
 @dev
+def _scan_step(ex, lane, d):
+    """One step of an inclusive warp scan: add lane - d's value where there is one."""
+    y = shfl_up_u32(ex, d)
+    if lane >= d:
+        ex = np.uint32(ex + y)
+    return ex
+
+
+@dev
 def exclusive_scan8(cnt, lane):
     """Exclusive warp scan of 4 counts packed in 8-bit fields (each count <= 8).
 
@@ -310,25 +286,245 @@ def exclusive_scan8(cnt, lane):
     ex = shfl_up_u32(cnt, 1)
     if lane == 0:
         ex = np.uint32(0)
-    y = shfl_up_u32(ex, 1)
-    if lane >= 1:
-        ex = np.uint32(ex + y)
-    y = shfl_up_u32(ex, 2)
-    if lane >= 2:
-        ex = np.uint32(ex + y)
-    y = shfl_up_u32(ex, 4)
-    if lane >= 4:
-        ex = np.uint32(ex + y)
-    y = shfl_up_u32(ex, 8)
-    if lane >= 8:
-        ex = np.uint32(ex + y)
-    y = shfl_up_u32(ex, 16)
-    if lane >= 16:
-        ex = np.uint32(ex + y)
+    ex = _scan_step(ex, lane, 1)  # Kogge-Stone steps (a constant distance each: SHFL immediates)
+    ex = _scan_step(ex, lane, 2)
+    ex = _scan_step(ex, lane, 4)
+    ex = _scan_step(ex, lane, 8)
+    ex = _scan_step(ex, lane, 16)
     tex = shfl_idx_u32(ex, 31)
     tcn = shfl_idx_u32(cnt, 31)
     return (ex, np.uint32(field8(tex, 0) + field8(tcn, 0)), np.uint32(field8(tex, 1) + field8(tcn, 1)),
             np.uint32(field8(tex, 2) + field8(tcn, 2)), np.uint32(field8(tex, 3) + field8(tcn, 3)))
+
+
+# ---------------------------------------------------------------- the tile skeleton
+# What every tile kernel (BF16, FP32, FP16; encode and decode) does around its per-type code,
+# written once. Each piece is inlined where it is called, so a kernel compiles as if it were
+# written out there; the shared-memory slots a piece uses are arguments (constants at every
+# call site). A tile's path: take a ticket (``take_ticket``), code the tile, sum the warps'
+# escape counts (``block_escapes``, barrier A), let warp 0 publish the tile's count, resolve
+# its first escape position by the look-back and take the next ticket (``encoder_resolve`` /
+# ``decoder_resolve``; barrier B follows in the kernel), place the escapes
+# (``escape_bases`` / ``next_escape`` / ``escape_rank``); at the end ``flush_checksum``.
+
+@dev
+def take_ticket(ws):
+    """The next tile number (tiles go out in increasing order, one ticket per tile)."""
+    return cuda.atomic.add(ws, WS_TICKET, 1)
+
+
+@dev
+def first_ticket(ws, smem, tid):
+    """Thread 0: the block's first tile into smem[0], the call's epoch into smem[1]."""
+    if tid == 0:
+        smem[0] = take_ticket(ws)
+        smem[1] = ws[WS_EPOCH]
+
+
+@dev
+def publish_count(ws, tile, epoch, count):
+    """Publish tile's escape count for the look-back (tile 0's count is its inclusive prefix)."""
+    if tile == 0:
+        publish(ws, tile, epoch, STATUS_INC, count)
+    else:
+        publish(ws, tile, epoch, STATUS_AGG, count)
+
+
+@dev
+def tile_prefix(ws, tile, epoch, lane, count):
+    """Warp 0: tile's exclusive escape prefix (the look-back), its inclusive prefix published."""
+    prefix = np.int64(0)
+    if tile > 0:
+        prefix = lookback(ws, tile, epoch, lane)
+        if lane == 0:
+            publish(ws, tile, epoch, STATUS_INC, prefix + count)
+    return prefix
+
+
+@dev
+def block_escapes(smem, at, warp, lane, t0, t1, t2, t3):
+    """Barrier A: each warp's escape count t0 + t1 + t2 + t3 in (smem[at + warp]; the sum is
+    formed in lane 0 alone); (escapes of the lower warps, the block's) out, in every thread."""
+    if lane == 0:
+        smem[at + warp] = np.int64(t0 + t1 + t2 + t3)
+    cuda.syncthreads()  # A: warp totals
+    woff = np.int64(0)
+    btot = np.int64(0)
+    for w in range(WARPS):
+        v = smem[at + w]
+        if w < warp:
+            woff += v
+        btot += v
+    return woff, btot
+
+
+@dev
+def count_checksum(count, counts_off, tile):
+    """Payload checksum term of tile's 4-byte escape count."""
+    return count * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1)
+
+
+@dev
+def encoder_resolve(ws, out32, smem, at, tile, epoch, lane, btot, counts_off, do_cs, cs):
+    """Warp 0 of an encoder: store and publish the tile's escape count ``btot``, resolve its
+    prefix into smem[at] and take the next ticket into smem[0]; returns the checksum."""
+    if lane == 0:
+        out32[(counts_off >> 2) + tile] = btot
+        if do_cs:
+            cs = wrap64(cs + count_checksum(btot, counts_off, tile))
+        publish_count(ws, tile, epoch, btot)
+    prefix = tile_prefix(ws, tile, epoch, lane, btot)
+    if lane == 0:
+        smem[at] = prefix
+        smem[0] = take_ticket(ws)
+    return cs
+
+
+@dev
+def decoder_resolve(f32, ws, smem, at, tile, epoch, lane, btot, cnt, craw, nesc, n, n_blocks,
+                    counts_off, do_cs, cs, err, scanned):
+    """Warp 0 of a decoder: resolve the tile's prefix (its clamped stored count ``cnt`` was
+    published when it was taken) into smem[at]; lane 0 checks the escapes seen (``btot``)
+    against the stored count ``craw`` and, in the last tile, the total against the header's
+    ``nesc``, takes the next ticket into smem[0] and publishes that tile's stored count
+    (``take_stored_count``, smem[7], smem[8]). Returns (err, checksum). ``scanned`` (a
+    constant): the inclusive prefixes are already in the status words (a scan of the stored
+    counts ran before), so the prefix is one load instead of the look-back."""
+    if scanned:
+        prefix = np.int64(0)
+        if tile > 0:
+            prefix = atomic_read(ws, WS_STATUS + tile - 1) & LOW32
+    else:
+        prefix = tile_prefix(ws, tile, epoch, lane, cnt)
+    if lane == 0:
+        smem[at] = prefix
+        if btot != craw:
+            err |= ERR_COUNTS
+        if tile == n_blocks - 1 and prefix + cnt != nesc:
+            err |= ERR_TOTAL
+        if do_cs:
+            cs = wrap64(cs + count_checksum(craw, counts_off, tile))
+        nxt = take_ticket(ws)
+        smem[0] = nxt
+        take_stored_count(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem, 7, scanned)
+    return err, cs
+
+
+@dev
+def take_stored_count(f32, ws, tile, epoch, n, counts_off, n_blocks, smem, at, scanned):
+    """Decoder, thread 0: publish ``tile``'s stored escape count (clamped to the tile's
+    values; a larger one is an error) for the look-back; smem[at] = clamped, smem[at + 1] =
+    stored count. ``scanned`` (a constant): the prefixes were scanned ahead, nothing to
+    publish."""
+    if tile < n_blocks:
+        craw = np.int64(f32[(counts_off >> 2) + tile])
+        lim = n - tile * fmt.BLOCK
+        if lim > fmt.BLOCK:
+            lim = fmt.BLOCK
+        cnt = craw
+        if cnt > lim:
+            cnt = lim
+            cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
+        smem[at] = cnt
+        smem[at + 1] = craw
+        if not scanned:
+            publish_count(ws, tile, epoch, cnt)
+
+
+@dev
+def block_ticket(ws, smem, tid):
+    """Every thread: the block's next tile, once every thread is done with the current one
+    (two barriers; the RAW copies, whose tiles need no look-back)."""
+    cuda.syncthreads()  # everyone has read this ticket
+    if tid == 0:
+        smem[0] = take_ticket(ws)
+    cuda.syncthreads()
+    return smem[0]
+
+
+@dev
+def decoder_header(smem, f64, tile, epoch, ok, raw, nesc, has_cs):
+    """Decoder, thread 0: the block's first ticket and epoch and the header check's results
+    into smem[0..6] (6: the codebook word)."""
+    smem[0] = tile
+    smem[1] = epoch
+    smem[2] = 1 if ok else 0
+    smem[3] = raw
+    smem[4] = nesc
+    smem[5] = has_cs
+    smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
+
+
+@dev
+def flush_checksum(ws, cs, lane):
+    """Add the warp's payload checksum terms to one of the workspace's 8 checksum slots."""
+    cs = warp_sum(cs)
+    if lane == 0:
+        cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+
+
+@dev
+def publish_errors(ws, err, lane):
+    """A decoder's finishing kernel, warp 0: the call's error bits (lane 0's ``err`` and those
+    the tiles raised) to WS_ERR_LAST and WS_ERR_STICKY; counters and checksum slots cleared
+    for the next call."""
+    if lane == 0:
+        err |= atomic_read(ws, WS_ERR)
+        ws[WS_ERR] = 0
+        ws[WS_ERR_LAST] = err
+        ws[WS_ERR_STICKY] = ws[WS_ERR_STICKY] | err
+        ws[WS_TICKET] = 0
+    if lane < 8:
+        ws[WS_CSUM + lane] = 0
+
+
+@dev
+def zero_padding(out8, sm_end, planes_off, stride, pwords, n_planes, counts_end, after_counts, tid):
+    """Zero the padding runs of a coded frame (each shorter than ALIGN, one byte a thread):
+    after the byte plane (up to ``planes_off``), after each of ``n_planes`` code planes'
+    ``pwords`` words, after the counts (up to ``after_counts``, the next section)."""
+    i = sm_end + tid
+    if i < planes_off:
+        out8[i] = 0
+    for k in range(n_planes):
+        i = planes_off + k * stride + 4 * pwords + tid
+        if i < planes_off + (k + 1) * stride:
+            out8[i] = 0
+    i = counts_end + tid
+    if i < after_counts:
+        out8[i] = 0
+
+
+@dev
+def escape_bases(ex, w0t, w1t, w2t, escm, base):
+    """Rank of the first escape of each round of a lane, from the packed exclusive scan ``ex``
+    (``exclusive_scan8``), the warp's round totals and the lane's escape mask ``escm`` (bit
+    8r + s: value s of round r): rank of escape bit 8r + s = k_r + (escapes below it in this
+    lane). ``base``: the escapes before this warp's in the frame."""
+    k0 = base + np.int64(field8(ex, 0))
+    k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
+    k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
+    k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3)) - popc32(u32(escm & 0xFFFFFF))))
+    return k0, k1, k2, k3
+
+
+@dev
+def next_escape(m):
+    """(m without its lowest set bit, that bit, its index 8r + s) of a nonzero escape mask."""
+    low = u32(m & u32(u32(~m) + 1))
+    return u32(m ^ low), low, popc32(u32(low - 1))
+
+
+@dev
+def pick4(i, v0, v1, v2, v3):
+    """v_i for i = 1, 2, 3; v0 otherwise (a chain of selects, no local array)."""
+    return v1 if i == 1 else (v2 if i == 2 else (v3 if i == 3 else v0))
+
+
+@dev
+def escape_rank(k0, k1, k2, k3, r, escm, low):
+    """Rank (position in the escape section) of the escape bit ``low`` of round r."""
+    return pick4(r, k0, k1, k2, k3) + np.int64(popc32(u32(escm & u32(low - 1))))
 
 
 _SM_COUNT: dict[int, int] = {}

@@ -334,21 +334,20 @@ else:
 
         return sig, codegen
 
-    @intrinsic
-    def _cp_commit(typingctx):
-        def codegen(context, builder, sig, args):
-            builder.call(_asm("cp.async.commit_group;"), [])
-            return context.get_dummy_value()
+    def _statement(text):
+        """An intrinsic of no arguments that emits the PTX statement ``text`` (a memory clobber)."""
+        @intrinsic
+        def statement(typingctx):
+            def codegen(context, builder, sig, args):
+                builder.call(_asm(text), [])
+                return context.get_dummy_value()
 
-        return types.void(), codegen
+            return types.void(), codegen
 
-    @intrinsic
-    def _cp_wait0(typingctx):
-        def codegen(context, builder, sig, args):
-            builder.call(_asm("cp.async.wait_group 0;"), [])
-            return context.get_dummy_value()
+        return statement
 
-        return types.void(), codegen
+    _cp_commit = _statement("cp.async.commit_group;")
+    _cp_wait0 = _statement("cp.async.wait_group 0;")
 
     @intrinsic
     def _lds16(typingctx, arr, w):

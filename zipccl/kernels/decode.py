@@ -55,75 +55,57 @@ from numba import cuda
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from . import launch as launch_route
+from . import plan as plans
 from ._common import (
     BLOCKS_PER_SM,
     ERR_CHECKSUM,
-    ERR_COUNTS,
     ERR_ESCAPE_RANGE,
     ERR_HEADER,
     ERR_HEADER_CRC,
     ERR_TOTAL,
-    LAY_ESCAPES,
-    LAY_FIELDS,
-    LAY_N,
-    LAY_RAW,
     LOW32,
-    STATUS_AGG,
-    STATUS_INC,
     TPB,
     WS_CSUM,
     WS_EPOCH,
     WS_ERR,
-    WS_ERR_LAST,
-    WS_ERR_STICKY,
-    WS_TICKET,
     advance_epoch,
+    block_escapes,
+    block_ticket,
     byte_checksum,
+    decoder_header,
+    decoder_resolve,
     dev,
+    escape_bases,
+    escape_rank,
     exclusive_scan8,
-    field8,
+    flush_checksum,
     grid_size,
-    lay_lo,
-    lay_no_lo,
-    layout_fields,
-    lookback,
+    next_escape,
     popc32,
     prmt,
-    publish,
+    publish_errors,
     quad_checksum,
+    take_stored_count,
+    take_ticket,
     warp_sum,
     warp_xor,
 )
 from .compat import atomic_read, load16, store16, u32, wrap64
+from .layout import (
+    LAY_FIELDS,
+    MAGIC_BF16,
+    MAGIC_FP32,
+    WIDE_FIELDS,
+    header_ok,
+    lay_lo,
+    lay_no_lo,
+    layout_fields,
+    layout_tuple,
+    wide_header_ok,
+)
 
-_MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
-_MAGIC48_FP32 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_FP32]), "little")
 U64 = np.uint64
 HDR8 = fmt.HEADER_SIZE // 8
-
-
-@cuda.jit(device=True)
-def header_ok(f64, nbytes, lay, magic):
-    """(valid, raw, n_escapes, has_checksum) of the frame header, for an output of lay[LAY_N]
-    values; ``magic``: header bytes 0..5 (magic, version, element type) as an integer."""
-    n = lay[LAY_N]
-    eo = lay[LAY_ESCAPES]
-    raw_size = lay[LAY_RAW]
-    w0 = f64[0]
-    flags = (w0 >> 48) & 0xFFFF
-    nh = f64[1]
-    nesc = f64[2]
-    flen = f64[3]
-    raw = flags & 1
-    ok = (w0 & 0xFFFFFFFFFFFF) == magic and (flags & ~np.int64(3)) == 0 and nh == n
-    ok = ok and flen >= 0 and flen <= nbytes and nesc >= 0
-    if raw != 0:
-        ok = ok and nesc == 0 and flen == raw_size
-    else:
-        ok = ok and nesc <= n and flen == eo + nesc and flen <= raw_size
-    if (flags & 2) == 0 and f64[4] != 0:
-        ok = False
-    return ok, raw, nesc, (flags >> 1) & 1
 
 
 @cuda.jit(device=True)
@@ -255,24 +237,42 @@ def _store_round(out32, out16, u, vm, o0, o1, o2, o3):
         _store(out32, out16, 8 * u, np.int64(vm), o0, o1, o2, o3)
 
 
+def block_start(magic: int | None, scanned: bool = False):
+    """A decoder block's start, for frames whose header bytes 0..5 are ``magic`` (None: FP32 or
+    FP16 by the layout, ``layout.wide_header_ok``): thread 0 takes the first ticket, reads the
+    epoch, checks the header and publishes the first tile's stored escape count, into smem
+    (``decoder_header``, smem[7], smem[8]); a bad header is reported once, by the block holding
+    tile 0. After a barrier every thread returns whether the header fits."""
+    if magic is None:
+        check = wide_header_ok
+    else:
+        @dev
+        def check(f64, nbytes, lay):
+            return header_ok(f64, nbytes, lay, magic)
+
+    @dev
+    def start(f8, f32, f64, ws, lay, smem, tid):
+        if tid == 0:
+            n, _, _, counts_off, _, _, _, n_blocks = layout_fields(lay)
+            tile = take_ticket(ws)
+            epoch = ws[WS_EPOCH]
+            ok, raw, nesc, has_cs = check(f64, f8.shape[0], lay)
+            decoder_header(smem, f64, tile, epoch, ok, raw, nesc, has_cs)
+            if not ok:
+                if tile == 0:
+                    cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
+            elif raw == 0:
+                take_stored_count(f32, ws, tile, epoch, n, counts_off, n_blocks, smem, 7, scanned)
+        cuda.syncthreads()
+        return smem[2] != 0
+
+    return start
+
+
 @dev
-def _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem):
-    """Thread 0 only: publish ``tile``'s stored escape count (clamped) for the look-back."""
-    if tile < n_blocks:
-        craw = np.int64(f32[(counts_off >> 2) + tile])
-        lim = n - tile * fmt.BLOCK
-        if lim > fmt.BLOCK:
-            lim = fmt.BLOCK
-        cnt = craw
-        if cnt > lim:
-            cnt = lim
-            cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
-        smem[7] = cnt
-        smem[8] = craw
-        if tile == 0:
-            publish(ws, tile, epoch, STATUS_INC, cnt)
-        else:
-            publish(ws, tile, epoch, STATUS_AGG, cnt)
+def block_state(smem):
+    """(first tile, epoch, header's n_escapes, checksum present) as ``block_start`` left them."""
+    return smem[0], smem[1], smem[4], smem[5] != 0
 
 
 @cuda.jit(device=True)
@@ -331,14 +331,17 @@ def _store32(out32, u, vm, o0, o1, o2, o3, lo, lo_off, do_cs):
     return cs
 
 
-def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER_SM):
+def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER_SM,
+                  scanned: bool = False):
     """The tile kernel for BF16 output (``fp32`` False) or FP32 output (True; module
     docstring, "FP32"). ``fp32`` is a compile-time constant: each kernel holds only its path.
     ``lo_ahead`` (FP32): how many rounds' low halves are loaded before the stores of the first
     of them (1, 2 or 4); ``blocks_per_sm``: the launch bounds' resident blocks (8: at most 64
-    registers). experiments/kernels/NOTES.md compares them."""
+    registers); ``scanned``: the tiles' escape prefixes were written to the status words by a
+    scan of the stored counts launched before (experiments/kernels/v6_scan.py), so no tile
+    publishes or looks back. experiments/kernels/NOTES.md compares them."""
     assert lo_ahead in (1, 2, 4)
-    magic = _MAGIC48_FP32 if fp32 else _MAGIC48
+    first_tile = block_start(MAGIC_FP32 if fp32 else MAGIC_BF16, scanned)
     lo_of = lay_lo if fp32 else lay_no_lo
     per_ticket = 8 if fp32 else 4  # RAW copy: 16-byte units per thread and tile
 
@@ -355,29 +358,9 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
         warp = tid >> 5
         spread[tid] = _spread_entry(tid)
         spread[tid + TPB] = _spread_entry(tid + TPB)
-        if tid == 0:
-            tile = cuda.atomic.add(ws, WS_TICKET, 1)
-            epoch = ws[WS_EPOCH]
-            ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, magic)
-            smem[0] = tile
-            smem[1] = epoch
-            smem[2] = 1 if ok else 0
-            smem[3] = raw
-            smem[4] = nesc
-            smem[5] = has_cs
-            smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
-            if not ok:
-                if tile == 0:
-                    cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
-            elif raw == 0:
-                _take_tile(f32, ws, tile, epoch, n, counts_off, n_blocks, smem)
-        cuda.syncthreads()
-        if smem[2] == 0:
-            return
-        tile = smem[0]
-        epoch = smem[1]
-        nesc = smem[4]
-        do_cs = smem[5] != 0
+        if not first_tile(f8, f32, f64, ws, lay, smem, tid):
+            return  # the header does not fit: write nothing
+        tile, epoch, nesc, do_cs = block_state(smem)
         cs = np.int64(0)
         if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
             while tile < n_blocks:
@@ -401,15 +384,9 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
                                 if do_cs:
                                     cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
                     g += TPB
-                cuda.syncthreads()  # everyone has read this ticket
-                if tid == 0:
-                    smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-                cuda.syncthreads()
-                tile = smem[0]
+                tile = block_ticket(ws, smem, tid)
             if do_cs:
-                cs = warp_sum(cs)
-                if lane == 0:
-                    cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+                flush_checksum(ws, cs, lane)
             return
 
         cb64 = smem[6]
@@ -465,63 +442,25 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
             cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
                        | u32(popc32(esc3) << 24))
             ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
-            if lane == 0:
-                smem[9 + warp] = np.int64(w0t + w1t + w2t + w3t)
-            cuda.syncthreads()  # A: warp totals
-            woff = np.int64(0)
-            btot = np.int64(0)
-            for w in range(4):
-                v = smem[9 + w]
-                if w < warp:
-                    woff += v
-                btot += v
+            woff, btot = block_escapes(smem, 9, warp, lane, w0t, w1t, w2t, w3t)  # A
             if warp == 0:
-                prefix = np.int64(0)
-                if tile > 0:
-                    prefix = lookback(ws, tile, epoch, lane)
-                    if lane == 0:
-                        publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
-                if lane == 0:
-                    smem[13] = prefix
-                    if btot != craw:
-                        err |= ERR_COUNTS
-                    if tile == n_blocks - 1 and prefix + cnt != nesc:
-                        err |= ERR_TOTAL
-                    if do_cs:
-                        cs = wrap64(cs + craw * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-                    nxt = cuda.atomic.add(ws, WS_TICKET, 1)
-                    smem[0] = nxt
-                    _take_tile(f32, ws, nxt, epoch, n, counts_off, n_blocks, smem)
+                err, cs = decoder_resolve(f32, ws, smem, 13, tile, epoch, lane, btot, cnt, craw, nesc, n,
+                                          n_blocks, counts_off, do_cs, cs, err, scanned)
             cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
             prefix = smem[13]
             nxt = smem[0]
             if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
                 ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
             if escm != 0:
-                # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
-                base = prefix + woff
-                k0 = base + np.int64(field8(ex, 0))
-                k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
-                k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
-                k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
-                                         - popc32(u32(escm & 0xFFFFFF))))
+                k0, k1, k2, k3 = escape_bases(ex, w0t, w1t, w2t, escm, prefix + woff)
                 e0 = 8 * g
                 m = escm
                 while m != 0:
-                    low = u32(m & u32(u32(~m) + 1))
-                    m = u32(m ^ low)
-                    bit = popc32(u32(low - 1))  # 8r + s: value s of round r
+                    m, low, bit = next_escape(m)  # bit 8r + s: value s of round r
                     r = u32(bit >> 3)
                     e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
                     smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
-                    pos = k0
-                    if r == 1:
-                        pos = k1
-                    elif r == 2:
-                        pos = k2
-                    elif r == 3:
-                        pos = k3
-                    pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                    pos = escape_rank(k0, k1, k2, k3, r, escm, low)
                     x = u32(0)
                     if pos >= 0 and pos < nesc:
                         x = u32(f8[U64(eo + pos)])
@@ -538,9 +477,7 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
         if err != 0:
             cuda.atomic.or_(ws, WS_ERR, err)
         if do_cs:
-            cs = warp_sum(cs)
-            if lane == 0:
-                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+            flush_checksum(ws, cs, lane)
 
     return decode_tiles
 
@@ -561,7 +498,7 @@ def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
-    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, _MAGIC48)
+    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, MAGIC_BF16)
     err = np.int64(0)
     if not ok:
         err = ERR_HEADER
@@ -606,13 +543,7 @@ def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
                     err |= ERR_CHECKSUM
             if ok and raw == 0 and n_blocks == 0 and nesc != 0:
                 err |= ERR_TOTAL
-            err |= atomic_read(ws, WS_ERR)
-            ws[WS_ERR] = 0
-            ws[WS_ERR_LAST] = err
-            ws[WS_ERR_STICKY] = ws[WS_ERR_STICKY] | err
-            ws[WS_TICKET] = 0
-        if lane < 8:
-            ws[WS_CSUM + lane] = 0
+        publish_errors(ws, err, lane)
     advance_epoch(ws, tid)
 
 
@@ -622,8 +553,6 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
     n & ~7 of them as uint32). Errors land in the workspace (``_common.WS_ERR_LAST``);
     nothing here synchronises.
     """
-    from .encode import layout_tuple
-
     lt = layout_tuple(lay)
     if lay.n_blocks:
         decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
@@ -636,54 +565,31 @@ TILES = launch_route.Kernel(decode_tiles, (_A(np.uint8), _A(np.uint32), _A(np.in
                                            _A(np.uint16), _A(np.int64), launch_route.int_tuple(LAY_FIELDS)))
 TILES32 = launch_route.Kernel(decode_tiles32, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.uint32),
                                                _A(np.uint16), _A(np.int64),
-                                               launch_route.int_tuple(LAY_FIELDS + 3)))
+                                               launch_route.int_tuple(WIDE_FIELDS)))
 FINISH = launch_route.Kernel(decode_finish, (_A(np.uint8), _A(np.uint32), _A(np.int64), _A(np.int64),
                                              launch_route.int_tuple(LAY_FIELDS), launch_route.I64,
                                              _A(np.int64)))
 
 
-class Plan:
+class Plan(plans.Plan):
     """The launches of one decode with everything but the stream fixed: the frame buffer
     ``f_ptr`` (``f_nbytes``), the n output values at ``out_ptr`` and the workspace. Built
-    once per buffer set; ``launch(stream)`` is two driver calls.
+    once per buffer set; ``launch(stream)`` is two driver calls, ``retarget(f_ptr, out_ptr)``
+    points it at other buffers of the same sizes.
     """
 
-    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace")
+    __slots__ = ()
 
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
                  ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
-        from .encode import layout_tuple
-
         n = lay.n
         lt = layout_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
-        self.device = device
-        self.tiles = None
-        if lay.n_blocks:
-            self.tiles = TILES.function(device)
-            self.tiles_grid = grid_size(lay.n_blocks)
-            self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n),
-                                                       (ws_ptr, ws_count), lt))
-        self.finish = FINISH.function(device)
-        self.p_finish = launch_route.Params(FINISH, (*frame, (ws_ptr, ws_count), lt, crc_zero,
-                                                     (crc_ptr, crc_count)))
-
-    def retarget(self, f_ptr: int, out_ptr: int) -> None:
-        """Point the plan at other buffers of the same sizes (the frame, the values)."""
-        for p in ((self.p_tiles, self.p_finish) if self.tiles is not None else (self.p_finish,)):
-            for slot in _F_SLOTS:
-                p.set(slot, f_ptr)
-        if self.tiles is not None:
-            for slot in _OUT_SLOTS:
-                self.p_tiles.set(slot, out_ptr)
-
-    def launch(self, stream: int) -> None:
-        if self.tiles is not None:
-            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
-        launch_route.launch(self.finish, 1, TPB, stream, self.p_finish)
-
-
-# both kernels start with the frame (f8, f32, f64); the tile kernel then takes (out32, out16)
-_F_SLOTS = (TILES.data_slot(0), TILES.data_slot(1), TILES.data_slot(2))
-_OUT_SLOTS = (TILES.data_slot(3), TILES.data_slot(4))
-assert _F_SLOTS == tuple(FINISH.data_slot(i) for i in range(3))
+        steps = []
+        if lay.n_blocks:  # both kernels start with the frame (f8, f32, f64); then (out32, out16)
+            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks),
+                                    (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n), (ws_ptr, ws_count), lt),
+                                    (0, 1, 2), (3, 4)))
+        steps.append(plans.Step(FINISH, device, 1, (*frame, (ws_ptr, ws_count), lt, crc_zero,
+                                                    (crc_ptr, crc_count)), (0, 1, 2), ()))
+        super().__init__(device, tuple(steps))

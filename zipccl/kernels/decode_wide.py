@@ -30,75 +30,34 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from . import _common as common
 from . import (
     compat,  # noqa: F401  (numpy fix before numba.cuda compiles anything)
     decode,
 )
 from . import launch as launch_route
-from ._common import (
-    BLOCKS_PER_SM,
-    ERR_CHECKSUM,
-    ERR_COUNTS,
-    ERR_ESCAPE_RANGE,
-    ERR_HEADER,
-    ERR_HEADER_CRC,
-    ERR_TOTAL,
-    LOW32,
-    STATUS_AGG,
-    STATUS_INC,
-    TPB,
-    WS_CSUM,
-    WS_EPOCH,
-    WS_ERR,
-    WS_ERR_LAST,
-    WS_ERR_STICKY,
-    WS_TICKET,
-    advance_epoch,
-    byte_checksum,
-    dev,
-    grid_size,
-    lookback,
-    publish,
-    warp_sum,
-    warp_xor,
-)
+from . import plan as plans
+from ._common import TPB, dev, grid_size
 from .compat import atomic_read, popc, wrap64
-from .encode_wide import FP16, FP32, HDR, bcs, vote, wide_tuple
+from .encode_wide import HDR, bcs, store_votes, vote
+from .layout import (
+    FP32,
+    LAY_DTYPE,
+    LAY_LO,
+    LAY_N,
+    LAY_NBLOCKS,
+    LAY_NPLANES,
+    LAY_PLANES,
+    LAY_PWORDS,
+    LAY_STRIDE,
+    WIDE_FIELDS,
+    layout_fields,
+    wide_header_ok,
+    wide_tuple,
+)
 
 ERR_ESCAPE_VALUE = 64
 ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
-_MAGIC48 = {d: int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, d]), "little") for d in (FP32, FP16)}
-_M32 = _MAGIC48[FP32]
-_M16 = _MAGIC48[FP16]
-
-
-@cuda.jit(device=True)
-def header_ok(f64, nbytes, lay):
-    """(valid, raw, n_escapes, has_checksum) of the frame header for an output of lay[0]
-    values of type lay[11]."""
-    n = lay[0]
-    eo = lay[5]
-    raw_size = lay[6]
-    kind = lay[11]
-    w0 = f64[0]
-    flags = (w0 >> 48) & 0xFFFF
-    nesc = f64[2]
-    flen = f64[3]
-    magic = _M32 if kind == FP32 else _M16
-    ok = (w0 & 0xFFFFFFFFFFFF) == magic and (flags & ~np.int64(3)) == 0 and f64[1] == n
-    ok = ok and flen >= 0 and flen <= nbytes and nesc >= 0
-    if (flags & 1) != 0:
-        ok = ok and nesc == 0 and flen == raw_size
-    else:
-        ok = ok and nesc <= n and flen == eo + nesc and flen <= raw_size
-    if (flags & 2) == 0 and f64[4] != 0:
-        ok = False
-    if kind == FP16:
-        cb = f64[5]
-        for i in range(7):
-            if ((cb >> (8 * i)) & 0xFF) > 31:
-                ok = False
-    return ok, flags & 1, nesc, (flags >> 1) & 1
 
 
 @dev
@@ -121,11 +80,11 @@ def _dload(f8, f32, e, word, lane, lay):
     """(code | raw bits << 3, low byte) of lane's value e of a group (zeros past the
     sections)."""
     c = np.int64(0)
-    if word < lay[7]:
-        c = _bits3(f32, lay[2], lay[3], word, lane)
-        c |= _bits3(f32, lay[2] + 3 * lay[3], lay[3], word, lane) << 3
+    if word < lay[LAY_PWORDS]:
+        c = _bits3(f32, lay[LAY_PLANES], lay[LAY_STRIDE], word, lane)
+        c |= _bits3(f32, lay[LAY_PLANES] + 3 * lay[LAY_STRIDE], lay[LAY_STRIDE], word, lane) << 3
     b = np.int64(0)
-    if e < lay[0]:
+    if e < lay[LAY_N]:
         b = np.int64(f8[HDR + e])
     return c, b
 
@@ -134,10 +93,10 @@ def _dload(f8, f32, e, word, lane, lay):
 def _dgroup(c, byte, e, word, lane, cb, f32, out16, lay, do_cs, cs):
     """Write lane's value e of one group (an escaped one with exponent 0 for now); returns
     (checksum, the group's escape vote)."""
-    valid = e < lay[0]
+    valid = e < lay[LAY_N]
     code = c & 7
-    if do_cs and word < lay[7] and lane < lay[10]:
-        at = lay[2] + lane * lay[3]
+    if do_cs and word < lay[LAY_PWORDS] and lane < lay[LAY_NPLANES]:
+        at = lay[LAY_PLANES] + lane * lay[LAY_STRIDE]
         cs = wrap64(cs + np.int64(f32[(at >> 2) + word]) * (2 * (((at - HDR) >> 2) + word) + 1))
     esc = vote(valid and code == 0)
     if valid:
@@ -160,66 +119,37 @@ def _copy_raw(f16, out16, n, tile, tid, do_cs):
             v = np.int64(f16[(HDR >> 1) + e])
             out16[e] = v
             if do_cs:
-                cs = wrap64(cs + byte_checksum(v, 2 * e))
+                cs = wrap64(cs + common.byte_checksum(v, 2 * e))
         e += TPB
     return cs
 
 
-@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
+_first_tile = decode.block_start(None)
+
+
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, common.BLOCKS_PER_SM)}))
 def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
     """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, _, _, n_blocks = layout_fields(lay)
     votes = cuda.shared.array(128, dtype=np.int64)
     smem = cuda.shared.array(16, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
     below = (np.int64(1) << lane) - 1
-    if tid == 0:
-        ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
-        smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-        smem[1] = ws[WS_EPOCH]
-        smem[2] = 1 if ok else 0
-        smem[3] = raw
-        smem[4] = nesc
-        smem[5] = has_cs
-        smem[6] = f64[5]  # codebook bytes (and ndim in the top byte)
-        if not ok and smem[0] == 0:
-            cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
-    cuda.syncthreads()
-    if smem[2] == 0:
-        return
-    tile = smem[0]
-    epoch = smem[1]
-    nesc = smem[4]
-    do_cs = smem[5] != 0
+    if not _first_tile(f8, f32, f64, ws, lay, smem, tid):
+        return  # the header does not fit: write nothing
+    tile, epoch, nesc, do_cs = decode.block_state(smem)
     cb = smem[6]
     cs = np.int64(0)
     err = np.int64(0)
     if smem[3] != 0:
         while tile < n_blocks:
             cs = wrap64(cs + _copy_raw(f16, out16, n, tile, tid, do_cs))
-            cuda.syncthreads()  # everyone has read this ticket
-            if tid == 0:
-                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-            cuda.syncthreads()
-            tile = smem[0]
+            tile = common.block_ticket(ws, smem, tid)
     while smem[3] == 0 and tile < n_blocks:
-        if tid == 0:
-            craw = np.int64(f32[(counts_off >> 2) + tile])
-            lim = min(n - tile * fmt.BLOCK, fmt.BLOCK)
-            cnt = craw
-            if cnt > lim:
-                cnt = lim
-                cuda.atomic.or_(ws, WS_ERR, ERR_COUNTS)
-            smem[7] = cnt
-            smem[8] = craw
-            publish(ws, tile, epoch, STATUS_INC if tile == 0 else STATUS_AGG, cnt)
+        cnt = smem[7]  # this tile's stored escape count (clamped; published), and as stored
+        craw = smem[8]
         wbase = tile * fmt.BLOCK + warp * 1024
         seen = np.int64(0)
         for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
@@ -233,39 +163,12 @@ def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
             cs, s1 = _dgroup(c1, b1, e0 + 32, w0 + 1, lane, cb, f32, out16, lay, do_cs, cs)
             cs, s2 = _dgroup(c2, b2, e0 + 64, w0 + 2, lane, cb, f32, out16, lay, do_cs, cs)
             cs, s3 = _dgroup(c3, b3, e0 + 96, w0 + 3, lane, cb, f32, out16, lay, do_cs, cs)
-            if lane == 0:
-                votes[warp * 32 + q0] = s0
-                votes[warp * 32 + q0 + 1] = s1
-                votes[warp * 32 + q0 + 2] = s2
-                votes[warp * 32 + q0 + 3] = s3
-            seen += popc(s0) + popc(s1) + popc(s2) + popc(s3)
-        if lane == 0:
-            smem[9 + warp] = seen
-        cuda.syncthreads()  # A: warp totals, votes, the stored count
-        woff = np.int64(0)
-        btot = np.int64(0)
-        for w in range(4):
-            c = smem[9 + w]
-            if w < warp:
-                woff += c
-            btot += c
+            seen += store_votes(votes, warp * 32 + q0, lane, s0, s1, s2, s3)
+        woff, btot = common.block_escapes(smem, 9, warp, lane, seen, 0, 0, 0)  # A: totals, votes
         if warp == 0:
-            cnt = smem[7]
-            prefix = np.int64(0)
-            if tile > 0:
-                prefix = lookback(ws, tile, epoch, lane)
-                if lane == 0:
-                    publish(ws, tile, epoch, STATUS_INC, prefix + cnt)
-            if lane == 0:
-                smem[13] = prefix
-                if btot != smem[8]:
-                    err |= ERR_COUNTS
-                if tile == n_blocks - 1 and prefix + cnt != nesc:
-                    err |= ERR_TOTAL
-                if do_cs:
-                    cs = wrap64(cs + smem[8] * (2 * (((counts_off - HDR) >> 2) + tile) + 1))
-                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-        cuda.syncthreads()  # B: this tile's prefix, the next ticket
+            err, cs = common.decoder_resolve(f32, ws, smem, 13, tile, epoch, lane, btot, cnt, craw, nesc, n,
+                                      n_blocks, counts_off, do_cs, cs, err, False)
+        cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
         if btot != 0:
             run = smem[13] + woff
             for q in range(32):
@@ -274,11 +177,11 @@ def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
                     pos = run + popc(esc & below)
                     e = wbase + 32 * q + lane
                     if pos < 0 or pos >= nesc:
-                        err |= ERR_ESCAPE_RANGE
+                        err |= common.ERR_ESCAPE_RANGE
                     else:
                         ex = np.int64(f8[eo + pos])
                         if do_cs:
-                            cs = wrap64(cs + byte_checksum(ex, eo + pos - HDR))
+                            cs = wrap64(cs + common.byte_checksum(ex, eo + pos - HDR))
                         if ex > 31:
                             err |= ERR_ESCAPE_VALUE
                         word = tile * 128 + warp * 32 + q
@@ -291,31 +194,29 @@ def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
         tile = smem[0]
         cuda.syncthreads()  # C: smem and votes are reused by the next tile
     if err != 0:
-        cuda.atomic.or_(ws, WS_ERR, err)
+        cuda.atomic.or_(ws, common.WS_ERR, err)
     if do_cs:
-        cs = warp_sum(cs)
-        if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+        common.flush_checksum(ws, cs, lane)
 
 
 @cuda.jit(device=True)
 def _padding_sum(f8, lay, tid):
     """Checksum terms of the padding bytes between sections (runs shorter than ALIGN)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
+    n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
+    fp32 = lay[LAY_DTYPE] == FP32
+    lo_off = lay[LAY_LO]
     cs = np.int64(0)
-    sm_end = HDR + (((n + 7) & ~np.int64(7)) if lay[11] == FP32 else n)  # FP32: decode.py's tiles
-    starts = (sm_end, lay[4] + 4 * lay[8], lay[9] + 2 * n if lay[11] == FP32 else lay[5])
-    ends = (planes_off, lay[9], lay[5])
+    sm_end = HDR + (((n + 7) & ~np.int64(7)) if fp32 else n)  # FP32: decode.py's tiles
+    starts = (sm_end, counts_off + 4 * n_blocks, lo_off + 2 * n if fp32 else eo)
+    ends = (planes_off, lo_off, eo)
     for r in range(3):
         i = starts[r] + tid
         if i < ends[r]:
-            cs = wrap64(cs + byte_checksum(np.int64(f8[i]), i - HDR))
-    for k in range(lay[10]):
-        i = planes_off + k * stride + 4 * lay[7] + tid
+            cs = wrap64(cs + common.byte_checksum(np.int64(f8[i]), i - HDR))
+    for k in range(lay[LAY_NPLANES]):
+        i = planes_off + k * stride + 4 * pwords + tid
         if i < planes_off + (k + 1) * stride:
-            cs = wrap64(cs + byte_checksum(np.int64(f8[i]), i - HDR))
+            cs = wrap64(cs + common.byte_checksum(np.int64(f8[i]), i - HDR))
     return cs
 
 
@@ -325,11 +226,11 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
     smem = cuda.shared.array(4, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
-    ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay)
+    ok, raw, nesc, has_cs = wide_header_ok(f64, f8.shape[0], lay)
     cs = np.int64(0)
     if ok and raw == 0 and has_cs != 0:
         cs = _padding_sum(f8, lay, tid)
-    cs = warp_sum(cs)
+    cs = common.warp_sum(cs)
     if lane == 0:
         smem[tid >> 5] = cs
     cuda.syncthreads()
@@ -338,28 +239,23 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
         for i in range(lane, 8 * (HDR - 4), 32):  # CRC-32 of header bytes 0..123, bit by bit
             if (f64[i >> 6] >> (i & 63)) & 1:
                 crc ^= crc_tab[i]
-        crc = warp_xor(crc) ^ crc_zero
+        crc = common.warp_xor(crc) ^ crc_zero
         part = np.int64(0)
         if lane < 8:
-            part = atomic_read(ws, WS_CSUM + lane)
-        total = wrap64(warp_sum(part) + smem[0] + smem[1] + smem[2] + smem[3])
+            part = atomic_read(ws, common.WS_CSUM + lane)
+        total = wrap64(common.warp_sum(part) + smem[0] + smem[1] + smem[2] + smem[3])
+        err = np.int64(0)
         if lane == 0:
-            err = atomic_read(ws, WS_ERR)
             if not ok:
-                err |= ERR_HEADER
-            if crc != ((f64[15] >> 32) & LOW32):
-                err |= ERR_HEADER_CRC
+                err |= common.ERR_HEADER
+            if crc != ((f64[15] >> 32) & common.LOW32):
+                err |= common.ERR_HEADER_CRC
             if ok and has_cs != 0 and total != f64[4]:
-                err |= ERR_CHECKSUM
-            if ok and raw == 0 and lay[8] == 0 and nesc != 0:
-                err |= ERR_TOTAL
-            ws[WS_ERR] = 0
-            ws[WS_ERR_LAST] = err
-            ws[WS_ERR_STICKY] = ws[WS_ERR_STICKY] | err
-            ws[WS_TICKET] = 0
-        if lane < 8:
-            ws[WS_CSUM + lane] = 0
-    advance_epoch(ws, tid)
+                err |= common.ERR_CHECKSUM
+            if ok and raw == 0 and lay[LAY_NBLOCKS] == 0 and nesc != 0:
+                err |= common.ERR_TOTAL
+        common.publish_errors(ws, err, lane)
+    common.advance_epoch(ws, tid)
 
 
 def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
@@ -377,59 +273,33 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
 
 _A = launch_route.array
 TILES = launch_route.Kernel(wide_tiles, (_A(np.uint8), _A(np.uint16), _A(np.uint32), _A(np.int64),
-                                         _A(np.uint16), _A(np.int64), launch_route.int_tuple(12)))
+                                         _A(np.uint16), _A(np.int64), launch_route.int_tuple(WIDE_FIELDS)))
 FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int64),
-                                           launch_route.int_tuple(12), launch_route.I64, _A(np.int64)))
+                                           launch_route.int_tuple(WIDE_FIELDS), launch_route.I64,
+                                           _A(np.int64)))
 
 
-class Plan:
-    """The launches of one FP32 / FP16 decode with everything but the stream fixed:
-    ``decode.decode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then ``wide_finish``."""
+class Plan(plans.Plan):
+    """The launches of one FP32 / FP16 decode with everything but the stream fixed (as
+    ``decode.Plan``): ``decode.decode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then
+    ``wide_finish``."""
 
-    __slots__ = ("device", "tiles", "finish", "tiles_grid", "p_tiles", "p_finish", "workspace", "f_slots",
-                 "o_slots")
+    __slots__ = ()
 
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
                  ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
         n = lay.n
         lt = wide_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
-        self.device = device
-        self.tiles = None
-        if lay.n_blocks:
-            if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
-                self.tiles_grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
-                self.tiles = decode.TILES32.function(device)
-                self.p_tiles = launch_route.Params(decode.TILES32, (
-                    frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), (ws_ptr, ws_count), lt))
-                self.f_slots, self.o_slots = _T32_F, _T32_OUT
-            else:
-                self.tiles_grid = grid_size(lay.n_blocks)
-                self.tiles = TILES.function(device)
-                self.p_tiles = launch_route.Params(TILES, (*frame, (out_ptr, n), (ws_ptr, ws_count), lt))
-                self.f_slots, self.o_slots = _F_SLOTS, _OUT_SLOTS
-        self.finish = FINISH.function(device)
-        self.p_finish = launch_route.Params(FINISH, (frame[0], frame[3], (ws_ptr, ws_count), lt, crc_zero,
-                                                     (crc_ptr, crc_count)))
-
-    def retarget(self, f_ptr: int, out_ptr: int) -> None:
-        """Point the plan at other buffers of the same sizes (the frame, the values)."""
-        if self.tiles is not None:
-            for slot in self.f_slots:
-                self.p_tiles.set(slot, f_ptr)
-            for slot in self.o_slots:
-                self.p_tiles.set(slot, out_ptr)
-        for slot in _FIN_F_SLOTS:
-            self.p_finish.set(slot, f_ptr)
-
-    def launch(self, stream: int) -> None:
-        if self.tiles is not None:
-            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
-        launch_route.launch(self.finish, 1, TPB, stream, self.p_finish)
-
-
-_F_SLOTS = tuple(TILES.data_slot(i) for i in range(4))
-_OUT_SLOTS = (TILES.data_slot(4),)
-_T32_F = tuple(decode.TILES32.data_slot(i) for i in range(3))
-_T32_OUT = (decode.TILES32.data_slot(3), decode.TILES32.data_slot(4))
-_FIN_F_SLOTS = (FINISH.data_slot(0), FINISH.data_slot(1))
+        ws = (ws_ptr, ws_count)
+        steps = []
+        if lay.n_blocks and lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
+            grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
+            args = (frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), ws, lt)
+            steps.append(plans.Step(decode.TILES32, device, grid, args, (0, 1, 2), (3, 4)))
+        elif lay.n_blocks:
+            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks), (*frame, (out_ptr, n), ws, lt),
+                                    (0, 1, 2, 3), (4,)))
+        steps.append(plans.Step(FINISH, device, 1, (frame[0], frame[3], ws, lt, crc_zero,
+                                                    (crc_ptr, crc_count)), (0, 1), ()))
+        super().__init__(device, tuple(steps))

@@ -66,47 +66,37 @@ from numba import cuda
 from .. import format as fmt
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from . import launch as launch_route
+from . import plan as plans
 from ._common import (
     BLOCKS_PER_SM,
-    LAY_COUNTS,
-    LAY_ESCAPES,
-    LAY_FIELDS,
-    LAY_N,
-    LAY_NBLOCKS,
-    LAY_PLANES,
-    LAY_PWORDS,
-    LAY_RAW,
-    LAY_SM,
-    LAY_STRIDE,
     LOW32,
-    STATUS_AGG,
-    STATUS_INC,
     TPB,
     WS_CODEBOOK,
     WS_CSUM,
     WS_CSUM_RAW,
     WS_DONE,
-    WS_EPOCH,
     WS_FLEN,
     WS_NESC,
     WS_STATUS,
     WS_TICKET,
     advance_epoch,
+    block_escapes,
     byte_checksum,
     dev,
+    encoder_resolve,
+    escape_bases,
+    escape_rank,
     exclusive_scan8,
-    field8,
+    first_ticket,
+    flush_checksum,
     grid_size,
-    lay_lo,
-    lay_no_lo,
-    layout_fields,
-    lookback,
+    next_escape,
     popc32,
     prmt,
-    publish,
     quad_checksum,
     warp_sum,
     warp_xor,
+    zero_padding,
 )
 from .compat import (
     atomic_read,
@@ -121,41 +111,12 @@ from .compat import (
     u32,
     wrap64,
 )
+from .layout import LAY_FIELDS, WIDE_FIELDS, lay_lo, lay_no_lo, layout_fields, layout_tuple
 
 U64 = np.uint64
 HDR8 = fmt.HEADER_SIZE // 8  # the sign-mantissa plane starts at this int64 word
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input in one tile
 STAGE_WORDS = 2 * TILE_WORDS  # two staging buffers per block (16 KiB of shared memory)
-
-
-def layout_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """The Layout fields the kernels read, as one int tuple (a single kernel argument),
-    field k at index ``_common.LAY_*`` = k."""
-    return (lay.n, lay.sm_offset, lay.planes_offset, lay.plane_stride, lay.counts_offset,
-            lay.escapes_offset, lay.raw_size, lay.plane_words, lay.n_blocks)
-
-
-def wide_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """``layout_tuple`` plus the fields of FP32 and FP16 frames: (..., low halves' offset,
-    number of bit planes, element type); the FP32 tile kernel and the wide kernels read it."""
-    return layout_tuple(lay) + (lay.lo_offset, lay.n_planes, lay.dtype)
-
-
-def finish_tuple(lay: fmt.Layout) -> tuple[int, ...]:
-    """``layout_tuple`` as ``encode_finish`` must see a frame of any type: n in 2-byte units
-    (its RAW copy moves 2n' bytes) and, for FP32, the counts offset moved so that the padding
-    it zeroes after "counts + 4 n_blocks" is the padding after the low halves (the padding
-    after the counts is zeroed by the tile kernel). For BF16 it is ``layout_tuple``."""
-    units = lay.n * fmt.ITEMSIZE[lay.dtype] // 2
-    counts = lay.counts_offset
-    if lay.dtype == fmt.DTYPE_FP32:
-        counts = lay.lo_offset + lay.lo_size - 4 * lay.n_blocks
-    return (units, lay.sm_offset, lay.planes_offset, lay.plane_stride, counts, lay.escapes_offset,
-            lay.raw_size, lay.plane_words, lay.n_blocks)
-
-
-assert (LAY_N, LAY_SM, LAY_PLANES, LAY_STRIDE, LAY_COUNTS, LAY_ESCAPES, LAY_RAW, LAY_PWORDS,
-        LAY_NBLOCKS, LAY_FIELDS) == tuple(range(10)), "layout_tuple's order"
 
 
 @cuda.jit(device=True)
@@ -288,17 +249,13 @@ def _issue(stage, slot, x32, n, t, n_blocks, warp, lane):
     cp_commit()
 
 
-@cuda.jit(device=True)
-def _zero_gaps32(out8, n, planes_off, counts_off, n_blocks, lo_off, tid):
-    """FP32 frame: zero the padding after the sign-mantissa words and after the counts (each
-    run is shorter than ALIGN); ``encode_finish`` zeroes the plane gaps and the padding after
-    the low halves (``finish_tuple``)."""
-    i = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)) + tid
-    if i < planes_off:
-        out8[i] = 0
-    i = counts_off + 4 * n_blocks + tid
-    if i < lo_off:
-        out8[i] = 0
+@dev
+def _word_below(x32, i, n):
+    """x32[i] if i < n, else 0 (the tail tile's loads)."""
+    v = u32(0)
+    if i < n:
+        v = u32(x32[i])
+    return v
 
 
 @cuda.jit(device=True)
@@ -317,23 +274,13 @@ def _load32(x32, u, n, full):
     v4 = v0
     v5 = v0
     v6 = v0
-    v7 = v0
+    v7 = v0  # value e + 7 < n would make the round full
     vm = u32(0)
     if e < n:
         vm = u32((np.int64(1) << (n - e)) - 1)
         v0 = u32(x32[e])
-        if e + 1 < n:
-            v1 = u32(x32[e + 1])
-        if e + 2 < n:
-            v2 = u32(x32[e + 2])
-        if e + 3 < n:
-            v3 = u32(x32[e + 3])
-        if e + 4 < n:
-            v4 = u32(x32[e + 4])
-        if e + 5 < n:
-            v5 = u32(x32[e + 5])
-        if e + 6 < n:
-            v6 = u32(x32[e + 6])
+        v1, v2, v3 = _word_below(x32, e + 1, n), _word_below(x32, e + 2, n), _word_below(x32, e + 3, n)
+        v4, v5, v6 = _word_below(x32, e + 4, n), _word_below(x32, e + 5, n), _word_below(x32, e + 6, n)
     return v0, v1, v2, v3, v4, v5, v6, v7, vm
 
 
@@ -389,11 +336,12 @@ def _tiles_kernel(fp32: bool, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM
             cb64 = ws[WS_CODEBOOK]
         lut[tid] = _lut_entry(tid, cb64)
         lut[tid + TPB] = _lut_entry(tid + TPB, cb64)
-        if tid == 0:
-            smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-            smem[1] = ws[WS_EPOCH]
+        first_ticket(ws, smem, tid)
         if fp32 and cuda.blockIdx.x == 0:
-            _zero_gaps32(out8, n, planes_off, counts_off, n_blocks, lo_off, tid)
+            # the padding after the sign-mantissa words and after the counts; encode_finish
+            # zeroes the plane gaps and the padding after the low halves (finish_tuple)
+            zero_padding(out8, fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)), planes_off, stride, pwords, 0,
+                         counts_off + 4 * n_blocks, lo_off, tid)
         cuda.syncthreads()
         tile = smem[0]
         epoch = smem[1]
@@ -489,52 +437,20 @@ def _tiles_kernel(fp32: bool, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM
             cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
                       | u32(popc32(u32(escm & 0xFF0000)) << 16) | u32(popc32(u32(escm & 0xFF000000)) << 24))
             ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
-            if lane == 0:
-                smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
-            cuda.syncthreads()  # A: warp totals
-            woff = np.int64(0)
-            btot = np.int64(0)
-            for w in range(4):
-                v = smem[2 + w]
-                if w < warp:
-                    woff += v
-                btot += v
+            woff, btot = block_escapes(smem, 2, warp, lane, w0t, w1t, w2t, w3t)  # A
             if warp == 0:
-                if lane == 0:
-                    out32[(counts_off >> 2) + tile] = btot
-                    if do_cs:
-                        cs = wrap64(cs + btot * (2 * (((counts_off - fmt.HEADER_SIZE) >> 2) + tile) + 1))
-                    if tile == 0:
-                        publish(ws, tile, epoch, STATUS_INC, btot)
-                    else:
-                        publish(ws, tile, epoch, STATUS_AGG, btot)
-                prefix = np.int64(0)
-                if tile > 0:
-                    prefix = lookback(ws, tile, epoch, lane)
-                    if lane == 0:
-                        publish(ws, tile, epoch, STATUS_INC, prefix + btot)
-                if lane == 0:
-                    smem[6] = prefix
-                    smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+                cs = encoder_resolve(ws, out32, smem, 6, tile, epoch, lane, btot, counts_off, do_cs, cs)
             cuda.syncthreads()  # B: this tile's prefix, the next tile's ticket
             prefix = smem[6]
             nxt = smem[0]
             if not fp32:
                 _issue(stage, slot ^ 1, x32, n, nxt, n_blocks, warp, lane)  # the next tile's copies
             if escm != 0:
-                # rank of escape bit 8r + s = k_r + (escapes below it in this lane)
-                base = eo + prefix + woff
-                k0 = base + np.int64(field8(ex, 0))
-                k1 = base + np.int64(u32(u32(w0t + field8(ex, 1)) - popc32(u32(escm & 0xFF))))
-                k2 = base + np.int64(u32(u32(w0t + w1t + field8(ex, 2)) - popc32(u32(escm & 0xFFFF))))
-                k3 = base + np.int64(u32(u32(w0t + w1t + w2t + field8(ex, 3))
-                                         - popc32(u32(escm & 0xFFFFFF))))
+                k0, k1, k2, k3 = escape_bases(ex, w0t, w1t, w2t, escm, eo + prefix + woff)
                 e0 = 8 * g
                 m = escm
                 while m != 0:
-                    low = u32(m & u32(u32(~m) + 1))
-                    m = u32(m ^ low)
-                    bb = popc32(u32(low - 1))  # bit 8r + s: value s of round r
+                    m, low, bb = next_escape(m)  # bit 8r + s: value s of round r
                     r = u32(bb >> 3)
                     s = u32(bb & 7)
                     if fp32:  # the upper half, from global memory (still cached)
@@ -544,14 +460,7 @@ def _tiles_kernel(fp32: bool, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM
                         v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
                     else:
                         v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
-                    pos = k0
-                    if r == 1:
-                        pos = k1
-                    elif r == 2:
-                        pos = k2
-                    elif r == 3:
-                        pos = k3
-                    pos += np.int64(popc32(u32(escm & u32(low - 1))))
+                    pos = escape_rank(k0, k1, k2, k3, r, escm, low)
                     if pos < raw_size:  # past it the frame is RAW and encode_finish rewrites it
                         x = u32(u32(v >> 7) & 0xFF)
                         out8[U64(pos)] = x
@@ -562,9 +471,7 @@ def _tiles_kernel(fp32: bool, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM
         if not fp32:
             cp_wait0()
         if do_cs:
-            cs = warp_sum(cs)
-            if lane == 0:
-                cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+            flush_checksum(ws, cs, lane)
 
     return encode_tiles
 
@@ -617,16 +524,8 @@ def encode_finish(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab,
         return  # a coded frame: block 0 alone writes the padding and the header
     else:
         # padding bytes: each region is shorter than ALIGN (128) bytes
-        i = fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)) + tid
-        if i < planes_off:
-            out8[i] = 0
-        for k in range(3):
-            i = planes_off + k * stride + 4 * pwords + tid
-            if i < planes_off + (k + 1) * stride:
-                out8[i] = 0
-        i = counts_off + 4 * n_blocks + tid
-        if i < eo:
-            out8[i] = 0
+        zero_padding(out8, fmt.HEADER_SIZE + ((n + 7) & ~np.int64(7)), planes_off, stride, pwords, 3,
+                     counts_off + 4 * n_blocks, eo, tid)
     if raw != 0:  # every block copied a part: the last one to finish writes the header
         cuda.threadfence()
         cuda.syncthreads()
@@ -738,7 +637,7 @@ TILES = launch_route.Kernel(encode_tiles, (_A(np.uint32), _A(np.uint16), _A(np.u
                                            launch_route.I64, launch_route.I64))
 TILES32 = launch_route.Kernel(encode_tiles32, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
                                                _A(np.int64), _A(np.int64),
-                                               launch_route.int_tuple(LAY_FIELDS + 3), launch_route.I64,
+                                               launch_route.int_tuple(WIDE_FIELDS), launch_route.I64,
                                                launch_route.I64))
 FINISH = launch_route.Kernel(encode_finish, (_A(np.uint32), _A(np.uint16), _A(np.uint8), _A(np.uint32),
                                              _A(np.int64), _A(np.int64), launch_route.int_tuple(LAY_FIELDS),
@@ -747,15 +646,15 @@ FINISH = launch_route.Kernel(encode_finish, (_A(np.uint32), _A(np.uint16), _A(np
                                              launch_route.I64))
 
 
-class Plan:
+class Plan(plans.Plan):
     """The launches of one encode with everything but the stream fixed: the values at
     ``x_ptr`` (n of them), the frame buffer ``out_ptr`` (``out_nbytes``), the workspace,
     the header template, codebook and checksum flag. Built once per buffer set
-    (``codec/gpu.py`` caches it); ``launch(stream)`` is two driver calls.
+    (``codec/gpu.py`` caches it); ``launch(stream)`` is two driver calls, ``retarget(x_ptr,
+    out_ptr)`` points it at other buffers of the same sizes.
     """
 
-    __slots__ = ("device", "tiles", "finish", "tiles_grid", "finish_grid", "p_tiles", "p_finish",
-                 "workspace")
+    __slots__ = ()
 
     def __init__(self, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int,
                  ws_count: int, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int, crc_ptr: int,
@@ -766,34 +665,14 @@ class Plan:
         force_raw = 1 if lay.static_size > lay.raw_size else 0
         bufs = ((x_ptr, (n & ~7) // 2), (x_ptr, n), (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4),
                 (out_ptr, out_nbytes // 8), (ws_ptr, ws_count))
-        self.device = device
-        self.tiles = None
+        steps = []
         tiles = 0
-        if lay.n_blocks and not force_raw:
-            self.tiles = TILES.function(device)
-            self.tiles_grid = grid_size(lay.n_blocks)
-            self.p_tiles = launch_route.Params(TILES, (*bufs, lt, cb64, do_cs))
+        if lay.n_blocks and not force_raw:  # both kernels take (x32, x16, out8, out32, out64, ...)
+            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks), (*bufs, lt, cb64, do_cs),
+                                    (0, 1), (2, 3, 4)))
             tiles = lay.n_blocks
-        self.finish = FINISH.function(device)
-        self.finish_grid = max(1, min(FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
-        self.p_finish = launch_route.Params(FINISH, (*bufs, lt, hdr, crc_base, (crc_ptr, crc_count),
-                                                     force_raw, do_cs, tiles, 1 if cb64 < 0 else 0))
-
-    def retarget(self, x_ptr: int, out_ptr: int) -> None:
-        """Point the plan at other buffers of the same sizes (the values, the frame)."""
-        for p in ((self.p_tiles, self.p_finish) if self.tiles is not None else (self.p_finish,)):
-            for slot in _X_SLOTS:
-                p.set(slot, x_ptr)
-            for slot in _OUT_SLOTS:
-                p.set(slot, out_ptr)
-
-    def launch(self, stream: int) -> None:
-        if self.tiles is not None:
-            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
-        launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)
-
-
-# both kernels take (x32, x16, out8, out32, out64, ...): the same slots in both
-_X_SLOTS = (TILES.data_slot(0), TILES.data_slot(1))
-_OUT_SLOTS = (TILES.data_slot(2), TILES.data_slot(3), TILES.data_slot(4))
-assert _X_SLOTS + _OUT_SLOTS == tuple(FINISH.data_slot(i) for i in range(5))
+        finish_grid = max(1, min(FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
+        steps.append(plans.Step(FINISH, device, finish_grid, (*bufs, lt, hdr, crc_base, (crc_ptr, crc_count),
+                                                              force_raw, do_cs, tiles, 1 if cb64 < 0 else 0),
+                                (0, 1), (2, 3, 4)))
+        super().__init__(device, tuple(steps))

@@ -22,11 +22,11 @@ FP32 frame is the BF16 frame of the upper halves plus the low halves); ``Plan`` 
 2. ``encode.encode_finish``, the BF16 encoder's second kernel: RAW decision (the same
    ``Layout.is_raw`` rule on the escape total of the last tile's inclusive status
    word), RAW copy, header with its CRC, counters and epoch. It is given
-   ``encode.finish_tuple``, in which the value count is counted in 2-byte units (an
+   ``layout.finish_tuple``, in which the value count is counted in 2-byte units (an
    FP32 RAW frame copies 4n bytes; for FP32 that tuple also moves the padding run it
    zeroes to the one after the low halves).
 
-All offsets come from ``zipccl.format.Layout`` (``encode.wide_tuple``).
+All offsets come from ``zipccl.format.Layout`` (``layout.wide_tuple``).
 
 Speed (an H200, ``experiments/bench_dtypes.py gpu``, ``results/dtypes_gpu.jsonl``): FP16
 168 GB/s of input at 256 MiB (decode 135). One value per lane with 64-bit arithmetic
@@ -47,27 +47,32 @@ from . import (
     encode,
 )
 from . import launch as launch_route
+from . import plan as plans
 from ._common import (
     BLOCKS_PER_SM,
-    STATUS_AGG,
-    STATUS_INC,
     TPB,
-    WS_CSUM,
-    WS_EPOCH,
-    WS_TICKET,
+    block_escapes,
     dev,
+    encoder_resolve,
+    first_ticket,
+    flush_checksum,
     grid_size,
-    lookback,
-    publish,
-    warp_sum,
+    pick4,
+    zero_padding,
 )
 from .compat import ballot, popc, wrap64
+from .layout import (
+    FP32,
+    LAY_N,
+    LAY_NPLANES,
+    LAY_PWORDS,
+    WIDE_FIELDS,
+    finish_tuple,
+    layout_fields,
+    wide_tuple,
+)
 
-finish_tuple = encode.finish_tuple
-wide_tuple = encode.wide_tuple
 HDR = fmt.HEADER_SIZE
-FP32 = fmt.DTYPE_FP32
-FP16 = fmt.DTYPE_FP16
 
 
 @dev
@@ -103,8 +108,7 @@ def _load(x16, e, n):
 def _group(v, e, word, lane, lut, out8, out32, lay, plane_at, do_cs, cs):
     """Code lane's value v (element e) of one group of 32 and store its share of the
     group's sections; returns (checksum, the group's escape vote)."""
-    n = lay[0]
-    valid = e < n
+    valid = e < lay[LAY_N]
     ex, byte = value_parts(v)
     code = lut[ex] if valid else 0
     p0 = vote((code & 1) != 0)
@@ -114,15 +118,9 @@ def _group(v, e, word, lane, lut, out8, out32, lay, plane_at, do_cs, cs):
     p3 = vote(valid and ((v >> 8) & 1) != 0)
     p4 = vote(valid and ((v >> 9) & 1) != 0)
     p5 = vote(valid and ((v >> 15) & 1) != 0)
-    if word < lay[7] and lane < lay[10]:
-        w = p0
-        if lane == 1:
-            w = p1
-        elif lane == 2:
-            w = p2
-        elif lane == 3:
-            w = p3
-        elif lane == 4:
+    if word < lay[LAY_PWORDS] and lane < lay[LAY_NPLANES]:
+        w = pick4(lane, p0, p1, p2, p3)  # lane k stores plane k
+        if lane == 4:
             w = p4
         elif lane == 5:
             w = p5
@@ -136,37 +134,21 @@ def _group(v, e, word, lane, lut, out8, out32, lay, plane_at, do_cs, cs):
     return cs, esc
 
 
-@cuda.jit(device=True)
-def _zero_padding(out8, lay, tid):
-    """Zero the padding bytes between sections (each run is shorter than ALIGN)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    pwords = lay[7]
-    i = HDR + n + tid
-    if i < planes_off:
-        out8[i] = 0
-    for k in range(lay[10]):
-        i = planes_off + k * stride + 4 * pwords + tid
-        if i < planes_off + (k + 1) * stride:
-            out8[i] = 0
-    i = counts_off + 4 * lay[8] + tid
-    if i < eo:
-        out8[i] = 0
+@dev
+def store_votes(votes, at, lane, s0, s1, s2, s3):
+    """Lane 0: 4 consecutive groups' escape votes into votes[at..at + 3]; their escapes."""
+    if lane == 0:
+        votes[at] = s0
+        votes[at + 1] = s1
+        votes[at + 2] = s2
+        votes[at + 3] = s3
+    return popc(s0) + popc(s1) + popc(s2) + popc(s3)
 
 
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, BLOCKS_PER_SM)}))
 def wide_tiles(x16, out8, out32, ws, lay, cb64, do_cs):
     """Code tiles taken from the ticket counter until none is left (module docstring)."""
-    n = lay[0]
-    planes_off = lay[2]
-    stride = lay[3]
-    counts_off = lay[4]
-    eo = lay[5]
-    raw_size = lay[6]
-    n_blocks = lay[8]
+    n, planes_off, stride, counts_off, eo, raw_size, pwords, n_blocks = layout_fields(lay)
     lut = cuda.shared.array(256, dtype=np.int32)
     votes = cuda.shared.array(128, dtype=np.int64)  # escape vote of each group of the tile
     smem = cuda.shared.array(8, dtype=np.int64)
@@ -180,11 +162,10 @@ def wide_tiles(x16, out8, out32, ws, lay, cb64, do_cs):
             if ((cb64 >> (8 * i)) & 0xFF) == e:
                 c = i + 1
         lut[e] = c
-    if tid == 0:
-        smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
-        smem[1] = ws[WS_EPOCH]
+    first_ticket(ws, smem, tid)
     if cuda.blockIdx.x == 0:
-        _zero_padding(out8, lay, tid)
+        zero_padding(out8, HDR + n, planes_off, stride, pwords, lay[LAY_NPLANES], counts_off + 4 * n_blocks,
+                     eo, tid)
     cuda.syncthreads()
     tile = smem[0]
     epoch = smem[1]
@@ -204,36 +185,10 @@ def wide_tiles(x16, out8, out32, ws, lay, cb64, do_cs):
             cs, s1 = _group(v1, e0 + 32, w0 + 1, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
             cs, s2 = _group(v2, e0 + 64, w0 + 2, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
             cs, s3 = _group(v3, e0 + 96, w0 + 3, lane, lut, out8, out32, lay, plane_at, do_cs, cs)
-            if lane == 0:
-                votes[warp * 32 + q0] = s0
-                votes[warp * 32 + q0 + 1] = s1
-                votes[warp * 32 + q0 + 2] = s2
-                votes[warp * 32 + q0 + 3] = s3
-            cnt += popc(s0) + popc(s1) + popc(s2) + popc(s3)
-        if lane == 0:
-            smem[2 + warp] = cnt
-        cuda.syncthreads()  # A: warp totals, votes
-        woff = np.int64(0)
-        btot = np.int64(0)
-        for w in range(4):
-            c = smem[2 + w]
-            if w < warp:
-                woff += c
-            btot += c
+            cnt += store_votes(votes, warp * 32 + q0, lane, s0, s1, s2, s3)
+        woff, btot = block_escapes(smem, 2, warp, lane, cnt, 0, 0, 0)  # A: warp totals (and the votes)
         if warp == 0:
-            if lane == 0:
-                out32[(counts_off >> 2) + tile] = btot
-                if do_cs:
-                    cs = wrap64(cs + btot * (2 * (((counts_off - HDR) >> 2) + tile) + 1))
-                publish(ws, tile, epoch, STATUS_INC if tile == 0 else STATUS_AGG, btot)
-            prefix = np.int64(0)
-            if tile > 0:
-                prefix = lookback(ws, tile, epoch, lane)
-                if lane == 0:
-                    publish(ws, tile, epoch, STATUS_INC, prefix + btot)
-            if lane == 0:
-                smem[6] = prefix
-                smem[0] = cuda.atomic.add(ws, WS_TICKET, 1)
+            cs = encoder_resolve(ws, out32, smem, 6, tile, epoch, lane, btot, counts_off, do_cs, cs)
         cuda.syncthreads()  # B: this tile's prefix, the next ticket
         if btot != 0:
             run = smem[6] + woff
@@ -251,9 +206,7 @@ def wide_tiles(x16, out8, out32, ws, lay, cb64, do_cs):
         tile = smem[0]
         cuda.syncthreads()  # C: smem and votes are reused by the next tile
     if do_cs:
-        cs = warp_sum(cs)
-        if lane == 0:
-            cuda.atomic.add(ws, WS_CSUM + (cuda.blockIdx.x & 7), cs)
+        flush_checksum(ws, cs, lane)
 
 
 def finish_blocks(lay: fmt.Layout) -> int:
@@ -292,70 +245,39 @@ def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, c
 # -- the lean route (see launch.py) --
 _A = launch_route.array
 TILES = launch_route.Kernel(wide_tiles, (_A(np.uint16), _A(np.uint8), _A(np.uint32), _A(np.int64),
-                                         launch_route.int_tuple(12), launch_route.I64, launch_route.I64))
+                                         launch_route.int_tuple(WIDE_FIELDS), launch_route.I64,
+                                         launch_route.I64))
 
 
-class Plan:
+class Plan(plans.Plan):
     """The launches of one FP32 / FP16 encode with everything but the stream fixed (as
     ``encode.Plan``): ``encode.encode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then
     ``encode.encode_finish``."""
 
-    __slots__ = ("device", "tiles", "finish", "tiles_grid", "finish_grid", "p_tiles", "p_finish",
-                 "workspace", "x_slots", "o_slots")
+    __slots__ = ()
 
     def __init__(self, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int,
                  ws_count: int, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int, crc_ptr: int,
                  crc_count: int, cb64: int, checksum: bool):
         n = lay.n
-        nbytes = n * fmt.ITEMSIZE[lay.dtype]
+        units = n * fmt.ITEMSIZE[lay.dtype] // 2
         do_cs = 1 if checksum else 0
         raw = force_raw(lay)
-        out8, out32, out64 = (out_ptr, out_nbytes), (out_ptr, out_nbytes // 4), (out_ptr, out_nbytes // 8)
+        out = ((out_ptr, out_nbytes), (out_ptr, out_nbytes // 4), (out_ptr, out_nbytes // 8))
         ws = (ws_ptr, ws_count)
-        self.device = device
-        self.tiles = None
+        steps = []
         tiles = 0
         if lay.n_blocks and not raw:
-            self.tiles_grid = grid_size(lay.n_blocks)
+            grid = grid_size(lay.n_blocks)
             if lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (encode.py)
-                self.tiles = encode.TILES32.function(device)
-                self.p_tiles = launch_route.Params(encode.TILES32, (
-                    (x_ptr, n), (x_ptr, 2 * n), out8, out32, out64, ws, wide_tuple(lay), cb64, do_cs))
-                self.x_slots, self.o_slots = _T32_X, _T32_OUT
+                steps.append(plans.Step(encode.TILES32, device, grid, ((x_ptr, n), (x_ptr, 2 * n), *out, ws,
+                                                                       wide_tuple(lay), cb64, do_cs),
+                                        (0, 1), (2, 3, 4)))
             else:
-                self.tiles = TILES.function(device)
-                self.p_tiles = launch_route.Params(TILES, ((x_ptr, n), out8, out32, ws, wide_tuple(lay), cb64,
-                                                           do_cs))
-                self.x_slots, self.o_slots = _TILE_X, _TILE_OUT
+                steps.append(plans.Step(TILES, device, grid, ((x_ptr, n), *out[:2], ws, wide_tuple(lay), cb64,
+                                                              do_cs), (0,), (1, 2)))
             tiles = lay.n_blocks
-        units = nbytes // 2
-        self.finish = encode.FINISH.function(device)
-        self.finish_grid = finish_blocks(lay)
-        self.p_finish = launch_route.Params(encode.FINISH, (
-            (x_ptr, (units & ~7) // 2), (x_ptr, units), out8, out32, out64, ws, finish_tuple(lay), hdr,
-            crc_base, (crc_ptr, crc_count), raw, do_cs, tiles, 1 if cb64 < 0 else 0))
-
-    def retarget(self, x_ptr: int, out_ptr: int) -> None:
-        """Point the plan at other buffers of the same sizes (the values, the frame)."""
-        if self.tiles is not None:
-            for slot in self.x_slots:
-                self.p_tiles.set(slot, x_ptr)
-            for slot in self.o_slots:
-                self.p_tiles.set(slot, out_ptr)
-        for slot in _FIN_X:
-            self.p_finish.set(slot, x_ptr)
-        for slot in _FIN_OUT:
-            self.p_finish.set(slot, out_ptr)
-
-    def launch(self, stream: int) -> None:
-        if self.tiles is not None:
-            launch_route.launch(self.tiles, self.tiles_grid, TPB, stream, self.p_tiles)
-        launch_route.launch(self.finish, self.finish_grid, TPB, stream, self.p_finish)
-
-
-_TILE_X = (TILES.data_slot(0),)
-_TILE_OUT = (TILES.data_slot(1), TILES.data_slot(2))
-_T32_X = (encode.TILES32.data_slot(0), encode.TILES32.data_slot(1))
-_T32_OUT = (encode.TILES32.data_slot(2), encode.TILES32.data_slot(3), encode.TILES32.data_slot(4))
-_FIN_X = (encode.FINISH.data_slot(0), encode.FINISH.data_slot(1))
-_FIN_OUT = (encode.FINISH.data_slot(2), encode.FINISH.data_slot(3), encode.FINISH.data_slot(4))
+        steps.append(plans.Step(encode.FINISH, device, finish_blocks(lay), (
+            (x_ptr, (units & ~7) // 2), (x_ptr, units), *out, ws, finish_tuple(lay), hdr, crc_base,
+            (crc_ptr, crc_count), raw, do_cs, tiles, 1 if cb64 < 0 else 0), (0, 1), (2, 3, 4)))
+        super().__init__(device, tuple(steps))

@@ -1,0 +1,33 @@
+"""Experimental kernel versions (experiments/kernels/v6_*.py) under Numba's CUDA simulator.
+
+A variant is timed on a GPU only after it decodes every buffer it is timed on bit for bit;
+this module checks the same on small frames without a GPU (every tile has escapes, sizes
+that are not a multiple of a tile, with and without a checksum), re-running itself in a
+subprocess with ``NUMBA_ENABLE_CUDASIM=1`` (``conftest.run_under_simulator``).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+from conftest import SIMULATOR, run_under_simulator, simulator_only
+
+if SIMULATOR:
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
+
+KERNELS = Path(__file__).resolve().parent.parent / "experiments" / "kernels"
+
+
+def test_under_simulator():
+    run_under_simulator(__file__, timeout=600)
+
+
+@simulator_only
+def test_v6a_scanned_prefixes_decode_bit_exact():
+    """v6a (prefixes from a scan of the stored counts) decodes reference frames exactly."""
+    sys.path.insert(0, str(KERNELS))
+    import v6_scan
+
+    assert v6_scan.check_sim([9, 14]) == 0
