@@ -204,14 +204,14 @@ def _ordinals(peers: np.ndarray) -> np.ndarray:
 
 
 class _Block:
-    """One call block: pinned mapped host memory, and its finish counters on the device."""
+    """One call block: pinned mapped host memory, and its counters on the device."""
 
     def __init__(self, owner: Spills, size: int):
         self.size = size
         self.mem, self.u8 = owner._pinned(size)
         self.ptr = int(self.u8.ctypes.data)
         self.words = self.u8[:8 * kern.HEADER_WORDS].view(np.uint64)
-        self.counters, self.counters_ptr = owner._device_words(2)
+        self.counters, self.counters_ptr = owner._device_words(kern.COUNTERS)
 
 
 class _Call:

@@ -32,8 +32,10 @@ addressed by its host pointer, valid on the device under unified addressing):
   word for the host, ``C_HOST_ERR`` holds the progress thread's error bits;
 - the *device word* (device memory): ``DEV_ERR``, the sticky word itself, ORed with
   device-scope atomics (atomics on mapped memory are not promised to be atomic);
-- the block's two *finish counters* (device memory): the last block of a launch to finish
-  raises the flag and resets its counter.
+- the block's *counters* (device memory): the last block of a launch to finish raises the
+  flag and resets its counter; in ``zipccl_spill_in`` the first block to run (a ticket, not
+  ``blockIdx``: blocks need not be dispatched in order) posts the request, so a block that
+  waits never keeps the poster from running.
 
 Host ordering assumptions: the host reads a flag before the data it guards and writes data
 before the flag it raises (true on x86-64; the progress thread is Python, whose loads and
@@ -79,7 +81,8 @@ C_WORDS = 16
 C_ERR, C_HOST_ERR = 0, 1
 DEV_WORDS = 4  # uint32
 DEV_ERR = 0
-CNT_OUT, CNT_IN = 0, 1  # the block's finish counters (uint32, device memory)
+CNT_OUT, CNT_IN, CNT_TICKET = 0, 1, 2  # the block's counters (uint32, device memory)
+COUNTERS = 3
 
 # -- error bits of the sticky word (the decode kernels' bits are the low ones, 1..64) --------
 ERR_SLOT_HEADER = 1 << 16
@@ -388,14 +391,19 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
     __shared__ u32 bits;
-    __shared__ int due, listed;
+    __shared__ int due, listed, poster;
     __shared__ Copy list[LIST_MAX];
     crc_table(table);
     const u64 nr = ld_sys(blk + W_NRECV), op = ld_sys(blk + W_OP), dtype = ld_sys(blk + W_DTYPE);
     u64* rd = (u64*)((u8*)blk + ld_sys(blk + W_RECV_AT));
-    if (threadIdx.x == 0) { bits = 0; due = 0; listed = 0; }
+    if (threadIdx.x == 0) {
+        bits = 0;
+        due = 0;
+        listed = 0;
+        poster = atomicAdd(counters + CNT_TICKET, 1u) == 0;
+    }
     __syncthreads();
-    /* 1. every block alike: check every header; block 0 writes the request */
+    /* 1. every block alike: check every header; the first block to run writes the request */
     for (u64 f = threadIdx.x; f < nr; f += blockDim.x) {
         u64* d = rd + f * DESC_WORDS;
         const Check c = check_slot(d, seq, op, dtype, table);
@@ -406,11 +414,11 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
             if (k < LIST_MAX) list[k] = Copy{(u8*)ld_sys(d + D_REGION) + ld_sys(d + D_SLOT),
                                              (const u8*)blk + ld_sys(d + D_TAIL_AT), c.copy};
         }
-        if (blockIdx.x == 0) st_sys(d + D_TAIL_LEN, c.want);
+        if (poster) st_sys(d + D_TAIL_LEN, c.want);
     }
     __threadfence_system();
     __syncthreads();
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (poster && threadIdx.x == 0) {
         sticky_or(dev, ctrl, bits);
         __threadfence_system();
         st_sys(blk + W_IN_REQUEST, seq);
@@ -439,7 +447,10 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
         }
     }
     /* 4. the block may be reused */
-    if (finish(counters + CNT_IN)) st_sys(blk + W_IN_FREE, seq);
+    if (finish(counters + CNT_IN)) {
+        counters[CNT_TICKET] = 0;
+        st_sys(blk + W_IN_FREE, seq);
+    }
 }
 """
 
@@ -519,7 +530,7 @@ def defines() -> str:
         "SLOT_MAGIC": int.from_bytes(slots.SLOT_MAGIC, "little"), "SLOT_VERSION": slots.SLOT_VERSION,
         "FRAME_LEN_AT": fmt.FRAME_LEN_AT, "N_ESCAPES_AT": fmt.N_ESCAPES_AT,
         "DESC_WORDS": DESC_WORDS, "C_ERR": C_ERR, "C_HOST_ERR": C_HOST_ERR, "DEV_ERR": DEV_ERR,
-        "CNT_OUT": CNT_OUT, "CNT_IN": CNT_IN,
+        "CNT_OUT": CNT_OUT, "CNT_IN": CNT_IN, "CNT_TICKET": CNT_TICKET,
     }
     names.update({f"SO_{k.upper()}": v for k, v in slots.SLOT_OFFSET.items()})
     g = globals()
