@@ -4,8 +4,9 @@ With ``NUMBA_ENABLE_CUDASIM=1`` the GPU codec's kernels run in Numba's simulator
 on host memory (or ``fake_gpu_codec`` stands in for them, on the CPU codec); this
 module lets the rest of the device path run there too:
 ``DeviceEngine`` (workspaces, pinned length slots, streams, events, the reduction
-kernel), the pipelined exchange's stream and event hooks and the host-staged MPI
-transport. ``install()`` puts it in ``sys.modules["cupy"]``.
+kernel), the pipelined exchange's stream and event hooks, the host-staged MPI
+transport and the spill kernels (``RawModule``: their NumPy twins, run at once).
+``install()`` puts it in ``sys.modules["cupy"]``.
 
 It is *not* CuPy: one "device" (host memory), every operation runs at once, streams
 and events only check that they are used as CuPy's are (an event waited on or
@@ -218,6 +219,36 @@ class ElementwiseKernel:
         res = np.zeros(k, dtype=self.dtype)
         reduce_sum(rows, res)
         np.asarray(out).view(self.dtype)[...] = res
+
+
+class RawModule:
+    """zipccl's CUDA C kernels (``kernels.spill``): each kernel runs its NumPy twin at once,
+    on the addresses it is launched with (host memory here)."""
+
+    def __init__(self, code: str = "", options=(), **kwargs):
+        from zipccl.kernels import spill
+
+        if not all(name in code for name in spill.HOST_TWINS):
+            raise NotImplementedError("fake_cupy.RawModule knows only zipccl's spill kernels")
+        self._twins = spill.HOST_TWINS
+
+    def get_function(self, name: str):
+        if name not in self._twins:
+            raise NotImplementedError(f"fake_cupy.RawModule has no kernel {name}")
+        return _RawKernel(self._twins[name])
+
+
+class _RawKernel:
+    def __init__(self, twin):
+        self.twin = twin
+
+    def __call__(self, grid, block, args, stream=None, shared_mem: int = 0) -> None:
+        _check_stream(stream)
+        if not (isinstance(grid, tuple) and isinstance(block, tuple)):
+            raise TypeError("RawKernel grid and block are tuples")
+        if not all(isinstance(a, np.uint64) for a in args):
+            raise TypeError(f"zipccl passes kernel arguments as numpy.uint64, got {args!r}")
+        self.twin(*(int(a) for a in args))
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:

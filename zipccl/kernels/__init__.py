@@ -3,6 +3,8 @@
 ``encode`` and ``decode`` hold the codec kernels and their launchers, ``stats`` the
 sigma estimate and exponent histogram, ``_common`` the look-back scan and header
 CRC they share, ``runtime`` the Numba-side host glue, ``compat`` the fixes that
-must precede any compilation. ``zipccl.codec.gpu`` is the public entry; nothing is
-imported here, so ``import zipccl`` never loads numba.cuda.
+must precede any compilation. ``spill`` holds the collectives' spill kernels, in CUDA C
+compiled by CuPy (they spin on host memory, which Numba cannot express), beside their
+NumPy twins. ``zipccl.codec.gpu`` is the public entry; nothing is imported here, so
+``import zipccl`` never loads numba.cuda.
 """

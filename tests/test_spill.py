@@ -1,0 +1,291 @@
+"""Spills (``zipccl.comm.spill``): tails beside the collective, through the progress thread.
+
+Under mpiexec (2 and 4 ranks, ``MPIChannel``) and on 2 gloo ranks (``TorchChannel``),
+``tests/mpi/spill_ranks.py`` runs a soak of random spill patterns (on one rank, on all,
+toward one peer, on every call, on random calls; tails and slot headers checked byte for
+byte; the call blocks held stay bounded) and the error word's paths, on host memory and on
+the stand-in CuPy (whose ``RawModule`` runs the kernels' NumPy twins). A hang fails on the
+timeout. In-process, two ranks as two threads over an in-memory channel check failures,
+``close()`` and the argument checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from test_comm_mpi import ROOT, clean_env, mpiexec
+
+from zipccl.comm import spill
+from zipccl.kernels import spill as kern
+
+sys.path.insert(0, str(ROOT / "tests" / "mpi"))
+import spill_ranks  # noqa: E402
+
+RANKS_TIMEOUT_S = 180
+
+
+def _results(out_dir, ranks: int, out: str) -> list[dict]:
+    missing = [r for r in range(ranks) if not (out_dir / f"rank{r}.json").exists()]
+    assert not missing, f"ranks {missing} wrote no result:\n{out[-4000:]}"
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _check(found: list[dict], calls: int) -> None:
+    for r in found:
+        assert r["ok"] and not r["problems"], f"rank {r['rank']}: {r['problems']}"
+        assert r["calls"] == calls and r["spilled_calls"] > calls // 3
+
+
+def _env(out_dir) -> dict:
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "mpi"), env["PYTHONPATH"]])
+    env["SPILL_OUT"] = str(out_dir)
+    return env
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,ranks,calls", [("host", 2, 2000), ("host", 4, 300),
+                                              ("fake", 2, 600), ("fake", 4, 150)])
+def test_soak_under_mpiexec(mode, ranks, calls, tmp_path):
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(ROOT / "tests" / "mpi" / "spill_ranks.py"),
+           mode, str(calls)]
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                           timeout=RANKS_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{ranks} ranks did not finish in {RANKS_TIMEOUT_S} s (a hang?): {e.stdout!r:.4000}")
+    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
+    _check(_results(tmp_path, ranks, r.stdout), calls)
+
+
+@pytest.mark.parametrize("mode,calls", [("host", 600), ("fake", 100)])
+def test_soak_over_gloo(mode, calls, tmp_path):
+    pytest.importorskip("torch")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(_env(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore::FutureWarning")
+    script = str(ROOT / "tests" / "mpi" / "spill_ranks.py")
+    procs = [subprocess.Popen([sys.executable, script, mode, str(calls), "--torch", str(r), "2"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(2)]
+    outs = []
+    try:
+        for pr in procs:
+            outs.append(pr.communicate(timeout=RANKS_TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gloo ranks did not finish in {RANKS_TIMEOUT_S} s (a hang?)")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+    assert all(pr.returncode == 0 for pr in procs), "\n".join(o[-4000:] for o in outs)
+    _check(_results(tmp_path, 2, "\n".join(outs)), calls)
+
+
+# -- in-process: two ranks as threads ----------------------------------------------------------
+
+class _Net:
+    """Messages between in-process ranks: one FIFO per (source, destination, tag)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.boxes: dict = {}
+
+    def box(self, key) -> queue.Queue:
+        with self.lock:
+            return self.boxes.setdefault(key, queue.Queue())
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+    def test(self) -> bool:
+        return True
+
+
+class LocalChannel:
+    def __init__(self, net: _Net, rank: int, size: int, fail_recv_at: int | None = None):
+        self.net, self.rank, self.size = net, rank, size
+        self.fail_recv_at, self.recvs, self.closed = fail_recv_at, 0, False
+
+    def isend(self, data, peer, tag):
+        self.net.box((self.rank, peer, tag)).put(np.array(data))
+        return _Done()
+
+    def recv(self, out, peer, tag):
+        self.recvs += 1
+        if self.recvs == self.fail_recv_at:
+            raise ConnectionError("the host channel broke")
+        msg = self.net.box((peer, self.rank, tag)).get(timeout=30)
+        assert msg.size == out.size
+        out[:] = msg
+
+    def close(self):
+        self.closed = True
+
+
+def _transfer(net: _Net, me: int):
+    def move(moves, lands):
+        for j, buf in moves:
+            net.box((me, j, "slots")).put(np.array(buf))
+        for i, buf in lands:
+            buf[:] = net.box((i, me, "slots")).get(timeout=30)
+    return move
+
+
+def _two_ranks(body, channels):
+    """Run ``body(rank, spills)`` on two threads; re-raise the first failure."""
+    errors = []
+
+    def run(rank):
+        try:
+            body(rank, spill.Spills(channels[rank], device=False))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+
+
+def test_two_ranks_in_one_process():
+    """The soak's calls between two threads: every tail and header lands; close() joins."""
+    net = _Net()
+    mem = spill_ranks.Memory("host")
+    out = {}
+
+    def body(rank, sp):
+        out[rank] = spill_ranks.soak(sp, rank, 2, 120, mem, _transfer(net, rank))
+        thread = sp._thread
+        sp.close()
+        out[rank]["alive"] = thread.is_alive()
+        out[rank]["closed"] = sp.channel.closed
+
+    _two_ranks(body, [LocalChannel(net, r, 2) for r in range(2)])
+    for r in range(2):
+        assert out[r]["problems"] == [] and out[r]["spilled_calls"] > 40
+        assert not out[r]["alive"] and out[r]["closed"]
+
+
+def test_progress_thread_failure_is_raised_and_frees_the_kernels():
+    """Rank 0's channel fails while it waits for a tail: its launch_in returns (the thread
+    raised the flag on its way out), the host error bit is set, the next call raises."""
+    net = _Net()
+    mem = spill_ranks.Memory("host")
+    seen = {}
+
+    def body(rank, sp):
+        p = spill_ranks.plan(3, 1, 2, "every")
+        for (i, _), fs in p["frames"].items():
+            for f in fs:  # only rank 1 spills, toward rank 0
+                if i == 0 or f["frame_len"] <= f["slot"] - 128:
+                    f["spill"], f["frame_len"] = False, min(f["frame_len"], f["slot"] - 128)
+        assert any(f["spill"] for f in p["frames"][1, 0])
+        spill_ranks.run_call(sp, rank, 2, 1, p, mem, _transfer(net, rank))
+        if rank == 0:
+            sp._thread.join(10)
+            seen["host_bits"] = int(sp._ctrl[kern.C_HOST_ERR])
+            with pytest.raises(RuntimeError, match="progress thread failed") as e:
+                sp.error()
+            seen["cause"] = e.value.__cause__
+            with pytest.raises(RuntimeError):
+                sp.begin(2, "all_gather", "bfloat16", [], [])
+        else:
+            sp.close()
+
+    _two_ranks(body, [LocalChannel(net, 0, 2, fail_recv_at=1), LocalChannel(net, 1, 2)])
+    assert seen["host_bits"] == kern.ERR_PROGRESS
+    assert isinstance(seen["cause"], ConnectionError)
+
+
+def test_close_times_out_when_a_calls_kernels_never_run():
+    sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
+    sp.begin(1, "all_gather", "bfloat16", [], [])
+    with pytest.raises(TimeoutError, match=r"calls \[1\]"):
+        sp.close(timeout=0.2)
+
+
+def test_close_without_calls_and_twice():
+    ch = LocalChannel(_Net(), 0, 2)
+    sp = spill.Spills(ch, device=False)
+    sp.close()
+    sp.close()
+    assert ch.closed and sp.closed
+    with pytest.raises(RuntimeError, match="after close"):
+        sp.begin(1, "all_gather", "bfloat16", [], [])
+
+
+def test_arguments_are_checked():
+    sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
+    buf = np.zeros(8192, np.uint8)
+    ptr = int(buf.ctypes.data) + (-int(buf.ctypes.data) % 128)
+    good = (1, ptr, 1024, 2048, 1000)
+    for bad, match in [((0, ptr, 1024, 2048, 1000), "peers"), ((2, ptr, 1024, 2048, 1000), "peers"),
+                       ((1, ptr + 8, 1024, 2048, 1000), "aligned"), ((1, ptr, 4096, 2048, 1000), "slot"),
+                       ((1, ptr, 64, 2048, 1000), "slot"), ((1, ptr, 1024, 2048, 0), "n > 0")]:
+        with pytest.raises(ValueError, match=match):
+            sp.begin(1, "all_gather", "bfloat16", [bad], [])
+    with pytest.raises(ValueError, match="frames are|peer"):
+        sp.begin(1, "all_gather", "bfloat16", [(1, ptr, 1024)], [])
+    with pytest.raises(ValueError, match="unknown collective"):
+        sp.begin(1, "broadcast", "bfloat16", [good], [])
+    with pytest.raises(TypeError):
+        sp.begin(1, "all_gather", "int8", [good], [])
+    with pytest.raises(ValueError, match="not begun"):
+        sp.launch_out(1)
+    sp.begin(5, "all_gather", "bfloat16", [], [])
+    with pytest.raises(ValueError, match="increase"):
+        sp.begin(5, "all_gather", "bfloat16", [], [])
+    with pytest.raises(RuntimeError, match="before launch_out"):
+        sp.launch_in(5)
+    sp.launch_out(5)
+    with pytest.raises(RuntimeError, match="twice"):
+        sp.launch_out(5)
+    sp.launch_in(5)
+    sp.close()
+
+
+def test_mpi_channel_needs_thread_multiple(monkeypatch):
+    MPI = pytest.importorskip("mpi4py.MPI")  # noqa: N806
+    monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
+    with pytest.raises(RuntimeError, match="MPI_THREAD_MULTIPLE"):
+        spill.MPIChannel(MPI.COMM_SELF)
+
+
+def test_error_bits_do_not_meet_the_decode_bits():
+    from zipccl.kernels import _common, decode_wide
+
+    decode = [v for k, v in vars(_common).items() if k.startswith("ERR_")] + [decode_wide.ERR_ESCAPE_VALUE]
+    assert max(decode) < 1 << 16 <= min(kern.ERROR_TEXT)
+    assert len(set(kern.ERROR_TEXT)) == len(kern.ERROR_TEXT)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cuda_source_compiles(tmp_path):
+    """The kernels' CUDA C compiles (to PTX for sm_90, as NVRTC would on an H200)."""
+    src = tmp_path / "spill.cu"
+    src.write_text(kern.source())
+    r = subprocess.run(["nvcc", "-arch=sm_90", "--std=c++14", "-ptx", "-o", str(tmp_path / "spill.ptx"),
+                        str(src)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ptx = (tmp_path / "spill.ptx").read_text()
+    for name in kern.HOST_TWINS:
+        assert f".entry {name}(" in ptx
+    assert "nanosleep" in ptx and "membar.sys" in ptx and "ld.global.cv" in ptx

@@ -1,0 +1,565 @@
+"""Spills: the tails of frames longer than their slots, moved beside the collective.
+
+A compressed collective moves every frame as a fixed-size slot (``comm.slots``); a frame that
+does not fit (escapes beyond the capacity, or a RAW frame) *spills* the rest of its bytes,
+its tail. ``Spills`` moves tails without ever making the caller's thread wait for the device
+or for a peer (NCCL's contract):
+
+- ``begin`` (host, at call time) writes the call's frame descriptors into a *call block* of
+  pinned, device-mapped host memory, sized for the worst case (every tail as long as its
+  region allows) and reused once the call has finished, and queues the call for the
+  progress thread.
+- ``launch_out`` (after the encodes, before the transfer) enqueues a kernel that writes the
+  slot headers and copies the tails into the block, then raises a flag in it.
+- ``launch_in`` (after the transfer, before the decodes) enqueues a kernel that checks the
+  received slot headers, posts which peers send a tail and how long, and only if one does,
+  waits for a flag the progress thread raises, then copies the tails into the regions.
+- One *progress thread* per ``Spills`` handles calls strictly in call order: it waits (by
+  reading mapped memory, with a sleep backoff) for a call's tails to be out, sends them over
+  the host channel, waits for the call's request, receives the tails it names into the
+  block and raises the flag. It never calls CUDA or NCCL.
+
+The deadlock rule holds: a stream waits only on the CPU (the flag), and the CPU waits only
+on device work enqueued before (this call's spill-out and transfer, the peers' likewise).
+The sender's tails are written by a kernel enqueued at call time, never by a copy the
+progress thread would submit later.
+
+Errors never make the host wait: received slot headers that are not one, or that disagree
+with the call, and the decode workspaces' bits (``record_error``) are ORed into a sticky
+error word in mapped memory; ``error()`` reads it, and every slot header this rank sends
+afterwards carries it to the peers. An exception in the progress thread is kept and raised
+by the next call of any method.
+
+With ``device=False`` (host arrays) the same steps run on host memory at once, in the
+caller's thread (``kernels.spill``'s NumPy twins); ``launch_in`` then returns when the tails
+are in. The same happens with a stand-in CuPy that runs kernels at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .. import format as fmt
+from ..kernels import spill as kern
+from . import slots
+
+FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
+TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
+TAG_FRAMES = 16  # and over the frames of one call toward one peer
+_ALIGN = 128
+
+
+class Handle(Protocol):
+    def wait(self) -> None: ...
+
+    def test(self) -> bool: ...
+
+
+class HostChannel(Protocol):
+    """Point-to-point byte messages between the ranks of one communicator, for one thread."""
+
+    rank: int
+    size: int
+
+    def isend(self, data: np.ndarray, peer: int, tag: int) -> Handle: ...
+
+    def recv(self, out: np.ndarray, peer: int, tag: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Handle:
+    """A send in flight: its channel's wait and test, and the buffer it must keep alive."""
+
+    def __init__(self, wait, test, buffer):
+        self._wait, self._test, self.buffer = wait, test, buffer
+
+    def wait(self) -> None:
+        self._wait()
+
+    def test(self) -> bool:
+        return bool(self._test())
+
+
+class MPIChannel:
+    """A host channel over a duplicate of an mpi4py communicator (a collective call).
+
+    The progress thread uses it while the caller's thread runs MPI too, so MPI must have
+    been initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py's default).
+    """
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise RuntimeError(
+                "zipccl's spill thread needs MPI initialised with MPI_THREAD_MULTIPLE; MPI "
+                f"provides level {MPI.Query_thread()} (mpi4py requests MULTIPLE unless "
+                "mpi4py.rc.thread_level was changed before importing mpi4py.MPI)")
+        self._mpi = MPI
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
+        req = self.comm.Isend(data, dest=peer, tag=tag)
+        return _Handle(req.Wait, req.Test, data)
+
+    def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
+        status = self._mpi.Status()
+        self.comm.Recv(out, source=peer, tag=tag, status=status)
+        got = status.Get_count(self._mpi.BYTE)
+        if got != out.size:
+            raise RuntimeError(f"spill from rank {peer} (tag {tag}): {got} bytes, expected {out.size}")
+
+    def close(self) -> None:
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+
+class TorchChannel:
+    """A host channel over a gloo group of the ranks of ``group`` (default: the world).
+
+    Constructing it creates that group with ``torch.distributed.new_group``, which every
+    process of the job must call in the same order (torch's rule, also for processes outside
+    ``group``; a group-local creation would name every group over the same ranks alike, so
+    a second channel would meet the first one's rendezvous keys). Ranks and peers are ranks
+    in ``group``.
+    """
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self._dist = dist
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        self.group = dist.new_group(ranks, backend="gloo")
+        self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        if self.rank != dist.get_rank(group):
+            raise RuntimeError(f"the gloo group numbers this rank {self.rank}, the caller's group "
+                               f"{dist.get_rank(group)}")
+
+    def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
+        import torch
+
+        t = torch.from_numpy(data)
+        work = self._dist.isend(t, group=self.group, group_dst=peer, tag=tag)
+        return _Handle(work.wait, work.is_completed, t)
+
+    def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
+        import torch
+
+        self._dist.recv(torch.from_numpy(out), group=self.group, group_src=peer, tag=tag)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self._dist.destroy_process_group(self.group)
+            self.group = None
+
+
+def describe(bits: int) -> str:
+    """The sticky error word in words (its low bits are the decode kernels', named by
+    ``codec.gpu.Workspace.describe``).
+
+    >>> describe(kern.ERR_SLOT_CALL | 4)
+    'a peer made another call (operation, element type or element count differ); decode error bits 0x4'
+    """
+    words = [text for bit, text in kern.ERROR_TEXT.items() if bits & bit]
+    low = bits & 0xFFFF
+    if low:
+        words.append(f"decode error bits {low:#x}")
+    return "; ".join(words) or "no error"
+
+
+def _op_code(op) -> int:
+    if isinstance(op, str):
+        if op not in slots.OP_CODES:
+            raise ValueError(f"unknown collective {op!r}; one of {sorted(slots.OP_CODES)}")
+        return slots.OP_CODES[op]
+    if int(op) not in slots.OP_CODES.values():
+        raise ValueError(f"unknown collective op code {op}")
+    return int(op)
+
+
+def _ordinals(peers: np.ndarray) -> np.ndarray:
+    """For each frame, how many frames before it in the list go to the same peer.
+
+    >>> _ordinals(np.array([2, 1, 2, 2, 1])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    k = np.zeros(peers.size, np.int64)
+    if peers.size:
+        order = np.argsort(peers, kind="stable")
+        sp = peers[order]
+        start = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]])
+        lengths = np.diff(np.r_[start, sp.size])
+        k[order] = np.arange(sp.size) - np.repeat(start, lengths)
+    return k
+
+
+class _Block:
+    """One call block: pinned mapped host memory, and its counters on the device."""
+
+    def __init__(self, owner: Spills, size: int):
+        self.size = size
+        self.mem, self.u8 = owner._pinned(size)
+        self.ptr = int(self.u8.ctypes.data)
+        self.words = self.u8[:8 * kern.HEADER_WORDS].view(np.uint64)
+        self.counters, self.counters_ptr = owner._device_words(kern.COUNTERS)
+
+
+class _Call:
+    __slots__ = ("seq", "block", "send", "recv", "grid_out", "grid_in", "out_launched",
+                 "in_launched", "sends", "done")
+
+    def __init__(self, seq, block, send, recv, grid_out, grid_in):
+        self.seq, self.block, self.send, self.recv = seq, block, send, recv
+        self.grid_out, self.grid_in = grid_out, grid_in
+        self.out_launched = self.in_launched = self.done = False
+        self.sends: list = []
+
+
+class Spills:
+    """The spill machinery of one communicator: call blocks, the sticky error word, the
+    progress thread and the host channel (``MPIChannel`` or ``TorchChannel``).
+
+    ``device``: the regions are device memory (of the device current at construction) and
+    the steps are kernels on the given streams (CuPy); otherwise they are host memory and
+    the steps run at once. ``entries``: call blocks kept for reuse; with a device more are
+    made while more calls are in flight, on the host ``begin`` waits instead.
+
+    Per call, in this order: ``begin``, ``launch_out``, the transfer, ``launch_in``; the
+    decodes then read the regions. Sequence numbers increase from call to call, alike on
+    every rank. ``close()`` ends the thread once every begun call is handled.
+    """
+
+    def __init__(self, channel: HostChannel, *, device: bool, entries: int = 16):
+        if entries < 1:
+            raise ValueError(f"entries must be >= 1, got {entries}")
+        self.channel = channel
+        self.device = bool(device)
+        self.entries = int(entries)
+        self.rank, self.size = int(channel.rank), int(channel.size)
+        self._cp = None
+        if self.device:
+            import cupy
+
+            self._cp = cupy
+        self._ctrl_mem, ctrl = self._pinned(8 * kern.C_WORDS)
+        self._ctrl = ctrl.view(np.uint64)
+        self._ctrl[:] = 0
+        self._ctrl_ptr = int(ctrl.ctypes.data)
+        self._dev, self._dev_ptr = self._device_words(kern.DEV_WORDS)
+        self._free: list[_Block] = []
+        self._inflight: deque[_Call] = deque()  # begun, not yet retired, in call order
+        self._calls: dict[int, _Call] = {}  # begun, kernels not all launched
+        self._size_class = 0
+        self._allocations = 0
+        self._last_seq = 0
+        self._sticky = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._sending: list[_Call] = []  # progress thread only: handled, sends in flight
+        self._last_handled = 0  # progress thread only
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    # -- memory ------------------------------------------------------------------------------
+    def _pinned(self, nbytes: int):
+        """(owner, uint8 view) of ``nbytes`` of pinned mapped host memory, 128-byte aligned."""
+        if self.device:
+            mem = self._cp.cuda.alloc_pinned_memory(nbytes + _ALIGN)
+            raw = np.frombuffer(mem, dtype=np.uint8, count=nbytes + _ALIGN)
+        else:
+            mem = raw = np.zeros(nbytes + _ALIGN, np.uint8)
+        off = -int(raw.ctypes.data) % _ALIGN
+        return mem, raw[off:off + nbytes]
+
+    def _device_words(self, count: int):
+        """(array, address) of ``count`` zeroed uint32 words in device memory."""
+        if self.device:
+            a = self._cp.zeros(count, dtype=self._cp.uint32)
+            return a, int(a.data.ptr)
+        a = np.zeros(count, np.uint32)
+        return a, int(a.ctypes.data)
+
+    def _take(self, need: int) -> _Block:
+        """A free call block of at least ``need`` bytes; blocks share one grow-only size."""
+        size = max(self._size_class, 1 << max(12, (need - 1).bit_length()))
+        self._size_class = size
+        for i in range(len(self._free) - 1, -1, -1):
+            if self._free[i].size >= need:
+                return self._free.pop(i)
+        self._allocations += 1
+        return _Block(self, size)
+
+    def _retire(self) -> None:
+        """Recycle the blocks of finished calls, oldest first (reads mapped memory, no wait).
+        On the host (``device=False``, where every call blocks anyway) it also waits while
+        ``entries`` calls are in flight, so that a progress thread lagging behind the
+        caller cannot make the pool grow; with a device it never waits: more blocks are made."""
+        delay = 1e-5
+        while self._inflight:
+            call = self._inflight[0]
+            if not (call.done and int(call.block.words[kern.W_IN_FREE]) == call.seq):
+                if self.device or len(self._inflight) < self.entries or not call.in_launched:
+                    return
+                self._check()
+                time.sleep(delay)
+                delay = min(2 * delay, 1e-3)
+                continue
+            self._inflight.popleft()
+            if call.block.size >= self._size_class and len(self._free) < self.entries:
+                self._free.append(call.block)
+
+    def stats(self) -> dict:
+        """Call blocks held (free and in flight), their pinned bytes, allocations so far."""
+        blocks = self._free + [c.block for c in self._inflight]
+        return {"blocks": len(blocks), "pinned_bytes": sum(b.size for b in blocks),
+                "allocations": self._allocations, "in_flight": len(self._inflight)}
+
+    # -- the API ---------------------------------------------------------------------------
+    def begin(self, seq: int, op, dtype, sends: Sequence, recvs: Sequence) -> None:
+        """Prepare call ``seq``: ``op`` (a name or code of ``slots.OP_CODES``), element type
+        ``dtype``, and every frame this rank sends / receives as ``(peer, region_ptr,
+        slot_bytes, region_bytes, n)``. A region holds the slot header, then the frame;
+        ``region_ptr`` is its (16-byte aligned) address. Frames toward one peer are listed
+        in the same order on the sender as on the receiver. Never waits.
+        """
+        self._check()
+        if self._closed:
+            raise RuntimeError("Spills.begin after close()")
+        seq = int(seq)
+        if seq <= self._last_seq:
+            raise ValueError(f"call sequence numbers increase: {seq} after {self._last_seq}")
+        op, code = _op_code(op), fmt.dtype_code(dtype)
+        s, r = self._frames(sends, "sends"), self._frames(recvs, "recvs")
+        self._retire()
+        ns, nr = len(s), len(r)
+        caps = np.concatenate([s[:, 3] - s[:, 2], r[:, 3] - r[:, 2]])
+        recv_at = 8 * kern.HEADER_WORDS + 8 * kern.DESC_WORDS * ns
+        tails_at = fmt.align(recv_at + 8 * kern.DESC_WORDS * nr)
+        spans = (caps + _ALIGN - 1) // _ALIGN * _ALIGN
+        tail_at = tails_at + np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+        block = self._take(int(tails_at + spans.sum()))
+
+        w = block.words
+        w[:] = 0
+        w[kern.W_SEQ], w[kern.W_OP], w[kern.W_DTYPE] = seq, op, code
+        w[kern.W_NSEND], w[kern.W_NRECV] = ns, nr
+        w[kern.W_SEND_AT], w[kern.W_RECV_AT] = 8 * kern.HEADER_WORDS, recv_at
+        descs = block.u8[8 * kern.HEADER_WORDS:tails_at].view(np.uint64)
+        descs = descs[:kern.DESC_WORDS * (ns + nr)].reshape(ns + nr, kern.DESC_WORDS)
+        descs[:] = 0
+        both = np.concatenate([s, r])
+        descs[:, kern.D_REGION] = both[:, 1]
+        descs[:, kern.D_SLOT] = both[:, 2]
+        descs[:, kern.D_REGION_BYTES] = both[:, 3]
+        descs[:, kern.D_PEER] = both[:, 0]
+        descs[:, kern.D_N] = both[:, 4]
+        descs[:, kern.D_TAIL_AT] = tail_at
+        descs[:, kern.D_TAIL_CAP] = caps
+        descs[:, kern.D_TAG] = (seq % TAG_CALLS) * TAG_FRAMES + np.concatenate(
+            [_ordinals(s[:, 0]), _ordinals(r[:, 0])]) % TAG_FRAMES
+        call = _Call(seq, block, descs[:ns], descs[ns:], kern.blocks_for(int(caps[:ns].sum())),
+                     kern.blocks_for(int(caps[ns:].sum())))
+        self._last_seq = seq
+        self._calls[seq] = call
+        self._inflight.append(call)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._progress, daemon=True,
+                                            name=f"zipccl-spills-rank{self.rank}")
+            self._thread.start()
+        self._queue.put(call)
+        if self._failure is not None:  # failed meanwhile: nothing will raise this call's flag
+            self._release()
+            self._check()
+
+    def _frames(self, frames: Sequence, what: str) -> np.ndarray:
+        try:
+            a = np.asarray(frames, dtype=np.int64).reshape(len(frames), -1) if len(frames) else \
+                np.zeros((0, len(FRAME_FIELDS)), np.int64)
+        except ValueError:
+            a = np.zeros((0, 0), np.int64)
+        if a.shape[1:] != (len(FRAME_FIELDS),):
+            raise ValueError(f"Spills.begin {what}: frames are {FRAME_FIELDS} tuples of integers")
+        peer, region, slot, rbytes, n = a.T
+        bad = []
+        if np.any((peer < 0) | (peer >= self.size) | (peer == self.rank)):
+            bad.append(f"peers must be other ranks of 0..{self.size - 1} (this is rank {self.rank})")
+        if np.any((region <= 0) | (region % 16 != 0)):
+            bad.append("region addresses must be non-zero and 16-byte aligned")
+        if np.any((slot < slots.SLOT_HEADER) | (slot % 16 != 0) | (rbytes < slot)):
+            bad.append(f"slot_bytes must be >= {slots.SLOT_HEADER}, a multiple of 16 and "
+                       "<= region_bytes")
+        if np.any(n <= 0):
+            bad.append("every frame holds n > 0 values")
+        if bad:
+            raise ValueError(f"Spills.begin {what} {FRAME_FIELDS}: " + "; ".join(bad))
+        return a
+
+    def _call(self, seq: int) -> _Call:
+        self._check()
+        call = self._calls.get(int(seq))
+        if call is None:
+            raise ValueError(f"call {seq} was not begun (or its kernels were all launched)")
+        return call
+
+    def _launch(self, name: str, grid: int, args: tuple, stream) -> None:
+        if self.device:
+            from .transport import cupy_stream
+
+            kern.launch(self._cp, name, grid, args, cupy_stream(stream))
+        else:
+            kern.HOST_TWINS[name](*args)
+
+    def launch_out(self, seq: int, stream=None) -> None:
+        """Enqueue on ``stream`` (after the encodes of call ``seq``, before its transfer): the
+        slot headers before the send frames, the tails out, the flag. Never waits."""
+        call = self._call(seq)
+        if call.out_launched:
+            raise RuntimeError(f"launch_out({seq}) twice")
+        self._launch("zipccl_spill_out", call.grid_out,
+                     (call.block.ptr, self._ctrl_ptr, self._dev_ptr, call.block.counters_ptr, call.seq),
+                     stream)
+        call.out_launched = True
+
+    def launch_in(self, seq: int, stream=None) -> None:
+        """Enqueue on ``stream`` (after the transfer of call ``seq``, before its decodes): the
+        header checks, the request, and for frames that spill the wait on the progress
+        thread and the tails in. On the host (``device=False``) it returns with the tails in."""
+        call = self._call(seq)
+        if not call.out_launched:
+            raise RuntimeError(f"launch_in({seq}) before launch_out({seq}): the progress thread "
+                               "handles a call's sends before its receives")
+        self._launch("zipccl_spill_in", call.grid_in,
+                     (call.block.ptr, self._ctrl_ptr, self._dev_ptr, call.block.counters_ptr, call.seq),
+                     stream)
+        call.in_launched = True
+        del self._calls[call.seq]
+
+    def record_error(self, stream, bits_ptr: int) -> None:
+        """Enqueue on ``stream`` an OR of the uint32 at device address ``bits_ptr`` (a decode
+        workspace's error bits) into the sticky error word."""
+        self._check()
+        self._launch("zipccl_spill_record", 1, (self._ctrl_ptr, self._dev_ptr, int(bits_ptr)), stream)
+
+    def error(self) -> int:
+        """The sticky error word as far as the device has got (a read of mapped memory, no
+        wait): every bit recorded on this rank or reported by a peer's slot header."""
+        self._check()
+        self._sticky |= int(self._ctrl[kern.C_ERR]) | int(self._ctrl[kern.C_HOST_ERR])
+        return self._sticky
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Stop the progress thread once every begun call is handled, then close the channel
+        (a collective call for both channels). Call it after the calls' device work has run:
+        a call whose kernels never run keeps the thread waiting (TimeoutError)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                pending = [c.seq for c in list(self._inflight) if not c.done]
+                raise TimeoutError(f"spill progress thread still handling calls {pending[:8]} "
+                                   f"after {timeout} s (were their kernels launched and run?)")
+        self._retire()
+        self.channel.close()
+        self._check()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the progress thread ---------------------------------------------------------------
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"zipccl spill progress thread failed: {self._failure!r}") \
+                from self._failure
+
+    def _release(self) -> None:
+        """After a failure: raise every pending call's flag so that no kernel waits forever."""
+        self._ctrl[kern.C_HOST_ERR] |= np.uint64(kern.ERR_PROGRESS)
+        for call in list(self._inflight):
+            call.block.words[kern.W_IN_READY] = call.seq
+
+    def _progress(self) -> None:
+        try:
+            while True:
+                call = self._next()
+                if call is None:
+                    break
+                self._handle(call)
+            for call in self._sending:
+                for h in call.sends:
+                    h.wait()
+                call.done = True
+            self._sending.clear()
+        except BaseException as e:  # kept for the caller's next call
+            self._failure = e
+            self._release()
+
+    def _next(self) -> _Call | None:
+        """The next begun call (None: closed); completes the sends in flight while it waits."""
+        delay = 1e-5
+        while self._sending:
+            try:
+                return self._queue.get(timeout=delay)
+            except queue.Empty:
+                self._reap(wait_before=self._last_handled + 1 if delay >= 1e-3 else 0)
+                delay = min(2 * delay, 1e-3)
+        return self._queue.get()
+
+    def _reap(self, wait_before: int = 0) -> None:
+        """Mark calls whose tails are all sent done: those the channel reports complete, and
+        (waiting for them) those older than ``wait_before``. A send completes once the peer's
+        thread receives it, which needs only device work enqueued before and tails this
+        thread has already sent, so the wait cannot close a cycle. (gloo reports a send
+        complete only once it was waited for.)"""
+        for call in list(self._sending):
+            if call.seq < wait_before:
+                for h in call.sends:
+                    h.wait()
+            elif not all(h.test() for h in call.sends):
+                continue
+            call.done = True
+            self._sending.remove(call)
+
+    @staticmethod
+    def _wait(words: np.ndarray, at: int, seq: int) -> None:
+        delay = 1e-5
+        while int(words[at]) != seq:
+            time.sleep(delay)
+            delay = min(2 * delay, 1e-3)
+
+    def _handle(self, call: _Call) -> None:
+        """One call: its tails out to the peers, then the tails it asked for in, then its flag."""
+        block, seq = call.block, call.seq
+        self._wait(block.words, kern.W_OUT_READY, seq)
+        for d in call.send:
+            n = int(d[kern.D_TAIL_LEN])
+            if n:
+                at = int(d[kern.D_TAIL_AT])
+                call.sends.append(self.channel.isend(block.u8[at:at + n], int(d[kern.D_PEER]),
+                                                     int(d[kern.D_TAG])))
+        self._wait(block.words, kern.W_IN_REQUEST, seq)
+        for d in call.recv:
+            n = int(d[kern.D_TAIL_LEN])
+            if n:
+                at = int(d[kern.D_TAIL_AT])
+                # a tail longer than the block holds (ranks disagree; the kernel flagged it)
+                # is still received, so the channel stays in step, and dropped
+                out = block.u8[at:at + n] if n <= int(d[kern.D_TAIL_CAP]) else np.empty(n, np.uint8)
+                self.channel.recv(out, int(d[kern.D_PEER]), int(d[kern.D_TAG]))
+        block.words[kern.W_IN_READY] = seq
+        self._last_handled = seq
+        self._sending.append(call)
+        self._reap(wait_before=seq)
