@@ -41,7 +41,8 @@ COLLECTIVE_CHECKS = [
     for name in ("all_gather", "all_to_all", "compressed",
                  *[f"{op}_{red}" for red in ("sum", "avg")
                    for op in ("reduce_scatter", "reduce_scatter_chunked", "all_reduce")])]
-TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp_fp32_reduce", "ddp_fp32"]
+TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp_fp32_reduce", "ddp_fp32",
+                   "ddp_fp32_threads"]
 
 
 @pytest.fixture(scope="module")
