@@ -428,6 +428,51 @@ def check_ddp_fp32_threads(rank: int, p: int, res: dict) -> None:
                                           f"before {threads}, after {after}")
 
 
+def check_single_names(rank: int, p: int, res: dict) -> None:
+    """torch 2.13's names, all_gather_single / reduce_scatter_single, as functions and as
+    Collectives methods: the same functions as the old names, torch.distributed's bits (or
+    its stated sum), and no FutureWarning from zipccl's own calls into torch (compressed or
+    native)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+    from zipccl.comm.collectives import reduce_sum_bf16
+
+    n, m = 4099, 2048
+    x = bf16(rank_input("gauss", n, rank))
+    full = np.stack([rank_input("gauss", p * m, r) for r in range(p)])
+    stated = np.empty(m, dtype=np.uint16)
+    reduce_sum_bf16(np.ascontiguousarray(full[:, rank * m:(rank + 1) * m]), stated)
+    ref = torch.empty(p * n, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the old name on torch >= 2.13
+        dist.all_gather_into_tensor(ref, x)
+    same = (zt.all_gather_single is zt.all_gather_into_tensor
+            and zt.reduce_scatter_single is zt.reduce_scatter_tensor
+            and zt.Collectives.all_gather_single is zt.Collectives.all_gather_into_tensor
+            and zt.Collectives.reduce_scatter_single is zt.Collectives.reduce_scatter_tensor)
+    wrong = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for policy in ("always", "never"):
+            out, rs = torch.empty_like(ref), torch.empty(m, dtype=torch.bfloat16)
+            zt.all_gather_single(out, x, policy=policy)
+            zt.reduce_scatter_single(rs, bf16(full[rank]), policy=policy)
+            wrong += [f"{policy} all_gather_single"] * (not np.array_equal(bits(out), bits(ref)))
+            wrong += [f"{policy} reduce_scatter_single"] * (not np.array_equal(bits(rs), stated))
+            coll = zt.Collectives(policy)
+            out = torch.empty_like(ref)
+            coll.all_gather_single(out, x)
+            wrong += [f"{policy} Collectives.all_gather_single"] * (
+                not np.array_equal(bits(out), bits(ref)))
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    res["single_names"] = {"ok": bool(same and not wrong and not future),
+                           "detail": f"aliases {same}; wrong {wrong}; FutureWarnings {future}"}
+
+
 def main(rank: int, p: int, out_dir: str) -> None:
     import zipccl  # noqa: F401 -- before torch: does it load torch?
     import zipccl.comm  # noqa: F401
@@ -441,7 +486,7 @@ def main(rank: int, p: int, out_dir: str) -> None:
     # and zipccl must leave it as it is (check_ddp_fp32_threads, first, checks that).
     dist.init_process_group("gloo", rank=rank, world_size=p)
     for check in (check_ddp_fp32_threads, check_collectives, check_wide_collectives, check_training,
-                  check_fsdp_fp32_reduce, check_ddp_fp32):
+                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which
