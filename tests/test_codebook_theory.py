@@ -133,6 +133,44 @@ def test_fallback_fixes_non_gaussian_tensors(make):
     assert Codebook.from_sample(bits, fallback=False).coverage(bits, dtype="bfloat16") == by_sigma
 
 
+@pytest.mark.parametrize("sigma", [0.0, -0.0, -1.0, -1e-30, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_from_sigma_rejects_what_no_gaussian_has(sigma, dtype):
+    with pytest.raises(ValueError, match="sigma must be a positive, finite number"):
+        Codebook.from_sigma(sigma, dtype)
+    x = np.random.default_rng(0).normal(0, 0.02, 100).astype(np.float32).astype(
+        ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    with pytest.raises(ValueError, match="sigma must be a positive, finite number"):
+        zipccl.compress(x, sigma=sigma)
+
+
+@pytest.mark.parametrize("values", [np.zeros(5000), np.full(5000, np.nan), np.full(5000, -np.inf),
+                                    np.zeros(0)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_data_without_a_sigma_gets_the_window_of_zeros(values, dtype):
+    # Its sigma estimate is 0.0, which from_sigma refuses; the data's own choice is the
+    # window at exponent 0 (zeros, subnormals), and the frame is still exact.
+    from zipccl.arrays import host_values
+    from zipccl.codec import reference
+
+    x = values.astype(np.float32).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    bits, _ = host_values(x)
+    zeros = tuple(range(7))
+    assert estimate_sigma(bits, dtype=dtype) == 0.0
+    assert Codebook.from_sample(bits, dtype=dtype, fallback=False).exponents == zeros
+    # the default choice: that window, or (inf, NaN) the exponents the data has
+    chosen = Codebook.from_sample(bits, dtype=dtype).exponents
+    assert chosen == (zeros if not values.size or values[0] == 0
+                      else Codebook.from_histogram(x).exponents)
+    frame = zipccl.compress(x)
+    assert np.array_equal(frame, zipccl.compress(x, backend="reference"))
+    assert zipccl.format.parse_header(frame).codebook == chosen
+    back, _ = reference.decode(frame)
+    assert np.array_equal(back.reshape(-1), bits.reshape(-1))
+    if dtype == "bfloat16":
+        assert tensor_stats(bits).sigma == 0.0
+
+
 def test_entropy_and_frame_ratio():
     assert exponent_entropy(np.ones(8)) == pytest.approx(3.0)
     assert exponent_entropy(np.zeros(256)) == 0.0

@@ -36,12 +36,14 @@ COLLECTIVE_CHECKS = [
           for ref in ("stated", "vs_torch")],
         "all_to_all", "all_to_all_uneven")
 ] + ["compressed_calls_counted", "passthrough_int32_and_max", "never_is_native", "async_work",
-     "megatron", "transport_alltoallv_gaps", "agreement", "import_zipccl_without_torch"] + [
+     "megatron", "transport_alltoallv_gaps", "agreement", "import_zipccl_without_torch",
+     "single_names"] + [
     f"wide_{name}_{dtype}/{kind}" for dtype in ("float32", "float16") for kind in ("gauss", "corpus")
     for name in ("all_gather", "all_to_all", "compressed",
                  *[f"{op}_{red}" for red in ("sum", "avg")
                    for op in ("reduce_scatter", "reduce_scatter_chunked", "all_reduce")])]
-TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp_fp32_reduce", "ddp_fp32"]
+TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp_fp32_reduce", "ddp_fp32",
+                   "ddp_fp32_threads"]
 
 
 @pytest.fixture(scope="module")

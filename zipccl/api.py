@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as fmt
-from .arrays import as_values, host_out_values, host_values, is_device_array
+from .arrays import host_frame, host_out_values, host_values, is_device_array, like_input
 from .codebook import Codebook
 
 _HOST_BACKENDS = ("auto", "cpu", "reference")
@@ -45,10 +45,11 @@ def _frame_out(out) -> np.ndarray:
 def _host_frame(frame):
     """A host frame as the decoders read it: its bytes in order, in one contiguous run.
 
-    A strided uint8 array or a strided ``memoryview`` is copied into one (the
+    A strided uint8 array (NumPy or torch) or a strided ``memoryview`` is copied into one (the
     decoders view their argument's memory as a flat byte string, which a strided
     buffer is not); bytes, bytearray and contiguous buffers pass unchanged.
     """
+    frame = host_frame(frame)  # a CPU torch frame: its bytes, as NumPy
     if isinstance(frame, np.ndarray):
         if frame.dtype != np.uint8:
             raise TypeError(f"a zipccl frame is a uint8 buffer, got dtype {frame.dtype}")
@@ -81,10 +82,14 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     "float16" for 16-bit, "float32" for 32-bit integers), or a device array (CuPy,
     Numba, CUDA torch), in which case the frame is a device array on the same device,
     written on ``stream``. Other dtypes raise TypeError naming them.
+    The frame is the kind of array ``x`` is: a 1-D uint8 NumPy array for NumPy input, a
+    uint8 torch tensor for a torch tensor (on its device; a CPU one shares the NumPy
+    frame's memory), a CuPy or Numba uint8 array for those.
     The codebook defaults to ``Codebook.from_sigma`` of a strided-sample estimate;
     ``sigma=`` gives sigma directly. ``out=`` is a preallocated, C-contiguous buffer of at
     least ``max_compressed_size(x.size, x.dtype)`` bytes; the frame is written at its start and
-    the returned array is a view of it (a strided or read-only ``out=`` raises ValueError).
+    the returned frame is a view of it, of ``out``'s kind (a strided or read-only ``out=``
+    raises ValueError).
 
     >>> import ml_dtypes, numpy as np, zipccl
     >>> x = np.random.default_rng(0).normal(0, 0.02, 10000).astype(ml_dtypes.bfloat16)
@@ -96,6 +101,8 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     >>> y = zipccl.decompress(zipccl.compress(g))
     >>> y.dtype, bool(np.array_equal(g.view(np.uint32), y.view(np.uint32)))
     (dtype('float32'), True)
+    >>> # t: a torch.bfloat16 CPU tensor of shape (100, 100)
+    >>> # zipccl.compress(t): a torch.uint8 tensor; zipccl.decompress of it: t's dtype, shape, bits
     """
     if is_device_array(x):
         from .codec import gpu
@@ -105,7 +112,7 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     cb = _pick_codebook(bits, codebook, sigma, code)
     frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum, dtype=code)
     if out is None:
-        return frame
+        return like_input(frame, x)
     dst = _frame_out(out)
     if dst.size < frame.size:
         name = fmt.DTYPE_NAMES[code]
@@ -113,17 +120,21 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
                          f"(max_compressed_size({bits.size}, {name!r}) = "
                          f"{fmt.max_compressed_size(bits.size, code)})")
     dst[:frame.size] = frame
-    return dst[:frame.size]
+    return like_input(dst[:frame.size], out)
 
 
 def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
     """Decompress one frame into a tensor bit-identical to the compressed one.
 
-    A host frame (bytes, bytearray, uint8 NumPy array) gives a NumPy array of the
-    original shape and type (``ml_dtypes.bfloat16``, float32 or float16); a device frame
-    gives a device array. ``out=`` (a host frame: a NumPy array of the frame's type, any
-    layout, or a contiguous CPU torch tensor, with as many elements as the frame)
-    receives the values in C order and is returned.
+    The result is the kind of array the frame is, so what was compressed comes back:
+    a host frame (bytes, bytearray, uint8 NumPy array) gives a NumPy array of the
+    original shape and type (``ml_dtypes.bfloat16``, float32 or float16); a CPU torch
+    frame (uint8 tensor) a CPU torch tensor of that shape and type (torch.bfloat16,
+    float32, float16); a device frame a device array of its framework (CUDA torch: the
+    torch type; CuPy: float32, float16, or uint16 patterns for BF16, which CuPy lacks).
+    ``out=`` (a host frame: a NumPy array of the frame's type, any layout, or a contiguous
+    CPU torch tensor, with as many elements as the frame) receives the values in C order
+    and is returned.
     Raises ValueError if ``frame`` is not a complete, valid zipccl frame, or if ``out=``
     cannot receive them.
     """
@@ -132,7 +143,7 @@ def decompress(frame, *, out=None, stream=None, backend: str = "auto"):
         return gpu.decompress(frame, out=out, stream=stream)
     bits, header = _host_codec(backend).decode(_host_frame(frame))
     if out is None:
-        return as_values(bits, header.dtype)
+        return like_input(bits, frame, header.dtype)
     dst = host_out_values(out, header.dtype)
     if dst.size != bits.size:
         raise ValueError(f"out= has {dst.size} elements; the frame holds {bits.size}")

@@ -4,7 +4,8 @@ patterns), torch, CuPy, Numba device arrays.
 Inside the codec a BF16 or FP16 tensor is its uint16 bit patterns, an FP32 tensor its
 uint32 bit patterns; ``host_values`` says which element type they are. This module turns
 whatever the caller has into that view without copying where the memory allows
-it, and tells host arrays from device arrays. It imports neither torch nor CuPy
+it, tells host arrays from device arrays, and hands host results back in the kind
+the caller passed (``like_input``: torch in, torch out). It imports neither torch nor CuPy
 unless the caller's object already comes from them.
 """
 
@@ -240,6 +241,40 @@ def _torch_int_view(t, torch):
     if t.dtype == torch.float32:
         return t.view(torch.int32)
     return t
+
+
+_TORCH_VALUES = {1: "bfloat16", 2: "float32", 3: "float16"}
+_INTS = {1: np.int16, 2: np.int32, 3: np.int16}
+
+
+def host_frame(frame):
+    """A CPU torch frame (a uint8 tensor) as the NumPy view of its bytes; any other frame
+    as it is. Raises TypeError for a torch tensor of another dtype."""
+    torch = _torch_of(frame)
+    if torch is None:
+        return frame
+    if frame.dtype != torch.uint8:
+        raise TypeError(f"a zipccl frame is a uint8 buffer, got a torch tensor of dtype {frame.dtype}")
+    return frame.detach().contiguous().numpy()
+
+
+def like_input(arr: np.ndarray, like, code: int | None = None):
+    """A host result, without a copy, in the kind of array the caller passed (``like``): a
+    frame (``code`` None) as it is, or bit patterns as values of the element type ``code``;
+    for a torch ``like`` as a CPU torch tensor sharing ``arr``'s memory (uint8, or
+    torch.bfloat16 / float32 / float16), else as NumPy (``as_values``).
+
+    >>> like_input(np.array([16256], np.uint16), b"frame", 1).astype(np.float32)
+    array([1.], dtype=float32)
+    """
+    torch = _torch_of(like)
+    if torch is None:
+        return arr if code is None else as_values(arr, code)
+    if not arr.flags.writeable:  # torch tensors are writable: never share read-only memory
+        arr = arr.copy()
+    if code is None:
+        return torch.from_numpy(arr)
+    return torch.from_numpy(arr.view(_INTS[code])).view(getattr(torch, _TORCH_VALUES[code]))
 
 
 def as_values(bits: np.ndarray, code: int) -> np.ndarray:

@@ -423,9 +423,19 @@ class Codebook:
         """The most probable window for N(0, sigma^2), in closed form (no data needed).
 
         ``dtype``: the element type whose exponents the window counts (BF16 and FP32
-        share one exponent, FP16 has 5 bits and bias 15)."""
-        s = window_start(float(sigma), SPECS[fmt.dtype_code(dtype)])
-        return cls(tuple(range(s, s + CODEBOOK_SIZE)), sigma=float(sigma))
+        share one exponent, FP16 has 5 bits and bias 15). ``sigma`` must be positive and
+        finite (ValueError otherwise: no Gaussian has that sigma); for data without a
+        nonzero finite value use ``from_sample``, which then takes the window of zeros.
+
+        >>> Codebook.from_sigma(-1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: sigma must be a positive, finite number; got -1.0
+        """
+        value = float(sigma)
+        if not (value > 0.0 and math.isfinite(value)):
+            raise ValueError(f"sigma must be a positive, finite number; got {sigma!r}")
+        return _sigma_window(value, fmt.dtype_code(dtype))
 
     @classmethod
     def from_sample(cls, bits: np.ndarray, samples: int = SAMPLE_SIZE, *,
@@ -439,8 +449,8 @@ class Codebook:
         """
         if not fallback:
             code = fmt.dtype_code(dtype)  # FP32 is chosen as the BF16 data of its upper halves
-            return cls.from_sigma(estimate_sigma(bits, samples, code),
-                                  fmt.DTYPE_BF16 if code == fmt.DTYPE_FP32 else code)
+            return _sigma_window(estimate_sigma(bits, samples, code),
+                                 fmt.DTYPE_BF16 if code == fmt.DTYPE_FP32 else code)
         return choose_codebook(bits, samples, dtype=dtype).codebook
 
     @classmethod
@@ -490,6 +500,14 @@ class CodebookChoice:
     fallback: bool  # True when the sample's top-7 replaced the sigma window
 
 
+def _sigma_window(sigma: float, code: int) -> Codebook:
+    """The sigma window of an RMS estimated from data (``Codebook.from_sigma``), where 0.0
+    -- no nonzero finite value seen -- gives the window at exponent 0, which holds zeros
+    (what the device chooser takes too)."""
+    s = window_start(sigma, SPECS[code])
+    return Codebook(tuple(range(s, s + CODEBOOK_SIZE)), sigma=sigma)
+
+
 def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
                     margin: float = FALLBACK_MARGIN, *, dtype="bfloat16") -> CodebookChoice:
     """The default codebook and why: sigma window, or the sample's top-7 as a fallback.
@@ -518,7 +536,7 @@ def choose_codebook(bits: np.ndarray, samples: int = SAMPLE_SIZE,
     if code == fmt.DTYPE_FP32:  # from here on the sample is BF16 data (the upper halves)
         code = fmt.DTYPE_BF16
     sigma = _rms(sample, code)
-    by_sigma = Codebook.from_sigma(sigma, code)
+    by_sigma = _sigma_window(sigma, code)
     if sample.size == 0:
         return CodebookChoice(by_sigma, sigma, by_sigma.exponents, 0, 1.0, 1.0, False)
     hist = exponent_histogram(sample, fmt.DTYPE_FP16 if code == fmt.DTYPE_FP16 else fmt.DTYPE_BF16)

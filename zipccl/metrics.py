@@ -185,7 +185,7 @@ def tensor_stats(bits: np.ndarray, frame_bytes: int | None = None) -> TensorStat
     hist = exponent_histogram(flat)
     choice = choose_codebook(flat)
     sigma = choice.sigma
-    by_sigma = Codebook.from_sigma(sigma)
+    by_sigma = Codebook(choice.sigma_window)
     top = top_exponents(hist)
 
     def covered(exps) -> int:

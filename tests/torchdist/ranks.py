@@ -236,11 +236,11 @@ def _model(seed: int):
                                torch.nn.GELU(), torch.nn.Linear(96, 8))
 
 
-def _batch(rank: int, step: int):
+def _batch(rank: int, step: int, dims: tuple[int, int] = (48, 8)):
     import torch
 
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 48, generator=g), torch.randn(16, 8, generator=g)
+    return torch.randn(16, dims[0], generator=g), torch.randn(16, dims[1], generator=g)
 
 
 def train_fsdp(rank: int, variant: str, steps: int = 4, reduce_dtype=None):
@@ -270,16 +270,18 @@ def train_fsdp(rank: int, variant: str, steps: int = 4, reduce_dtype=None):
     return np.concatenate([bits(v.reshape(1)) for v in losses]), params, hooks
 
 
-def train_ddp(rank: int, variant: str, steps: int = 4, dtype=None):
-    """Like ``train_fsdp``, DDP on a BF16 model (``dtype``: another, e.g. torch.float32)."""
+def train_ddp(rank: int, variant: str, steps: int = 4, dtype=None, model=None,
+              bucket_cap_mb: float = 0.01, dims: tuple[int, int] = (48, 8)):
+    """Like ``train_fsdp``, DDP on a BF16 model (``dtype``: another, e.g. torch.float32);
+    ``model`` builds another model (seeded) of ``dims`` inputs and outputs."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import zipccl.torch as zt
 
     dtype = dtype or torch.bfloat16
-    model = _model(11).to(dtype)
-    ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
+    model = (model or (lambda: _model(11)))().to(dtype)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # by default, several buckets
     state = None
     if variant != "native":
         state = zt.DDPCommState(policy=variant)
@@ -287,7 +289,7 @@ def train_ddp(rank: int, variant: str, steps: int = 4, dtype=None):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     losses = []
     for step in range(steps):
-        x, y = _batch(rank, step)
+        x, y = _batch(rank, step, dims)
         loss = torch.nn.functional.mse_loss(ddp(x.to(dtype)).float(), y)
         loss.backward()
         opt.step()
@@ -402,6 +404,75 @@ def check_ddp_fp32(rank: int, p: int, res: dict) -> None:
     _all_compressed_and_same_bits(res, "ddp_fp32", train_ddp, rank, dtype=torch.float32)
 
 
+def check_ddp_fp32_threads(rank: int, p: int, res: dict) -> None:
+    """DDP of an FP32 model (Linear 256 -> 1024 -> 10, SGD, 5 steps; DDP's default buckets:
+    one of 273,418 gradients) through the hook with "always", and nothing holding torch's
+    thread count: the same loss and parameter bits as native DDP, and torch's thread count
+    as the process started (the CPU codec must leave the caller's OpenMP settings alone;
+    torch's CPU kernels give other bits on another thread count). Runs before any other
+    check, so that its compressions are the process's first."""
+    import torch
+
+    def model():
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 10))
+
+    threads = torch.get_num_threads()
+    expect = int(os.environ.get("OMP_NUM_THREADS", threads))
+    _all_compressed_and_same_bits(res, "ddp_fp32_threads", train_ddp, rank, steps=5,
+                                  dtype=torch.float32, model=model, bucket_cap_mb=25, dims=(256, 10))
+    after = torch.get_num_threads()
+    res["ddp_fp32_threads"]["ok"] &= threads == expect == after
+    res["ddp_fp32_threads"]["detail"] += (f"; torch threads: OMP_NUM_THREADS {expect}, "
+                                          f"before {threads}, after {after}")
+
+
+def check_single_names(rank: int, p: int, res: dict) -> None:
+    """torch 2.13's names, all_gather_single / reduce_scatter_single, as functions and as
+    Collectives methods: the same functions as the old names, torch.distributed's bits (or
+    its stated sum), and no FutureWarning from zipccl's own calls into torch (compressed or
+    native)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+    from zipccl.comm.collectives import reduce_sum_bf16
+
+    n, m = 4099, 2048
+    x = bf16(rank_input("gauss", n, rank))
+    full = np.stack([rank_input("gauss", p * m, r) for r in range(p)])
+    stated = np.empty(m, dtype=np.uint16)
+    reduce_sum_bf16(np.ascontiguousarray(full[:, rank * m:(rank + 1) * m]), stated)
+    ref = torch.empty(p * n, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the old name on torch >= 2.13
+        dist.all_gather_into_tensor(ref, x)
+    same = (zt.all_gather_single is zt.all_gather_into_tensor
+            and zt.reduce_scatter_single is zt.reduce_scatter_tensor
+            and zt.Collectives.all_gather_single is zt.Collectives.all_gather_into_tensor
+            and zt.Collectives.reduce_scatter_single is zt.Collectives.reduce_scatter_tensor)
+    wrong = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for policy in ("always", "never"):
+            out, rs = torch.empty_like(ref), torch.empty(m, dtype=torch.bfloat16)
+            zt.all_gather_single(out, x, policy=policy)
+            zt.reduce_scatter_single(rs, bf16(full[rank]), policy=policy)
+            wrong += [f"{policy} all_gather_single"] * (not np.array_equal(bits(out), bits(ref)))
+            wrong += [f"{policy} reduce_scatter_single"] * (not np.array_equal(bits(rs), stated))
+            coll = zt.Collectives(policy)
+            out = torch.empty_like(ref)
+            coll.all_gather_single(out, x)
+            wrong += [f"{policy} Collectives.all_gather_single"] * (
+                not np.array_equal(bits(out), bits(ref)))
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    res["single_names"] = {"ok": bool(same and not wrong and not future),
+                           "detail": f"aliases {same}; wrong {wrong}; FutureWarnings {future}"}
+
+
 def main(rank: int, p: int, out_dir: str) -> None:
     import zipccl  # noqa: F401 -- before torch: does it load torch?
     import zipccl.comm  # noqa: F401
@@ -409,13 +480,13 @@ def main(rank: int, p: int, out_dir: str) -> None:
     res: dict = {}
     lazy = "torch" not in sys.modules and "zipccl.torch" not in sys.modules
     res["import_zipccl_without_torch"] = {"ok": lazy, "detail": f"import zipccl loaded torch: {not lazy}"}
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    # No torch.set_num_threads here: OMP_NUM_THREADS (``launch``) sets torch's thread count,
+    # and zipccl must leave it as it is (check_ddp_fp32_threads, first, checks that).
     dist.init_process_group("gloo", rank=rank, world_size=p)
-    for check in (check_collectives, check_wide_collectives, check_training, check_fsdp_fp32_reduce,
-                  check_ddp_fp32):
+    for check in (check_ddp_fp32_threads, check_collectives, check_wide_collectives, check_training,
+                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which

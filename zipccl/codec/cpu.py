@@ -52,12 +52,22 @@ own setting (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``).
 ``ZIPCCL_CPU_THREADS`` overrides the share. The count is set for the call only
 (Numba's setting is per thread) and restored afterwards; the bytes never depend
 on it.
+
+The caller's OpenMP settings are left alone. Numba's OpenMP threading layer, when
+it starts, sets the OpenMP thread count of the thread that starts it (to
+``NUMBA_NUM_THREADS``) and enables nested regions. torch shares the OpenMP runtime
+when it is loaded first, reads that count (``torch.get_num_threads()``), and its
+CPU kernels' results depend on it, so a first compress on the training thread
+would change training bits. ``start_numba_threads`` therefore starts Numba's layer
+once, from a short-lived thread of its own, and puts back the process-wide setting.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import threading
 from contextlib import contextmanager
 
 import numba
@@ -151,12 +161,85 @@ def rank_threads() -> int:
     return max(1, _usable_cpus() // local_ranks())
 
 
+# Shared libraries of the OpenMP runtimes Numba's omp layer may be linked against.
+_OPENMP_LIBS = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
+_START_LOCK = threading.Lock()
+_started = False
+
+
+def _resident_openmp():
+    """The OpenMP runtime already loaded in this process that Numba's omp layer would call
+    (looked up as the dynamic linker resolves that layer's symbols: the global scope first,
+    then a loaded runtime of a known name), or None; never loads one."""
+    handles = []
+    try:
+        handles.append(ctypes.CDLL(None))
+    except (OSError, TypeError):  # no such handle on this platform
+        pass
+    if hasattr(os, "RTLD_NOLOAD"):
+        for name in _OPENMP_LIBS:
+            try:
+                handles.append(ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW))
+            except OSError:  # not loaded
+                pass
+    for lib in handles:
+        if all(hasattr(lib, f) for f in ("omp_get_max_threads", "omp_set_num_threads",
+                                         "omp_get_max_active_levels", "omp_set_max_active_levels")):
+            return lib
+    return None
+
+
+def start_numba_threads() -> None:
+    """Start Numba's threading layer (once per process) and leave the OpenMP settings as
+    they were: the calling thread's thread count and the nesting depth. Does nothing once
+    the layer runs.
+
+    Numba's omp layer, when it starts, sets the starting thread's OpenMP thread count (to
+    ``NUMBA_NUM_THREADS``) and enables nested regions. It starts here on a thread that exits
+    right after, so a per-thread setting changes there only; what an OpenMP runtime keeps
+    for the whole process (the nesting depth in GNU OpenMP) is put back afterwards, when a
+    runtime was loaded before (torch's, typically). Numba's parallel regions name their
+    thread count explicitly, so they run on Numba's threads either way.
+
+    >>> start_numba_threads(); numba.threading_layer() in ("omp", "tbb", "workqueue")
+    True
+    """
+    global _started
+    if _started:
+        return
+    with _START_LOCK:
+        if _started:
+            return
+        omp = _resident_openmp()
+        saved = (omp.omp_get_max_threads(), omp.omp_get_max_active_levels()) if omp else None
+        failure: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                numba.get_num_threads()  # starts the layer on this thread
+            except BaseException as e:  # noqa: BLE001 -- raised again on the caller's thread
+                failure.append(e)
+
+        starter = threading.Thread(target=start, name="zipccl-numba-start")
+        starter.start()
+        starter.join()
+        if saved is not None:
+            if omp.omp_get_max_active_levels() != saved[1]:
+                omp.omp_set_max_active_levels(saved[1])
+            if omp.omp_get_max_threads() != saved[0]:
+                omp.omp_set_num_threads(saved[0])
+        if failure:
+            raise failure[0]
+        _started = True
+
+
 def threads_per_call(n: int) -> int:
     """Threads a call on ``n`` elements runs on (this thread's Numba setting caps it).
 
     >>> threads_per_call(1)
     1
     """
+    start_numba_threads()
     if n < SMALL:
         return 1
     return max(1, min(rank_threads(), numba.get_num_threads()))
@@ -165,6 +248,7 @@ def threads_per_call(n: int) -> int:
 @contextmanager
 def _threads(n: int):
     """Run the enclosed parallel loops on ``threads_per_call(n)`` threads, then restore."""
+    start_numba_threads()
     before = numba.get_num_threads()
     wanted = threads_per_call(n)
     if wanted == before:

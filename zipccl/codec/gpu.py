@@ -987,8 +987,9 @@ def _compress_numba(x, xb, shape, exponents, checksum, out, stream):
 def decompress(frame, out=None, stream=None):
     """Decompress a device frame into a device tensor bit-identical to the compressed one.
 
-    Returns ``out`` when given (n values), else a new array of the header's shape in
-    the frame's framework (CuPy: uint16 bit patterns; torch: bfloat16; Numba: uint16).
+    Returns ``out`` when given (n values), else a new array of the header's shape and
+    type in the frame's framework (torch: bfloat16, float32, float16; CuPy and Numba:
+    float32, float16, and uint16 bit patterns for BF16, which they lack).
     Raises ValueError for an invalid frame. Synchronises once in the steady state: the
     decoder checks the header itself, so it is launched at once, into ``out`` or into a
     new array sized from the header this frame buffer (else this stream) had last time,

@@ -7,6 +7,7 @@ GPUs, gloo on CPUs), so a ``torchrun`` job needs no MPI.
 - ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
   ``all_reduce``: torch.distributed's signatures and results, BF16 compressed as
   the ``policy`` ("auto" | "always" | "never" | a ``zipccl.comm.Policy``) says;
+  ``all_gather_single`` / ``reduce_scatter_single``: torch 2.13's names for the first two;
 - ``compress_fsdp(model, policy=...)``: FSDP2 in one line (``ZipAllGather``,
   ``ZipReduceScatter``), ``hooks.stats`` counts calls and bytes;
 - ``ddp_comm_hook`` with ``DDPCommState``: DDP's gradient all-reduce;

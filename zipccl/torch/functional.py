@@ -5,9 +5,11 @@
 and return what it returns (``None``, or a ``Work`` with ``async_op=True``).
 BF16, FP32 and FP16 tensors go compressed or native as the policy decides; any
 other dtype, and any reduction other than SUM / AVG, goes to torch.distributed's
-own function unchanged. Adopting them is one import::
+own function unchanged. ``all_gather_single`` and ``reduce_scatter_single`` (torch
+2.13's names; the old ones warn there) are the same functions, on every torch.
+Adopting them is one import::
 
-    from zipccl.torch import all_gather_into_tensor   # instead of torch.distributed's
+    from zipccl.torch import all_gather_single   # instead of torch.distributed's
 
 What the results are, bit for bit:
 
@@ -345,6 +347,10 @@ class Collectives:
         self.stats.add(True, ex)
         return _done_work(output) if async_op else None
 
+    # torch 2.13's names for the two above (the old ones warn there); the same methods
+    all_gather_single = all_gather_into_tensor
+    reduce_scatter_single = reduce_scatter_tensor
+
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op: bool = False):
@@ -494,6 +500,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
     return _with_stats(c, stats, lambda: c.all_reduce(tensor, op, group, async_op))
 
 
-# torch 2.13's names for the first two
+# torch 2.13's names for the first two (torch.distributed.all_gather_single and
+# reduce_scatter_single, same signatures; the old names warn there): the same functions,
+# offered whichever torch is installed
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
