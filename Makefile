@@ -28,7 +28,7 @@ install: ## install zipccl and everything the tests, notebooks and demo need (no
 $(STAMP): pyproject.toml
 	$(MAKE) install
 
-test: $(STAMP) ## the quick suite (minutes): codec, MPI ranks (1, 2, 4), torch ranks, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
+test: $(STAMP) ## the quick suite (minutes): codec, MPI ranks (1, 2, 4), torch ranks and examples/, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
 	$(PYTEST) -q -m "not gpu and not slow"
 	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" $(SIM_TESTS)
 
@@ -42,8 +42,8 @@ test-slow: $(STAMP) ## what make test leaves out: long fuzzing, large sizes, the
 test-gpu: $(STAMP) ## GPU kernels and collectives on a real GPU
 	$(PYTEST) -q -m gpu
 
-lint: $(STAMP) ## ruff on the library, tests, experiments and figure scripts
-	$(PYTHON) -m ruff check zipccl tests experiments figures
+lint: $(STAMP) ## ruff on the library, tests, experiments, figure scripts and examples
+	$(PYTHON) -m ruff check zipccl tests experiments figures examples
 
 demo: $(STAMP) ## the main job: the real checkpoint's per-tensor ratio, then its compressed all-gather, checked bit for bit (installs first if needed)
 	$(PYTHON) -m zipccl analyze --summary --no-progress
