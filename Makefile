@@ -9,7 +9,12 @@ NP ?= 2
 STAMP_DIR := build/installed
 STAMP := $(STAMP_DIR)/$(subst /,_,$(shell $(PYTHON) -c 'import sys; print(sys.prefix)' 2>/dev/null || echo none))
 
-.PHONY: help install test test-gpu test-slow lint demo analyze figures notebooks bench-cpu bench-codec clean
+# The kernel tests under Numba's CUDA simulator: a pytest process of their own (the simulator
+# must be on before numba.cuda is imported), each case under its own name.
+SIM_TESTS := tests/test_gpu_codec.py tests/test_gpu_dtypes.py tests/test_gpu_robustness_sim.py
+SIM_PYTEST := NUMBA_ENABLE_CUDASIM=1 $(PYTEST) -q -W ignore::RuntimeWarning
+
+.PHONY: help install test test-sim test-slow test-gpu lint demo analyze figures notebooks bench-cpu bench-codec clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,17 +28,22 @@ install: ## install zipccl and everything the tests, notebooks and demo need (no
 $(STAMP): pyproject.toml
 	$(MAKE) install
 
-test: $(STAMP) ## the CI suite: codec, simulator kernels, MPI ranks (1, 2, 4), notebooks on small inputs, every docstring example under zipccl/ (installs first if needed)
+test: $(STAMP) ## the quick suite (minutes): codec, MPI ranks (1, 2, 4), torch ranks and examples/, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
 	$(PYTEST) -q -m "not gpu and not slow"
+	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" $(SIM_TESTS)
+
+test-sim: $(STAMP) ## every kernel case under the CUDA simulator, quick and slow
+	$(SIM_PYTEST) -m "not gpu and not mpi" $(SIM_TESTS)
+
+test-slow: $(STAMP) ## what make test leaves out: long fuzzing, large sizes, the long simulator cases (CI runs it after make test)
+	$(PYTEST) -q -m "slow and not gpu"
+	$(SIM_PYTEST) -m "slow and not gpu and not mpi" $(SIM_TESTS)
 
 test-gpu: $(STAMP) ## GPU kernels and collectives on a real GPU
 	$(PYTEST) -q -m gpu
 
-test-slow: $(STAMP) ## long fuzzing and large sizes
-	$(PYTEST) -q -m "slow and not gpu"
-
-lint: $(STAMP) ## ruff on the library, tests, experiments and figure scripts
-	$(PYTHON) -m ruff check zipccl tests experiments figures
+lint: $(STAMP) ## ruff on the library, tests, experiments, figure scripts and examples
+	$(PYTHON) -m ruff check zipccl tests experiments figures examples
 
 demo: $(STAMP) ## the main job: the real checkpoint's per-tensor ratio, then its compressed all-gather, checked bit for bit (installs first if needed)
 	$(PYTHON) -m zipccl analyze --summary --no-progress

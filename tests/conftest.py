@@ -6,41 +6,27 @@ Everything a test compares is a bit pattern (uint16), never a float.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 collect_ignore = ["mpi", "torchdist"]  # scripts that mpiexec / torchrun start, not modules to import
 
-#: True in the interpreter that ``run_under_simulator`` starts (NUMBA_ENABLE_CUDASIM=1).
+#: True when Numba's CUDA simulator is on (``make test-sim``, or the simulator step of
+#: ``make test``). It must be on before numba.cuda is first imported, so the kernel tests
+#: run in a pytest process of their own, each case under its own name.
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
-#: Marks a test that runs only under the simulator (outside, ``run_under_simulator`` runs it).
-simulator_only = pytest.mark.skipif(not SIMULATOR,
-                                    reason="runs in the simulator subprocess (test_under_simulator)")
+#: Marks a test that runs only under the simulator (skipped in the plain pytest run). The
+#: Makefile's SIM_TESTS names every file that uses it (``tests/test_makefile.py`` checks).
+simulator_only = pytest.mark.skipif(not SIMULATOR, reason="a kernel case: runs under the CUDA simulator "
+                                    "(make test runs the quick ones, make test-sim all)")
 
 
-def run_under_simulator(test_file: str, timeout: float = 600) -> None:
-    """Run the tests of ``test_file`` in a new interpreter with Numba's CUDA simulator on.
-
-    The simulator must be switched on before numba.cuda is first imported, so it gets a
-    process of its own and the rest of the suite never sees it. GPU-marked tests are
-    deselected there. Fails with that run's output unless every selected test passed and
-    at least one ran (the caller itself is skipped there, so a skip is expected too).
-    """
-    if SIMULATOR:
-        pytest.skip("already under the simulator")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-m", "not gpu and not slow and not mpi", "-W", "ignore::RuntimeWarning",
-                        str(Path(test_file).resolve())],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout and "skipped" in r.stdout and "failed" not in r.stdout, r.stdout
+def long_under_simulator(test):
+    """Mark ``test`` slow where the simulator runs it (seconds to tens of seconds there: it
+    runs in ``make test-sim`` and ``make test-slow``, not ``make test``); on a GPU it is not."""
+    return pytest.mark.slow(test) if SIMULATOR else test
 
 
 def edge_corpus() -> np.ndarray:

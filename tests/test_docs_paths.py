@@ -1,7 +1,7 @@
 """Every file the documentation names exists: no reference outlives the file it names.
 
 A path-like token in the prose (``experiments/...``, ``zipccl/...``, ``tests/...``,
-``figures/...``, ``docs/...``, ``theory/...``; in ``experiments/`` also ``results/...`` and
+``figures/...``, ``docs/...``, ``theory/...``, ``examples/...``; in ``experiments/`` also ``results/...`` and
 ``kernels/...`` relative to it; a results file named alone, ``*.jsonl``) must name a file
 or folder of the tree, or a path git ignores (a cache or build output, said to be one). A file that is gone is
 named with the commit that holds it, in git's ``REV:PATH`` form
@@ -29,7 +29,7 @@ DOCS = sorted(
      ROOT / "Makefile", *ROOT.glob("docs/*.md"), *ROOT.glob("theory/*.ipynb"),
      *ROOT.glob("figures/*.py"), *ROOT.glob("figures/*.mk"), ROOT / "figures" / "Makefile"])
 
-_ROOTS = "experiments|zipccl|tests|figures|docs|theory"
+_ROOTS = "experiments|zipccl|tests|figures|docs|theory|examples"
 _TOKEN = re.compile(rf"(?<![\w./-])((?:{_ROOTS})/[\w./{{}},*-]*\w)")
 # inside experiments/: results/x.jsonl, kernels/x.py are relative to experiments/
 _RELATIVE = re.compile(r"(?<![\w./-])((?:results|kernels)/[\w./{},*-]*\w)")

@@ -3,10 +3,11 @@
 Each check is written once and runs in two places (the ``dev`` fixture):
 
 - ``simulator``: Numba's CUDA simulator, NumPy arrays, small sizes (every simulated
-  CUDA block costs 128 Python threads). Part of ``make test``: the simulator must be
-  on before numba.cuda is first imported, so ``test_under_simulator`` re-runs this
-  module in a new interpreter with it (``conftest.run_under_simulator``) and these
-  cases are skipped in the main one.
+  CUDA block costs 128 Python threads). The simulator must be on before numba.cuda is
+  first imported, so these cases run in a pytest process of their own
+  (``NUMBA_ENABLE_CUDASIM=1``): ``make test`` runs the quick ones, ``make test-sim``
+  every one (those taking longer there are marked slow: ``conftest.long_under_simulator``),
+  and the plain pytest run skips them.
 - ``gpu``: a real GPU, CuPy arrays, full sizes (all 65,536 bit patterns, a million
   values). ``pytest -m gpu tests/test_gpu_codec.py``.
 
@@ -21,7 +22,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import SIMULATOR, edge_corpus, gaussian_bits, run_under_simulator, simulator_only
+from conftest import SIMULATOR, edge_corpus, gaussian_bits, long_under_simulator, simulator_only
 
 if SIMULATOR:
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
@@ -33,10 +34,6 @@ from zipccl.kernels import _common
 
 CANARY = 0xAB
 GUARD = 0x5A5A
-
-
-def test_under_simulator():
-    run_under_simulator(__file__, timeout=1200)
 
 
 def _cupy_with_a_device():
@@ -151,6 +148,7 @@ def _corner_patterns() -> np.ndarray:
     return (((sm[None, :] & 0x80) << 8) | (e[:, None] << 7) | (sm[None, :] & 0x7F)).reshape(-1)
 
 
+@long_under_simulator
 def test_bit_patterns_raw_and_coded(dev):
     """Every exponent with several sign-mantissa bytes (on a GPU: every bit pattern), alone
     (97% escapes: RAW) and between Gaussian values (the coded path, with both codebooks)."""
@@ -194,6 +192,7 @@ def _expect_rejected(dev: Device, frame: np.ndarray, n: int, bit: int,
         gpu.decompress(dev.asarray(frame))
 
 
+@long_under_simulator
 def test_corrupted_frames_are_rejected_without_stray_writes(dev):
     n = dev.size(1000, 100_000)
     bits = gaussian_bits(n, seed=dev.size(11, 5))
@@ -244,6 +243,7 @@ def test_checksum_free_frame_with_bad_counts(dev):
     assert err & _common.ERR_COUNTS, f"error bits {err:#x}"
 
 
+@long_under_simulator
 def test_compress_and_decompress(dev):
     rows = dev.size(50, 7)
     bits = gaussian_bits(rows * dev.size(100, 17_637), seed=dev.size(2, 9))
@@ -262,6 +262,27 @@ def test_compress_and_decompress(dev):
         gpu.decompress(dev.asarray(np.zeros(256, np.uint8)))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_public_round_trip_of_each_type(dev, dtype):
+    """``compress`` / ``decompress`` of a small array of each type, the codebook chosen on
+    the device (the quick share of the longer ``test_compress_and_decompress`` cases):
+    the reference's frame, and the bits back."""
+    n = dev.size(1100, 100_003)
+    if dtype == "bfloat16":
+        bits = gaussian_bits(n, seed=31)
+        x, kw = dev.asarray(bits), {"dtype": "bfloat16"}
+    else:
+        values = np.random.default_rng(31).normal(0, 0.01, n).astype(dtype)
+        bits = values.view(np.uint32 if dtype == "float32" else np.uint16)
+        x, kw = dev.asarray(values), {}
+    frame = gpu.compress(x, **kw)
+    cb = Codebook.from_sample(bits, dtype=dtype)
+    assert np.array_equal(dev.to_host(frame), reference.encode(bits, cb, (n,), dtype=dtype))
+    y = gpu.decompress(frame)
+    assert tuple(y.shape) == (n,) and np.array_equal(dev.to_host(y).reshape(-1).view(bits.dtype), bits)
+
+
+@long_under_simulator
 def test_decompress_of_frames_that_change_under_it(dev):
     """``decompress`` decodes at once with the header it saw last on the frame buffer or the
     stream, then checks: every way the next frame can differ (count, shape, element type,
@@ -320,6 +341,7 @@ def test_sigma_and_histogram_on_the_device(dev):
     assert gpu.sample_codebook(dev.asarray(half_zero)) == Codebook.from_sample(half_zero)
 
 
+@long_under_simulator
 def test_default_codebook_is_chosen_on_the_device_as_on_the_host(dev):
     rng = np.random.default_rng(11)
     if dev.simulated:

@@ -1,10 +1,11 @@
 """FP32 and FP16 frames on the device: the kernels of ``encode_wide`` / ``decode_wide``.
 
-Each check runs under Numba's CUDA simulator on small sizes (in ``make test``, through
-``test_under_simulator``) and on a real GPU at full size (``pytest -m gpu``): device
-frames are byte-identical to the reference's, device decoding of reference frames gives
-the input back bit for bit, malformed frames set error bits (and ``decompress`` raises
-ValueError), and the public API takes float32 / float16 CuPy and torch arrays.
+Each check runs under Numba's CUDA simulator on small sizes (``make test`` the quick
+ones, ``make test-sim`` all: see ``test_gpu_codec.py``) and on a real GPU at full size
+(``pytest -m gpu``): device frames are byte-identical to the reference's, device
+decoding of reference frames gives the input back bit for bit, malformed frames set
+error bits (and ``decompress`` raises ValueError), and the public API takes float32 /
+float16 CuPy and torch arrays.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import SIMULATOR, run_under_simulator, simulator_only
+from conftest import SIMULATOR, long_under_simulator, simulator_only
 
 if SIMULATOR:
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
@@ -28,10 +29,6 @@ from zipccl.codec import gpu, reference
 FP32, FP16 = fmt.DTYPE_FP32, fmt.DTYPE_FP16
 CANARY = 0xAB
 GUARD = 0x5A
-
-
-def test_under_simulator():
-    run_under_simulator(__file__, timeout=1200)
 
 
 @pytest.fixture(params=[pytest.param("simulator", marks=simulator_only),
@@ -97,6 +94,7 @@ def test_sizes_match_reference(dev, n, checksum, code):
         assert h.raw == (0 < n < 1000)
 
 
+@long_under_simulator
 def test_every_fp16_pattern(dev):
     cb = Codebook((9, 10, 11, 12, 13, 14, 15))
     if dev.simulated:  # every exponent and sign with edge mantissas, 2 blocks
@@ -155,6 +153,7 @@ def test_hypothesis_fuzz(dev, code):
     check()
 
 
+@long_under_simulator
 @pytest.mark.parametrize("code", [FP32, FP16])
 def test_malformed_frames_set_error_bits(dev, code):
     n = dev.size(5000, 300_000)
@@ -205,6 +204,7 @@ def test_fp16_escape_above_31_without_checksum(dev):
         gpu.decompress(dev.asarray(bad))
 
 
+@long_under_simulator
 @pytest.mark.parametrize("code", [FP32, FP16])
 def test_compress_and_decompress(dev, code):
     n = dev.size(4500, 2_000_003)

@@ -13,8 +13,8 @@ simulator's in-kernel arrays reject negative indices. The frames here are built 
 that every check the decoder relies on is exercised with the payload it guards
 being garbage, and every frame buffer is exactly as long as the frame claims (or
 shorter), so any read past it is caught. Like the simulator half of
-``test_gpu_codec.py`` it re-runs itself in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``
-(``conftest.run_under_simulator``).
+``test_gpu_codec.py`` its cases run in a pytest process with ``NUMBA_ENABLE_CUDASIM=1``
+(``make test``, ``make test-sim``).
 
 The other way a device collective reads garbage is a race between its streams (a
 decode before the transfer that fills its buffer has finished, a buffer zeroed or
@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import SIMULATOR, gaussian_bits, run_under_simulator, simulator_only
+from conftest import SIMULATOR, gaussian_bits, simulator_only
 
 
 @pytest.mark.mpi
@@ -45,10 +45,6 @@ def test_stream_order():
     r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "no race on 2 ranks" in r.stdout and "negative control caught" in r.stdout
-
-
-def test_under_simulator():
-    run_under_simulator(__file__, timeout=600)
 
 
 if SIMULATOR:

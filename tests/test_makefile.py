@@ -5,7 +5,9 @@
 - `make figures` redraws every figure whatever the file times say (after a clone they are
   the order git wrote the files in), and `make -C figures out/X.png` redraws the one asked for;
 - `make test` and `make demo` install first when the install stamp is missing or older than
-  pyproject.toml, and not when it is current.
+  pyproject.toml, and not when it is current;
+- the simulator runs (`make test`, `test-sim`, `test-slow`) name every test file that has
+  simulator cases, and `.ci/run` runs every tier that needs no GPU.
 """
 
 from __future__ import annotations
@@ -104,3 +106,31 @@ def test_install_stamp(tmp_path, target):
     assert "pip install" not in make("-n", target, f"STAMP={stamp}")
     os.utime(stamp, (0, 0))  # older than pyproject.toml: its dependencies may have changed
     assert "pip install" in make("-n", target, f"STAMP={stamp}")
+
+
+def _recipe(target: str, stamp: Path) -> list[str]:
+    """The pytest commands ``make -n target`` prints (``stamp``: a current install stamp)."""
+    stamp.touch()
+    return [line for line in make("-n", target, f"STAMP={stamp}").splitlines() if "pytest" in line]
+
+
+def test_simulator_runs_name_every_file_with_simulator_cases(tmp_path):
+    """A test file with simulator cases that no simulator run names would never run them
+    (the plain pytest run skips them)."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if re.search(r"^from conftest import .*\bsimulator_only\b", p.read_text(), flags=re.M))
+    assert len(files) >= 3, files
+    for target in ("test", "test-sim", "test-slow"):
+        sim = [c for c in _recipe(target, tmp_path / "stamp") if "NUMBA_ENABLE_CUDASIM=1" in c]
+        assert len(sim) == 1, (target, sim)
+        assert sorted(a for a in sim[0].split() if a.startswith("tests/")) == files, (target, sim)
+
+
+def test_ci_runs_the_tiers_that_need_no_gpu(tmp_path):
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip().startswith("make")]
+    assert ci == ["make install", "make test", "make test-slow"], ci
+    # together they select every test but the GPU ones: the quick tier and the slow one
+    quick, slow = _recipe("test", tmp_path / "stamp"), _recipe("test-slow", tmp_path / "stamp")
+    assert ['-m "not gpu and not slow"' in c for c in quick].count(True) == 1, quick
+    assert ['-m "slow and not gpu"' in c for c in slow].count(True) == 1, slow

@@ -80,6 +80,7 @@ def test_no_unexpected_failures(rank_results):
         assert not bad, f"rank {r}: {bad}"
 
 
+@pytest.mark.slow  # make test-slow: make test trains under torchrun through examples/ (test_examples.py)
 def test_train_e2e_toy(tmp_path):
     """experiments/train_e2e.py under torchrun on 2 CPU ranks (gloo), toy model: both modes run,
     the losses of every step are the same bits, the compressed run compressed."""

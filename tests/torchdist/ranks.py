@@ -69,51 +69,76 @@ def first_diff(a: np.ndarray, b: np.ndarray) -> str:
 
 # ---------------------------------------------------------------------------------------------
 
-def check_collectives(rank: int, p: int, res: dict) -> None:
+def record(res: dict, name: str, a: np.ndarray, b: np.ndarray) -> None:
+    """``res[name]``: do the bit patterns ``a`` and ``b`` agree?"""
+    res[name] = {"ok": bool(a.shape == b.shape and np.array_equal(a, b)), "detail": first_diff(a, b)}
+
+
+def record_nan_rule(res: dict, name: str, ours: np.ndarray, torch_bits: np.ndarray) -> None:
+    """As ``record``, torch's NaNs counted as 0x7FC0: torch's BF16 division writes NaN as
+    0xFFFF (vectorised loop) or 0x7FC0 (scalar tail), by position; zipccl always 0x7FC0."""
+    nan = (torch_bits & 0x7F80) == 0x7F80
+    nan &= (torch_bits & 0x007F) != 0
+    a, b = ours.copy(), torch_bits.copy()
+    b[nan] = 0x7FC0
+    res[name] = {"ok": bool(np.array_equal(a, b)),
+                 "detail": f"{first_diff(a, b)} ({int(nan.sum())} NaNs in torch's result)"}
+
+
+#: (input kind, elements per rank) of the BF16 collective checks
+KINDS = (("gauss", 5003), ("corpus", 9118))
+
+
+def _collectives():
+    """(always, chunked: many pipeline rounds of 4096 elements) for one check."""
+    import zipccl.torch as zt
+
+    return zt.Collectives("always"), zt.Collectives("always", chunk_bytes=8192)
+
+
+def check_all_gather(rank: int, p: int, res: dict) -> None:
+    """Out of place, in place (FSDP2's call), chunked; torch's own as reference."""
     import torch
     import torch.distributed as dist
 
-    import zipccl.torch as zt
-    from zipccl.comm.collectives import reduce_sum_bf16
-
-    def record(name: str, a: np.ndarray, b: np.ndarray) -> None:
-        res[name] = {"ok": bool(a.shape == b.shape and np.array_equal(a, b)), "detail": first_diff(a, b)}
-
-    def record_nan_rule(name: str, ours: np.ndarray, torch_bits: np.ndarray) -> None:
-        # torch's BF16 division writes NaN as 0xFFFF (vectorised loop) or 0x7FC0 (scalar tail),
-        # by position; zipccl always 0x7FC0. Every other element must be the same bits.
-        nan = (torch_bits & 0x7F80) == 0x7F80
-        nan &= (torch_bits & 0x007F) != 0
-        a, b = ours.copy(), torch_bits.copy()
-        b[nan] = 0x7FC0
-        res[name] = {"ok": bool(np.array_equal(a, b)),
-                     "detail": f"{first_diff(a, b)} ({int(nan.sum())} NaNs in torch's result)"}
-
-    always = zt.Collectives("always")
-    chunked = zt.Collectives("always", chunk_bytes=8192)  # many pipeline rounds of 4096 elements
-    never = zt.Collectives("never")
-    for kind, n in (("gauss", 5003), ("corpus", 9118)):
+    always, chunked = _collectives()
+    for kind, n in KINDS:
         x = bf16(rank_input(kind, n, rank))
-        # all-gather: out of place, in place (FSDP2's call), chunked; torch's own as reference
         ref = torch.empty(p * n, dtype=torch.bfloat16)
         dist.all_gather_into_tensor(ref, x)
         out = torch.empty_like(ref)
         always.all_gather_into_tensor(out, x)
-        record(f"all_gather/{kind}", bits(out), bits(ref))
+        record(res, f"all_gather/{kind}", bits(out), bits(ref))
         out = torch.zeros_like(ref)
         out[rank * n:(rank + 1) * n].copy_(x)
         always.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
-        record(f"all_gather_in_place/{kind}", bits(out), bits(ref))
+        record(res, f"all_gather_in_place/{kind}", bits(out), bits(ref))
         out = torch.empty_like(ref)
         chunked.all_gather_into_tensor(out, x)
-        record(f"all_gather_chunked/{kind}", bits(out), bits(ref))
+        record(res, f"all_gather_chunked/{kind}", bits(out), bits(ref))
 
-        # reductions: zipccl's stated reduction of every rank's input (derived from seeds here)
+
+def _stated(kind: str, n: int, rank: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """(every rank's input cut to p equal blocks, zipccl's stated sum of them), from seeds."""
+    from zipccl.comm.collectives import reduce_sum_bf16
+
+    m = n // p
+    full = np.stack([rank_input(kind, n, r)[:p * m] for r in range(p)])
+    total = np.empty(p * m, dtype=np.uint16)
+    reduce_sum_bf16(np.ascontiguousarray(full), total)
+    return full, total
+
+
+def check_reduce_scatter(rank: int, p: int, res: dict) -> None:
+    """SUM and AVG, in one round and chunked: zipccl's stated reduction, and torch's bits."""
+    import torch
+    import torch.distributed as dist
+
+    always, chunked = _collectives()
+    for kind, n in KINDS:
+        full, total = _stated(kind, n, rank, p)
         m = n // p
-        full = np.stack([rank_input(kind, n, r)[:p * m] for r in range(p)])
-        mine = full[:, rank * m:(rank + 1) * m]
-        stated = np.empty(m, dtype=np.uint16)
-        reduce_sum_bf16(np.ascontiguousarray(mine), stated)
+        stated = total[rank * m:(rank + 1) * m]  # the sum is element-wise: this rank's block
         xs = bf16(full[rank])
         for opname, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
             ref = torch.empty(m, dtype=torch.bfloat16)
@@ -122,27 +147,42 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
                 out = torch.empty(m, dtype=torch.bfloat16)
                 coll.reduce_scatter_tensor(out, xs, op)
                 expect = stated if opname == "sum" else avg_bits(stated, p)
-                record(f"reduce_scatter{label}_{opname}_stated/{kind}", bits(out), expect)
+                record(res, f"reduce_scatter{label}_{opname}_stated/{kind}", bits(out), expect)
                 (record if opname == "sum" else record_nan_rule)(
-                    f"reduce_scatter{label}_{opname}_vs_torch/{kind}", bits(out), bits(ref))
-            # all-reduce: near-equal shards of the whole buffer, then the same reduction
+                    res, f"reduce_scatter{label}_{opname}_vs_torch/{kind}", bits(out), bits(ref))
+
+
+def check_all_reduce(rank: int, p: int, res: dict) -> None:
+    """SUM and AVG of the whole buffer (near-equal shards): the stated reduction, torch's bits."""
+    import torch.distributed as dist
+
+    always, _ = _collectives()
+    for kind, n in KINDS:
+        full, total = _stated(kind, n, rank, p)
+        xs = bf16(full[rank])
+        for opname, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
             buf, ref = xs.clone(), xs.clone()
             dist.all_reduce(ref, op=op)
             always.all_reduce(buf, op)
-            allstated = np.empty(p * m, dtype=np.uint16)
-            reduce_sum_bf16(np.ascontiguousarray(full), allstated)
-            expect = allstated if opname == "sum" else avg_bits(allstated, p)
-            record(f"all_reduce_{opname}_stated/{kind}", bits(buf), expect)
+            expect = total if opname == "sum" else avg_bits(total, p)
+            record(res, f"all_reduce_{opname}_stated/{kind}", bits(buf), expect)
             (record if opname == "sum" else record_nan_rule)(
-                f"all_reduce_{opname}_vs_torch/{kind}", bits(buf), bits(ref))
+                res, f"all_reduce_{opname}_vs_torch/{kind}", bits(buf), bits(ref))
 
-        # all-to-all: equal blocks and uneven row splits (2-D tensors: splits count rows)
+
+def check_all_to_all(rank: int, p: int, res: dict) -> None:
+    """Equal blocks and uneven row splits (2-D tensors: splits count rows)."""
+    import torch
+    import torch.distributed as dist
+
+    always, _ = _collectives()
+    for kind, _n in KINDS:
         rows = 2 * p * 7
         x2 = bf16(rank_input(kind, rows * 33, rank)).reshape(rows, 33)
         ref, out = torch.empty_like(x2), torch.empty_like(x2)
         dist.all_to_all_single(ref, x2)
         always.all_to_all_single(out, x2)
-        record(f"all_to_all/{kind}", bits(out), bits(ref))
+        record(res, f"all_to_all/{kind}", bits(out), bits(ref))
         split = [[(3 * s + 1 + r) for s in range(p)] for r in range(p)]  # rank r sends split[r][s]
         for r in range(p):
             split[r][-1] = rows - sum(split[r][:-1])
@@ -151,28 +191,61 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
         out = torch.empty_like(ref)
         dist.all_to_all_single(ref, x2, recv, split[rank])
         always.all_to_all_single(out, x2, recv, split[rank])
-        record(f"all_to_all_uneven/{kind}", bits(out), bits(ref))
+        record(res, f"all_to_all_uneven/{kind}", bits(out), bits(ref))
 
-    res["compressed_calls_counted"] = {"ok": always.stats.compressed_calls == always.stats.calls > 0
-                                       and always.stats.wire_bytes < always.stats.raw_bytes,
-                                       "detail": str(always.stats)}
 
-    # other dtypes and other ops pass through torch.distributed's own collective
+def check_stats(rank: int, p: int, res: dict) -> None:
+    """``stats`` counts every call, in total and per collective, and the bytes it saved."""
+    import torch
+    import torch.distributed as dist
+
+    always, _ = _collectives()
+    x = bf16(rank_input("gauss", 4096, rank))
+    always.all_gather_into_tensor(torch.empty(p * 4096, dtype=torch.bfloat16), x)
+    always.all_gather_into_tensor(torch.empty(p * 4096, dtype=torch.bfloat16), x)
+    always.reduce_scatter_tensor(torch.empty(4096 // p, dtype=torch.bfloat16), x.clone())
+    always.all_reduce(x.clone(), dist.ReduceOp.AVG)
+    always.all_to_all_single(torch.empty_like(x), x)
+    st = always.stats
+    per = st.per_op()
+    counts = {op: (c["calls"], c["compressed_calls"]) for op, c in per.items()}
+    summed = {k: sum(c[k] for c in per.values()) for k in st.as_dict()}
+    ok = (counts == {"all_gather": (2, 2), "reduce_scatter": (1, 1), "all_reduce": (1, 1),
+                     "all_to_all": (1, 1)}
+          and summed == st.as_dict() and st.compressed_calls == st.calls == 5
+          and all(0 < c["wire_bytes"] < c["raw_bytes"] for c in per.values()))
+    res["compressed_calls_counted"] = {"ok": bool(ok), "detail": f"{st} {per}"}
+
+
+def check_passthrough(rank: int, p: int, res: dict) -> None:
+    """Other dtypes and other ops pass through torch.distributed's own collective."""
+    import torch
+    import torch.distributed as dist
+
+    always, _ = _collectives()
     f = torch.arange(12, dtype=torch.int32) * (rank + 1)
     ref, out = f.clone(), f.clone()
     dist.all_reduce(ref)
-    before = always.stats.compressed_calls
     always.all_reduce(out)
     xm = bf16(rank_input("gauss", 64, rank))
     ref_max, out_max = xm.clone(), xm.clone()
     dist.all_reduce(ref_max, op=dist.ReduceOp.MAX)
     always.all_reduce(out_max, op=dist.ReduceOp.MAX)
     ok = np.array_equal(bits(out), bits(ref)) and np.array_equal(bits(out_max), bits(ref_max))
-    after = always.stats.compressed_calls
-    res["passthrough_int32_and_max"] = {"ok": bool(ok and after == before),
-                                       "detail": f"compressed_calls {before} -> {after}"}
+    st = always.stats
+    res["passthrough_int32_and_max"] = {
+        "ok": bool(ok and st.compressed_calls == 0 and st.of("all_reduce").calls == 2),
+        "detail": f"{st} {st.per_op()}"}
 
-    # policy="never" is torch.distributed itself
+
+def check_never(rank: int, p: int, res: dict) -> None:
+    """policy="never" is torch.distributed itself."""
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+
+    never = zt.Collectives("never")
     x = bf16(rank_input("gauss", 4096, rank))
     ref, out = torch.empty(p * 4096, dtype=torch.bfloat16), torch.empty(p * 4096, dtype=torch.bfloat16)
     dist.all_gather_into_tensor(ref, x)
@@ -181,16 +254,38 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
                                          and never.stats.compressed_calls == 0 and never.stats.calls == 1),
                               "detail": str(never.stats)}
 
-    # async_op=True: a Work whose wait() returns, result already in place; module-level functions
+
+def check_async_work(rank: int, p: int, res: dict) -> None:
+    """async_op=True: a Work whose wait() returns, result already in place; the module-level
+    functions count into the ``stats`` they are given, per collective too."""
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+
+    x = bf16(rank_input("gauss", 4096, rank))
+    ref = torch.empty(p * 4096, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(ref, x)
     out = torch.empty(p * 4096, dtype=torch.bfloat16)
     stats = zt.Stats()
     work = zt.all_gather_into_tensor(out, x, async_op=True, policy="always", stats=stats)
     waited = work.wait()
-    res["async_work"] = {"ok": bool(isinstance(work, dist.Work) and waited
-                                    and np.array_equal(bits(out), bits(ref)) and stats.compressed_calls == 1),
-                         "detail": f"{type(work).__name__} wait={waited} {stats}"}
+    ok = (isinstance(work, dist.Work) and waited and np.array_equal(bits(out), bits(ref))
+          and stats.compressed_calls == 1 and list(stats.per_op()) == ["all_gather"]
+          and stats.of("all_gather").as_dict() == stats.as_dict())
+    res["async_work"] = {"ok": bool(ok), "detail": f"{type(work).__name__} wait={waited} {stats}"}
 
-    # Megatron-shaped: handle with .wait() even for async_op=False
+
+def check_megatron(rank: int, p: int, res: dict) -> None:
+    """Megatron-shaped: handle with .wait() even for async_op=False."""
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+
+    x = bf16(rank_input("gauss", 4096, rank))
+    ref = torch.empty(p * 4096, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(ref, x)
     mc = zt.MegatronComm(policy="always")
     out = torch.empty(p * 4096, dtype=torch.bfloat16)
     h = mc.all_gather(out, x, group=None, async_op=False)
@@ -202,8 +297,12 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
     ok = np.array_equal(bits(out), bits(ref)) and np.array_equal(bits(rs), bits(rs_ref))
     res["megatron"] = {"ok": bool(ok and mc.stats.compressed_calls == 2), "detail": str(mc.stats)}
 
-    # the transport's alltoallv with gaps between regions (packed into and out of staging);
-    # regions not named must stay untouched
+
+def check_transport(rank: int, p: int, res: dict) -> None:
+    """The transport's alltoallv with gaps between regions (packed into and out of staging);
+    regions not named must stay untouched."""
+    import zipccl.torch as zt
+
     tr = zt.ProcessGroupTransport(None, "cpu")
     send = np.arange(64, dtype=np.uint8) + 64 * rank
     sc, sd = [5, 7], [40, 3]  # to rank k: sc[k] bytes at sd[k]; out of order and apart
@@ -214,9 +313,13 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
     for j in range(p):
         peer_send = np.arange(64, dtype=np.uint8) + 64 * j
         expect[rd[j]:rd[j] + sc[rank]] = peer_send[sd[rank]:sd[rank] + sc[rank]]
-    record("transport_alltoallv_gaps", recv, expect)
+    record(res, "transport_alltoallv_gaps", recv, expect)
 
-    # agreement: a problem on one rank raises the same error on every rank
+
+def check_agreement(rank: int, p: int, res: dict) -> None:
+    """A problem on one rank raises the same error on every rank."""
+    import zipccl.torch as zt
+
     agree = zt.GroupAgreement(None, "cpu")
     try:
         agree("bad frame" if rank == 1 else None)
@@ -224,6 +327,23 @@ def check_collectives(rank: int, p: int, res: dict) -> None:
     except Exception as e:  # noqa: BLE001
         res["agreement"] = {"ok": type(e).__name__ == "CollectiveError" and "rank 1: bad frame" in str(e),
                             "detail": str(e)}
+
+
+def run_checks(checks, rank: int, p: int, res: dict) -> None:
+    """Each check in turn; one that raises is recorded under its own name (the test that
+    reads a result it did not write names it) and the next still runs."""
+    for check in checks:
+        try:
+            check(rank, p, res)
+        except Exception:  # noqa: BLE001 -- reported per check, the test says which
+            res[check.__name__] = {"ok": False, "detail": traceback.format_exc()}
+
+
+def check_collectives(rank: int, p: int, res: dict) -> None:
+    """The BF16 collectives and the layer around them, one named check after another."""
+    run_checks((check_all_gather, check_reduce_scatter, check_all_reduce, check_all_to_all, check_stats,
+                check_passthrough, check_never, check_async_work, check_megatron, check_transport,
+                check_agreement), rank, p, res)
 
 
 # ---------------------------------------------------------------------------------------------

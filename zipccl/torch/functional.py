@@ -38,7 +38,7 @@ torch.distributed does (a mismatch between ranks is the caller's bug, as there).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -67,18 +67,39 @@ ReduceOp = dist.ReduceOp
 
 @dataclass
 class Stats:
-    """What a set of calls moved, counted on this rank: bytes it sent, raw vs on the wire."""
+    """What a set of calls moved, counted on this rank: bytes it sent, raw vs on the wire.
+
+    The four counts are totals; ``by_op`` holds the same four per collective
+    ("all_gather", "reduce_scatter", "all_to_all", "all_reduce": a compressed all-reduce
+    counts as one all-reduce), and ``of(op)`` reads one (zeros for a collective not called):
+
+    >>> from zipccl.comm.collectives import ExchangeStats
+    >>> s = Stats()
+    >>> s.add(True, ExchangeStats(wire_bytes=70, raw_bytes=100), "all_gather")
+    >>> s.add(False, ExchangeStats(wire_bytes=50, raw_bytes=50), "reduce_scatter")
+    >>> s.calls, s.wire_bytes, s.of("all_gather").wire_bytes, s.of("reduce_scatter").compressed_calls
+    (2, 120, 70, 0)
+    >>> s.per_op()["all_gather"], s.of("all_to_all").calls
+    ({'calls': 1, 'compressed_calls': 1, 'raw_bytes': 100, 'wire_bytes': 70}, 0)
+    """
 
     calls: int = 0
     compressed_calls: int = 0
     raw_bytes: int = 0
     wire_bytes: int = 0
+    by_op: dict[str, Stats] = field(default_factory=dict, repr=False)
 
-    def add(self, compressed: bool, ex: ExchangeStats) -> None:
+    def add(self, compressed: bool, ex: ExchangeStats, op: str | None = None) -> None:
         self.calls += 1
         self.compressed_calls += int(compressed)
         self.raw_bytes += int(ex.raw_bytes)
         self.wire_bytes += int(ex.wire_bytes)
+        if op is not None:
+            self.by_op.setdefault(op, Stats()).add(compressed, ex)
+
+    def of(self, op: str) -> Stats:
+        """The counts of one collective (a new, empty ``Stats`` if it was never called)."""
+        return self.by_op.get(op) or Stats()
 
     @property
     def ratio(self) -> float:
@@ -87,10 +108,26 @@ class Stats:
 
     def reset(self) -> None:
         self.calls = self.compressed_calls = self.raw_bytes = self.wire_bytes = 0
+        self.by_op.clear()
 
     def as_dict(self) -> dict:
+        """The four totals (``by_op`` left out: see ``per_op``)."""
         return {"calls": self.calls, "compressed_calls": self.compressed_calls,
                 "raw_bytes": self.raw_bytes, "wire_bytes": self.wire_bytes}
+
+    def per_op(self) -> dict[str, dict]:
+        """``{collective: its four counts}`` for every collective called."""
+        return {op: s.as_dict() for op, s in self.by_op.items()}
+
+    def _add_since(self, now: Stats, before: Stats) -> None:
+        """Add what ``now`` counted after ``before`` (an earlier copy of it), per collective too."""
+        for k, v in now.as_dict().items():
+            setattr(self, k, getattr(self, k) + v - getattr(before, k))
+        for op, s in now.by_op.items():
+            self.by_op.setdefault(op, Stats())._add_since(s, before.of(op))
+
+    def _copy(self) -> Stats:
+        return Stats(**self.as_dict(), by_op={op: s._copy() for op, s in self.by_op.items()})
 
 
 def _done_work(result: torch.Tensor | None = None):
@@ -287,9 +324,9 @@ class Collectives:
         self.last_decision = d
         return d
 
-    def _native(self, call, raw: int, async_op: bool):
+    def _native(self, op: str, call, raw: int, async_op: bool):
         work = call()
-        self.stats.add(False, ExchangeStats(raw, raw))
+        self.stats.add(False, ExchangeStats(raw, raw), op)
         return work if async_op else None
 
     # -- the collectives --------------------------------------------------------------------
@@ -307,8 +344,8 @@ class Collectives:
         d = self._decide("all_gather", n * input_tensor.element_size(), input_tensor, p, group=group)
         if not d.compress:
             raw = n * input_tensor.element_size() * (p - 1)
-            return self._native(lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
-                                raw, async_op)
+            return self._native("all_gather", lambda: _tr.all_gather_single(
+                output_tensor, input_tensor, group, async_op), raw, async_op)
         eng, tr, agree, stream = self._route(group, input_tensor)
         send = input_tensor
         own = output_tensor.reshape(-1)[tr.rank * n:(tr.rank + 1) * n]
@@ -317,7 +354,7 @@ class Collectives:
         ex = all_gather_values(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
                              compress=True, stream=stream, chunk=self._chunk_of(send),
                              channel=self._channel(group, send))
-        self.stats.add(True, ex)
+        self.stats.add(True, ex, "all_gather")
         return _done_work(output_tensor) if async_op else None
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
@@ -335,8 +372,8 @@ class Collectives:
         d = self._decide("reduce_scatter", input.numel() * input.element_size(), input, p, name, group)
         if not d.compress or name is None:
             raw = (p - 1) * m * input.element_size()
-            return self._native(lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
-                                raw, async_op)
+            return self._native("reduce_scatter", lambda: _tr.reduce_scatter_single(
+                output, input, op, group, async_op), raw, async_op)
         eng, tr, agree, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
         ex = reduce_scatter_values(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
@@ -344,7 +381,7 @@ class Collectives:
                              channel=self._channel(group, send))
         if name == "avg":
             _divide(output, p)
-        self.stats.add(True, ex)
+        self.stats.add(True, ex, "reduce_scatter")
         return _done_work(output) if async_op else None
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
@@ -387,7 +424,7 @@ class Collectives:
         d = self._decide("all_to_all", nbytes, input, p, group=group)
         if not d.compress:
             raw = (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
-            return self._native(lambda: dist.all_to_all_single(
+            return self._native("all_to_all", lambda: dist.all_to_all_single(
                 output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
                 raw, async_op)
         eng, tr, agree, stream = self._route(group, input)
@@ -400,7 +437,7 @@ class Collectives:
         ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
                              compress=True, stream=stream, chunk=self._chunk_of(send), max_count=largest,
                              phases=self.phases, channel=self._channel(group, send))
-        self.stats.add(True, ex)
+        self.stats.add(True, ex, "all_to_all")
         return _done_work(output) if async_op else None
 
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -416,14 +453,14 @@ class Collectives:
         d = self._decide("all_reduce", tensor.numel() * tensor.element_size(), tensor, p, name, group)
         if not d.compress or name is None:
             raw = 2 * tensor.numel() * tensor.element_size() * (p - 1) // max(p, 1)
-            return self._native(lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
-                                raw, async_op)
+            return self._native("all_reduce", lambda: dist.all_reduce(
+                tensor, op=op, group=group, async_op=async_op), raw, async_op)
         eng, tr, agree, stream = self._route(group, tensor)
         ex = all_reduce_values(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
                                chunk=self._chunk_of(tensor), channel=self._channel(group, tensor))
         if name == "avg":
             _divide(tensor, p)
-        self.stats.add(True, ex)
+        self.stats.add(True, ex, "all_reduce")
         return _done_work(tensor) if async_op else None
 
     @staticmethod
@@ -450,15 +487,11 @@ def _with_stats(c: Collectives, stats: Stats | None, call):
     """Run ``call`` and add what it moved to ``stats`` as well."""
     if stats is None:
         return call()
-    before = c.stats.as_dict()
+    before = c.stats._copy()
     try:
         return call()
     finally:
-        after = c.stats.as_dict()
-        stats.calls += after["calls"] - before["calls"]
-        stats.compressed_calls += after["compressed_calls"] - before["compressed_calls"]
-        stats.raw_bytes += after["raw_bytes"] - before["raw_bytes"]
-        stats.wire_bytes += after["wire_bytes"] - before["wire_bytes"]
+        stats._add_since(c.stats, before)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, *,

@@ -1,0 +1,41 @@
+"""examples/ as a user runs them: ``torchrun --nproc_per_node 2`` on CPUs (gloo), a few steps.
+
+Each example trains its model with and without zipccl and prints whether the losses and the
+parameters are the same bits, and per rank what zipccl's ``stats`` counted per collective.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: the collectives each example's zipccl run must have compressed, on every rank
+COLLECTIVES = {"ddp": ["all_reduce"], "fsdp2": ["all_gather", "reduce_scatter"]}
+_STATS = re.compile(r"^rank (\d) (\w+): (\d+) calls, (\d+) compressed, ([\d,]+) raw -> ([\d,]+) wire bytes",
+                    flags=re.M)
+
+
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+def test_example_matches_native_and_counts_each_collective(name):
+    pytest.importorskip("torch")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / f"{name}.py"), "--steps", "2", "--device", "cpu"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    assert "losses match: yes" in out and "parameters match: yes" in out, out
+    counted = {(int(rank), op): (int(calls), int(zipped), int(raw.replace(",", "")),
+                                 int(wire.replace(",", "")))
+               for rank, op, calls, zipped, raw, wire in _STATS.findall(out)}
+    assert sorted(counted) == [(rank, op) for rank in (0, 1) for op in COLLECTIVES[name]], out
+    for calls, zipped, raw, wire in counted.values():
+        assert calls >= 2 and zipped == calls and 0 < wire < raw, out
