@@ -32,6 +32,7 @@ from conftest import edge_corpus, gaussian_bits
 from mpi4py import MPI
 
 import zipccl
+import zipccl.comm.slots
 from zipccl.comm import CollectiveError
 
 WORLD = MPI.COMM_WORLD  # a test's main communicator; the library itself never names it
@@ -573,6 +574,27 @@ def test_corrupted_frame_detected_everywhere(place, where, chunk_bytes):
             place.xor(recv, at + off, 0x80 if where == "escapes" else (0x01 if where == "header" else 0x10),
                       stream)
 
+    def corrupting_slots(send, sc, sd, recv, rc, rd, stream=None):  # the slot exchange (device)
+        real(send, sc, sd, recv, rc, rd, stream)
+        calls.append(1)
+        if ME == 0 and rc[peer] and len(calls) == 1:
+            frame = rd[peer] + zipccl.comm.slots.SLOT_HEADER
+            off = {"header": 20, "payload": 200, "escapes": zipccl.format.static_size(n)}[where]
+            mask = 0x80 if where == "escapes" else (0x01 if where == "header" else 0x10)
+            place.xor(recv, frame + off, mask, stream)
+
+    if place.device:  # enqueued and returned: the error surfaces at synchronize(), on every rank
+        tr.alltoallv = corrupting_slots
+        try:
+            c.all_gather(x, out, **place.kw)
+        finally:
+            tr.alltoallv = real
+        with pytest.raises(CollectiveError, match="rank 0: .*corrupted"):
+            c.synchronize()
+        with pytest.raises(CollectiveError, match="failed"):  # and stays failed (sticky)
+            c.all_gather(x, out, **place.kw)
+        c.close()
+        return
     tr.alltoallv, tr.allgather = corrupting, corrupting_gather
     try:
         with pytest.raises(CollectiveError, match="rank 0: frame from rank 1: corrupted"):

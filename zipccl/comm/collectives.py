@@ -722,10 +722,9 @@ def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequenc
     if compress and channel is not None:
         from .exchange import slot_exchange
 
-        channel.check("all_gather")
         return slot_exchange(eng, tr, channel, send, [(0, counts[me])] * tr.size, recv,
                              list(zip(r_off, counts, strict=True)), op="all_gather",
-                             capacity=channel.capacity, chunk=chunk, max_count=max(counts),
+                             uniform=len(set(counts)) == 1, chunk=chunk, max_count=max(counts),
                              shared=True, stream=stream)
     if compress:
         sends = [(0, counts[me])] * tr.size
@@ -744,11 +743,13 @@ def all_gather_values(eng: Engine, tr, agree: Agree, send, recv, counts: Sequenc
 def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Sequence[int],
                     recv_counts: Sequence[int], *, compress: bool, stream=None, chunk: int = 0,
                     max_count: int | None = None, control: Control | None = None,
-                    phases: int = 2, channel=None) -> ExchangeStats:
+                    phases: int = 2, channel=None, uniform: bool = False) -> ExchangeStats:
     """Packed all-to-all: message to j is send[offsets(send_counts)[j]:][:send_counts[j]].
 
     ``max_count``: the largest message between two different ranks anywhere (all ranks
-    pass the same; needed with ``chunk`` > 0 on more than two ranks). ``phases`` (with
+    pass the same; needed with ``chunk`` > 0 on more than two ranks). ``channel``: a
+    ``exchange.SlotChannel``: the slot exchange (device engines); ``uniform``: every
+    message has the same count on every rank (equal blocks, as the caller knows). ``phases`` (with
     ``chunk`` = 0, compressed): 2 = static then dynamic phase (``compressed_exchange``),
     1 = every frame length first, then one transfer (``one_phase_exchange``).
     """
@@ -758,10 +759,8 @@ def all_to_all_values(eng: Engine, tr, agree: Agree, send, recv, send_counts: Se
     if compress and channel is not None:
         from .exchange import slot_exchange
 
-        channel.check("all_to_all")
         return slot_exchange(eng, tr, channel, send, sends, recv, recvs, op="all_to_all",
-                             capacity=channel.capacity, chunk=chunk, max_count=max_count,
-                             stream=stream)
+                             uniform=uniform, chunk=chunk, max_count=max_count, stream=stream)
     if compress:
         if max_count is None:
             if tr.size > 2 and chunk > 0:
@@ -798,9 +797,8 @@ def reduce_scatter_values(eng: Engine, tr, agree: Agree, send, recv, counts: Seq
         if channel is not None:
             from .exchange import slot_exchange
 
-            channel.check("reduce_scatter")
             return slot_exchange(eng, tr, channel, send, sends, stage, recvs, op="reduce_scatter",
-                                 capacity=channel.capacity, chunk=chunk, max_count=max(counts),
+                                 uniform=len(set(counts)) == 1, chunk=chunk, max_count=max(counts),
                                  stream=stream, on_chunk=reduce_cols)
         return _exchange(eng, tr, agree, send, sends, stage, recvs, chunk=chunk,
                          max_count=max(counts), stream=stream, on_chunk=reduce_cols,

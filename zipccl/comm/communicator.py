@@ -451,6 +451,36 @@ class Communicator:
             self.comm.Free()
             self.comm = None
 
+    def synchronize(self, stream=None) -> None:
+        """Wait for this rank's device work on ``stream`` (default: the current CuPy stream)
+        and raise the same ``CollectiveError`` on every rank if a compressed call of this
+        communicator failed on any rank (a frame that did not decode, a slot header that did
+        not match the call). Collective: every rank calls it. After an error the communicator
+        stays failed: every later compressed device call raises.
+
+        Compressed device calls return without waiting (NCCL's contract), so their errors
+        surface here, at the next compressed call on the rank that saw them (a read of
+        mapped memory, no wait), and on its peers one call later (the slot headers carry
+        them).
+        """
+        if self.comm is None:
+            raise CollectiveError("zipccl synchronize: the communicator is closed")
+        ch = self._slot_channel
+        err = None
+        if ch is not None:
+            import cupy
+
+            from .transport import cupy_stream
+
+            (cupy.cuda.get_current_stream() if stream is None else cupy_stream(stream)).synchronize()
+            err = ch.failed or ch.error_text()
+        try:
+            self._agree(err, "synchronize")
+        except CollectiveError as e:
+            if ch is not None:
+                ch.fail(str(e))
+            raise
+
     def __enter__(self) -> Communicator:
         return self
 
@@ -923,7 +953,7 @@ class Communicator:
                                             recv_counts, compress=True, stream=st,
                                             chunk=self._chunk_of(s), max_count=largest,
                                             control=None if ch else control, phases=self.phases,
-                                            channel=ch)
+                                            channel=ch, uniform=control is not None)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.

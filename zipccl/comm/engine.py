@@ -152,6 +152,26 @@ class Engine(Protocol):
         """
         ...
 
+    # -- hooks of exchange.slot_exchange: the pipeline hooks above and below, and these -------
+    def encode_slot(self, values: Array, region: Array) -> None:
+        """Enqueue the frame of ``values`` into ``region[slots.SLOT_HEADER:]`` on the caller's
+        stream, its codebook chosen from ``values`` (device: on the device, no host read)."""
+        ...
+
+    def encode_stream(self):
+        """The stream the encodes run on (the caller's; host: None)."""
+        ...
+
+    def decode_stream(self, k: int):
+        """The stream round ``k``'s decodes run on, ordered after its transfer (host: None)."""
+        ...
+
+    def pipeline_finish(self) -> list:
+        """Close a slot exchange: order the caller's stream after every transfer and decode,
+        reading nothing back. Returns (stream, decode workspace) pairs whose error bits the
+        communicator's error word takes in (host: none; its decodes raise at once)."""
+        ...
+
     # -- hooks of collectives.chunked_exchange (order: see the module docstring) ----------------
     def pipeline_begin(self, rounds: int, p: int) -> None:
         """Start an exchange of ``rounds`` rounds with ``p`` frame slots each (slot k * p + j).

@@ -24,6 +24,8 @@ call) land in the communicator's sticky error word (``Spills.error``), raised as
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from .. import format as fmt
@@ -31,11 +33,9 @@ from . import slots
 from .collectives import ExchangeStats, _piece, chunk_count, offsets, value_code
 from .engine import Engine
 
-Capacity = Callable[[int, int], int]  # (n, element type code) -> escape bytes reserved
-
 
 def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int]], recv,
-                  recvs: Sequence[tuple[int, int]], *, op: str, capacity: Capacity,
+                  recvs: Sequence[tuple[int, int]], *, op: str, uniform: bool = False,
                   chunk: int = 0, max_count: int | None = None, shared: bool = False,
                   stream=None, on_chunk: Callable[[int, int], None] | None = None) -> ExchangeStats:
     """All-to-all of ``send``'s messages as slots (see the module docstring).
@@ -52,6 +52,9 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     code = value_code(send)
     isz = fmt.ITEMSIZE[code]
     stats = ExchangeStats()
+    channel.check(op)
+    channel.site(op, uniform)
+    capacity = channel.capacity
     if max_count is None:
         max_count = max([c for j, (_, c) in enumerate(sends) if j != me]
                         + [c for j, (_, c) in enumerate(recvs) if j != me] + [0])
@@ -92,7 +95,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     rbuf = eng.workspace("slot_recv", sum(t for _, _, t in r_plan))
 
     def frames(plan, base: int, buf, k: int):
-        """(peer, region, slot bytes) of round k's frames in ``buf``."""
+        """(peer, region, slot bytes, n) of round k's frames in ``buf``."""
         n_of, off, _ = plan
         out = []
         for j in range(p):
@@ -100,7 +103,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
             if j != me and n:
                 region = slots.region_bytes(n, code)
                 at = base + off[j]
-                out.append((j, buf[at:at + region], slots.slot_bytes(n, code, capacity(n, code))))
+                out.append((j, buf[at:at + region], slots.slot_bytes(n, code, capacity(n, code)), n))
         return out
 
     eng.pipeline_begin(rounds, p)
@@ -113,7 +116,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
             src = sends[me][0] + lo
             eng.encode_slot(send[src:src + n], out[0][1])
         elif not shared:
-            for j, region, _ in out:
+            for j, region, _, _ in out:
                 lo, n = _piece(sends[j][1], step, k)
                 src = sends[j][0] + lo
                 eng.encode_slot(send[src:src + n], region)
@@ -125,9 +128,9 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     encode_round(0)
     for k in range(rounds):
         s_len, s_dsp, r_len, r_dsp = [0] * p, [0] * p, [0] * p, [0] * p
-        for j, _, sl in frames(s_plan[k], s_base[k], sbuf, k):
+        for j, _, sl, _ in frames(s_plan[k], s_base[k], sbuf, k):
             s_len[j], s_dsp[j] = sl, s_base[k] + s_plan[k][1][j]
-        for j, _, sl in frames(r_plan[k], r_base[k], rbuf, k):
+        for j, _, sl, _ in frames(r_plan[k], r_base[k], rbuf, k):
             r_len[j], r_dsp[j] = sl, r_base[k] + r_plan[k][1][j]
         tr.alltoallv(sbuf, s_len, s_dsp, rbuf, r_len, r_dsp, eng.transfer_stream(k))
         stats.wire_bytes += sum(s_len)
@@ -152,11 +155,6 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     return stats
 
 
-def default_capacity(n: int, code: int) -> int:
-    """Escape bytes reserved per frame until the capacity rule is wired in: 1 in 12 values."""
-    return -(-int(n) // 12)
-
-
 def _address(a) -> int:
     """Device (or, on a stand-in device, host) address of a 1-D array."""
     data = getattr(a, "data", None)
@@ -167,29 +165,93 @@ def _address(a) -> int:
 
 class SlotChannel:
     """A communicator's slot machinery: the call numbering, the spill path (``spill.Spills``),
-    the sticky error word and the capacity rule. Every rank numbers its compressed calls alike
-    (the same calls in the same order, as NCCL requires)."""
+    the sticky error word and the capacity rule (``capacity.CapacityRule``).
 
-    def __init__(self, spills, capacity: Capacity = default_capacity):
+    Every rank numbers its compressed rounds alike (the same calls in the same order, as NCCL
+    requires), so ``seq`` names the same round everywhere. The capacity of a round's slots
+    follows its call site (op, element count, type): the rule observes, for each earlier
+    round of uniform frames (all-gather, reduce-scatter, equal all-to-all), the largest escape
+    count over every rank's frames, which every rank learns alike from the slot headers it
+    received (``Spills.observed``). A round's observation is used ``lag`` rounds later, when
+    its device work has long finished; only a host that runs more than ``lag`` rounds ahead of
+    its device waits for it (``capacity_waits`` counts those waits).
+    """
+
+    def __init__(self, spills, rule=None, *, lag: int = 256):
+        from .capacity import CapacityRule
+
         self.spills = spills
-        self.capacity = capacity
+        self.rule = CapacityRule() if rule is None else rule
+        self.lag = int(lag)
         self.seq = 0
+        self.capacity_waits = 0
+        self.failed: str | None = None
+        self._pending: deque = deque()  # (seq, site, n, code) of rounds to observe
+        self._site = None
 
     def check(self, op: str) -> None:
         """Raise the sticky error of an earlier call (a read of mapped memory, no wait)."""
         from .collectives import CollectiveError
 
-        bits = int(self.spills.error())
-        if bits:
+        if self.failed is not None:
+            raise CollectiveError(f"zipccl {op}: this communicator failed earlier: {self.failed}")
+        text = self.error_text()
+        if text:
             raise CollectiveError(f"zipccl {op}: an earlier compressed call on this communicator "
-                                  f"failed on the device (error word 0x{bits:08x})")
+                                  f"failed on the device: {text}")
+
+    def error_text(self) -> str | None:
+        """The sticky error word in words, or None (a read of mapped memory, no wait)."""
+        from .. import codec
+        from ..kernels.spill import ERROR_TEXT
+
+        bits = int(self.spills.error())
+        if not bits:
+            return None
+        words = [text for bit, text in ERROR_TEXT.items() if bits & bit]
+        if bits & 0xFFFF:
+            words.insert(0, f"corrupted zipccl frame: {codec.gpu.Workspace.describe(bits & 0xFFFF)}")
+        return f"{'; '.join(words)} (error word 0x{bits:08x})"
+
+    def fail(self, message: str) -> None:
+        """Mark the channel failed (every rank agreed on it): every later call raises."""
+        self.failed = message
+
+    def capacity(self, n: int, code: int) -> int:
+        """Escape bytes reserved in each slot of ``n`` values of the round being planned."""
+        return self.rule.capacity(self._site + (n, code), n, code)
+
+    def site(self, op: str, uniform: bool) -> None:
+        """Name the call whose rounds come next: ``uniform`` = every frame of a round has
+        the same element count on every rank (its observations are the same everywhere)."""
+        self._site = (op, uniform)
 
     def begin(self, op: str, code: int, out, inn) -> int:
+        """Number the next round and hand its frames, (peer, region, slot bytes, n), to the
+        spill path; returns its sequence number."""
+        self._observe_until(self.seq + 1 - self.lag)
         self.seq += 1
-        sends = [(j, _address(region), sl, int(region.size)) for j, region, sl in out]
-        recvs = [(j, _address(region), sl, int(region.size)) for j, region, sl in inn]
-        self.spills.begin(self.seq, slots.OP_CODES[op], code, sends, recvs)
+        sends = [(j, _address(region), sl, int(region.size), n) for j, region, sl, n in out]
+        recvs = [(j, _address(region), sl, int(region.size), n) for j, region, sl, n in inn]
+        observe = bool(self._site is not None and self._site[1] and out and inn)
+        self.spills.begin(self.seq, op, code, sends, recvs, observe=observe)
+        if observe:
+            n = out[0][3]
+            self._pending.append((self.seq, self._site + (n, code), n, code))
         return self.seq
+
+    def _observe_until(self, last: int) -> None:
+        while self._pending and self._pending[0][0] <= last:
+            seq, site, n, code = self._pending.popleft()
+            got = self.spills.observed(seq)
+            if got is None:
+                self.capacity_waits += 1
+                delay = 1e-5
+                while got is None:  # the device is more than `lag` rounds behind this host
+                    time.sleep(delay)
+                    delay = min(2 * delay, 1e-3)
+                    got = self.spills.observed(seq)
+            self.rule.observe(site, n, code, int(got))
 
     def launch_out(self, seq: int, stream) -> None:
         self.spills.launch_out(seq, stream)

@@ -135,6 +135,21 @@ class HostEngine:
             return str(e)
         return None
 
+    def encode_slot(self, values: np.ndarray, region: np.ndarray) -> None:
+        """Encode into ``region[SLOT_HEADER:]`` with the codebook of ``values``' sample."""
+        from .slots import SLOT_HEADER
+
+        self.encode(values, region[SLOT_HEADER:], self.codebook(values))
+
+    def encode_stream(self):
+        return None
+
+    def decode_stream(self, k: int):
+        return None
+
+    def pipeline_finish(self) -> list:
+        return []
+
     def pipeline_end(self) -> str | None:
         """Wait for the exchange; the first decode error that reports late (device), if any."""
         return None

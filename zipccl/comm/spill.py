@@ -216,12 +216,13 @@ class _Block:
 
 class _Call:
     __slots__ = ("seq", "block", "send", "recv", "grid_out", "grid_in", "out_launched",
-                 "in_launched", "sends", "done")
+                 "in_launched", "sends", "done", "observe")
 
     def __init__(self, seq, block, send, recv, grid_out, grid_in):
         self.seq, self.block, self.send, self.recv = seq, block, send, recv
         self.grid_out, self.grid_in = grid_out, grid_in
         self.out_launched = self.in_launched = self.done = False
+        self.observe = False
         self.sends: list = []
 
 
@@ -267,6 +268,7 @@ class Spills:
         self._thread: threading.Thread | None = None
         self._sending: list[_Call] = []  # progress thread only: handled, sends in flight
         self._last_handled = 0  # progress thread only
+        self._observed: dict[int, int] = {}  # seq -> largest escape count (begin(observe=True))
         self._failure: BaseException | None = None
         self._closed = False
 
@@ -325,12 +327,14 @@ class Spills:
                 "allocations": self._allocations, "in_flight": len(self._inflight)}
 
     # -- the API ---------------------------------------------------------------------------
-    def begin(self, seq: int, op, dtype, sends: Sequence, recvs: Sequence) -> None:
+    def begin(self, seq: int, op, dtype, sends: Sequence, recvs: Sequence, *,
+              observe: bool = False) -> None:
         """Prepare call ``seq``: ``op`` (a name or code of ``slots.OP_CODES``), element type
         ``dtype``, and every frame this rank sends / receives as ``(peer, region_ptr,
         slot_bytes, region_bytes, n)``. A region holds the slot header, then the frame;
         ``region_ptr`` is its (16-byte aligned) address. Frames toward one peer are listed
-        in the same order on the sender as on the receiver. Never waits.
+        in the same order on the sender as on the receiver. Never waits. ``observe``: keep
+        the call's largest escape count over every rank's frames for ``observed``.
         """
         self._check()
         if self._closed:
@@ -369,6 +373,7 @@ class Spills:
             [_ordinals(s[:, 0]), _ordinals(r[:, 0])]) % TAG_FRAMES
         call = _Call(seq, block, descs[:ns], descs[ns:], kern.blocks_for(int(caps[:ns].sum())),
                      kern.blocks_for(int(caps[ns:].sum())))
+        call.observe = bool(observe)
         self._last_seq = seq
         self._calls[seq] = call
         self._inflight.append(call)
@@ -449,6 +454,14 @@ class Spills:
         workspace's error bits) into the sticky error word."""
         self._check()
         self._launch("zipccl_spill_record", 1, (self._ctrl_ptr, self._dev_ptr, int(bits_ptr)), stream)
+
+    def observed(self, seq: int) -> int | None:
+        """The largest escape count over every rank's frames of call ``seq`` (begun with
+        ``observe=True``), once the device has checked its received slot headers; None
+        before that. Each value is returned once. A read of what the progress thread noted:
+        no wait."""
+        self._check()
+        return self._observed.pop(int(seq), None)
 
     def error(self) -> int:
         """The sticky error word as far as the device has got (a read of mapped memory, no
@@ -551,6 +564,8 @@ class Spills:
                 call.sends.append(self.channel.isend(block.u8[at:at + n], int(d[kern.D_PEER]),
                                                      int(d[kern.D_TAG])))
         self._wait(block.words, kern.W_IN_REQUEST, seq)
+        if call.observe:
+            self._observed[seq] = int(block.words[kern.W_MAX_ESC])
         for d in call.recv:
             n = int(d[kern.D_TAIL_LEN])
             if n:

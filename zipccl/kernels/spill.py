@@ -66,6 +66,8 @@ W_OUT_READY = 7  # device -> host: this call's send tails and their lengths are 
 W_IN_REQUEST = 8  # device -> host: this call's receive lengths are posted
 W_IN_READY = 9  # host -> device: the requested tails are in the block
 W_IN_FREE = 10  # device -> host: the tails were copied out; the block may be reused
+W_OWN_MAX = 11  # device: the largest escape count among this rank's send frames of the call
+W_MAX_ESC = 12  # device -> host (before W_IN_REQUEST): the largest over every rank's frames
 DESC_WORDS = 16  # u64 words per frame descriptor (128 bytes)
 D_REGION = 0  # device address of the region: slot header, then the frame
 D_SLOT = 1  # slot_bytes
@@ -292,6 +294,7 @@ zipccl_spill_out(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
         }
     }
     __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0) st_sys(blk + W_OWN_MAX, max_esc);
     const u32 error = *(volatile u32*)(dev + DEV_ERR) | (u32)ld_sys(ctrl + C_HOST_ERR);
     /* 2. slot headers and tail lengths: frame f by block f % grid */
     for (u64 f = blockIdx.x + (u64)gridDim.x * threadIdx.x; f < ns; f += (u64)gridDim.x * blockDim.x) {
@@ -338,6 +341,7 @@ def spill_out(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     # 1. the call's largest escape count
     max_esc = max((int(_mem(int(d[D_REGION]) + slots.SLOT_HEADER + fmt.N_ESCAPES_AT, 1, np.uint64)[0])
                    for d in sd), default=0)
+    w[W_OWN_MAX] = max_esc
     error = int(_mem(dev, DEV_WORDS, np.uint32)[DEV_ERR]) | int(_mem(ctrl, C_WORDS, np.uint64)[C_HOST_ERR])
     for d in sd:
         # 2. slot header and tail length
@@ -391,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
     __shared__ u32 bits;
+    __shared__ unsigned long long peer_max;
     __shared__ int due, listed, poster;
     __shared__ Copy list[LIST_MAX];
     crc_table(table);
@@ -398,6 +403,7 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     u64* rd = (u64*)((u8*)blk + ld_sys(blk + W_RECV_AT));
     if (threadIdx.x == 0) {
         bits = 0;
+        peer_max = 0;
         due = 0;
         listed = 0;
         poster = atomicAdd(counters + CNT_TICKET, 1u) == 0;
@@ -408,6 +414,8 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
         u64* d = rd + f * DESC_WORDS;
         const Check c = check_slot(d, seq, op, dtype, table);
         if (c.bits) atomicOr(&bits, c.bits);
+        else atomicMax(&peer_max, *(const unsigned long long*)((const u8*)ld_sys(d + D_REGION)
+                                                               + SO_MAX_ESCAPES));
         if (c.want) due = 1;
         if (c.copy) {
             const int k = atomicAdd(&listed, 1);
@@ -420,6 +428,8 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __syncthreads();
     if (poster && threadIdx.x == 0) {
         sticky_or(dev, ctrl, bits);
+        const u64 own = ld_sys(blk + W_OWN_MAX);
+        st_sys(blk + W_MAX_ESC, own > peer_max ? own : peer_max);
         __threadfence_system();
         st_sys(blk + W_IN_REQUEST, seq);
     }
@@ -485,15 +495,19 @@ def spill_in(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     rd = _descs(blk, W_RECV_AT, W_NRECV)
     op, dtype = int(w[W_OP]), int(w[W_DTYPE])
     # 1. check every header, write the request
-    bits, due, copies = 0, False, []
+    bits, due, copies, peer_max = 0, False, [], 0
     for d in rd:
         want, copy, b = check_slot(d, seq, op, dtype)
         bits |= b
+        if not b:
+            peer_max = max(peer_max, slots.parse_slot_header(_mem(int(d[D_REGION]),
+                                                                   slots.SLOT_HEADER)).max_escapes)
         due |= want > 0
         if copy:
             copies.append((int(d[D_REGION]) + int(d[D_SLOT]), blk + int(d[D_TAIL_AT]), copy))
         d[D_TAIL_LEN] = want
     _sticky_or(dev, ctrl, bits)
+    w[W_MAX_ESC] = max(int(w[W_OWN_MAX]), peer_max)
     w[W_IN_REQUEST] = seq
     if due:
         # 2. wait on the CPU

@@ -436,7 +436,8 @@ class Collectives:
             largest = self._agreed_max(group, input, [local])[0]
         ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
                              compress=True, stream=stream, chunk=self._chunk_of(send), max_count=largest,
-                             phases=self.phases, channel=self._channel(group, send))
+                             phases=self.phases, channel=self._channel(group, send),
+                             uniform=not uneven)
         self.stats.add(True, ex, "all_to_all")
         return _done_work(output) if async_op else None
 
