@@ -118,6 +118,21 @@ class CapacityConfig:
         return self.fraction is not None or self.nbytes is not None
 
 
+def as_config(capacity) -> CapacityConfig | None:
+    """The ``capacity=`` argument of the communicators as a ``CapacityConfig``: None (the
+    default rule), a CapacityConfig, or a dict of its settings (e.g. ``{"fraction": 0.1}``).
+
+    >>> as_config({"fraction": 0.1}).fraction
+    0.1
+    """
+    if capacity is None or isinstance(capacity, CapacityConfig):
+        return capacity
+    if isinstance(capacity, dict):
+        return CapacityConfig(**capacity)
+    raise TypeError(f"capacity must be a zipccl.comm.capacity.CapacityConfig or a dict of its "
+                    f"settings, got {type(capacity).__name__}")
+
+
 @dataclass
 class _Site:
     rates: deque  # the last `window` observed rates, in grid steps (ceil)

@@ -331,13 +331,16 @@ class Communicator:
     ``verify``: "first" (a native call's signature is checked across ranks the first
     time it is seen) or "always" (before every call); see the module docstring. All
     ranks must pass the same settings: the constructor raises the same
-    ``CollectiveError`` on every rank otherwise.
+    ``CollectiveError`` on every rank otherwise. ``capacity``: the escape capacity of device
+    arrays' slots (``comm.capacity.CapacityConfig`` or a dict of its settings; None: the
+    adaptive default rule; see ``comm.exchange.SlotChannel``).
     """
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, cuda_aware_mpi: bool | None = None,
-                 chunk_bytes: int | None = None, verify: str = "first", phases: int = 2):
+                 chunk_bytes: int | None = None, verify: str = "first", phases: int = 2,
+                 capacity=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if verify not in VERIFY:
@@ -345,6 +348,9 @@ class Communicator:
         chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
         if chunk_bytes < 0:
             raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
+        from .capacity import as_config
+
+        self.capacity = as_config(capacity)
         self._plans: dict = {}
         self._agreed: set = set()
         self._settings_text = ""
@@ -428,6 +434,7 @@ class Communicator:
         fields["profile"] = None if prof is None else f"{_sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
         text = (f"backend={self.backend!r}, policy=({', '.join(f'{k}={v!r}' for k, v in fields.items())}), "
                 f"chunk_bytes={2 * self._chunk}, phases={self.phases}, checksum={self._checksum}, "
+                f"capacity={getattr(self, 'capacity', None)!r}, "
                 f"verify={self.verify!r}")
         if self._force_value is not None:
             text += f", calibrating={self._force_value}"
@@ -624,10 +631,12 @@ class Communicator:
             self._control(op, plan.crc, None, describe=self._describe(plan))
             self._remember(plan.sig)
         if self._slot_channel is None:
+            from .capacity import CapacityRule
             from .exchange import SlotChannel
             from .spill import MPIChannel, Spills
 
-            self._slot_channel = SlotChannel(Spills(MPIChannel(self.comm), device=True))
+            self._slot_channel = SlotChannel(Spills(MPIChannel(self.comm), device=True),
+                                             CapacityRule(self.capacity))
         return self._slot_channel
 
     def _route(self, device: bool, stream):

@@ -233,11 +233,16 @@ class Collectives:
     round (0: the two-phase exchange in one round).
     ``phases``: the compressed ``all_to_all_single`` with ``chunk_bytes=0``: 2 = static
     then dynamic phase (default), 1 = every frame length first, then one transfer.
+    ``capacity``: the escape capacity of CUDA tensors' slots (``comm.capacity.CapacityConfig``
+    or a dict of its settings, e.g. ``{"fraction": 0.1}``; None: the adaptive default rule).
     """
 
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = 0,
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
-                 compress_host: bool = False, phases: int = 2):
+                 compress_host: bool = False, phases: int = 2, capacity=None):
+        from ..comm.capacity import as_config
+
+        self.capacity = as_config(capacity)
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         if chunk_bytes < 0:
@@ -290,10 +295,12 @@ class Collectives:
         key = (group, t.device)
         ch = self._channels.get(key)
         if ch is None:
+            from ..comm.capacity import CapacityRule
             from ..comm.exchange import SlotChannel
             from ..comm.spill import Spills, TorchChannel
 
-            ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=True))
+            ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=True),
+                                                   CapacityRule(self.capacity))
         return ch
 
     @staticmethod

@@ -1,0 +1,196 @@
+"""Main-thread cost of a compressed zipccl.torch call on CUDA tensors, and its host waits.
+
+    python experiments/bench_host_path.py --out experiments/results/host_path.jsonl
+    torchrun --nproc-per-node 2 experiments/bench_host_path.py --backend nccl ...   # 2 GPUs
+
+Without torchrun it spawns 2 ranks that share GPU 0 over gloo (gloo moves CUDA tensors;
+NCCL refuses two ranks on one GPU). Per collective and size, after a warm-up, it times
+``--calls`` calls on the caller's thread (``time.perf_counter``) and, beside it, the time
+spent inside the transport's own calls (gloo or NCCL: wrapped and timed the same way), so
+``zipccl_us = call_us - transport_us`` is what zipccl itself costs the caller's thread.
+Every synchronising entry point is counted meanwhile (torch / CuPy stream and event
+synchronisation, ``torch.cuda.synchronize``, device-to-host reads through CuPy): the
+``waits`` of a record. Over gloo the transport itself blocks (it copies through the host);
+that is the transport's time, not zipccl's, and is what NCCL removes.
+
+``--queue-ms`` (NCCL only): a kernel of that many milliseconds is queued on the stream
+before each call; ``returned_before_kernel`` says whether the call returned while it still
+ran (NCCL's contract). Results are checked bit for bit against the native collective before
+anything is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+OPS = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+@contextlib.contextmanager
+def counted(record: dict, transport_cls):
+    """Count synchronising calls and time the transport's calls while the block runs."""
+    import cupy
+
+    patches = []
+
+    def wrap(owner, name: str, label: str, timed: bool = False):
+        real = getattr(owner, name)
+
+        def counting(*a, **k):
+            if timed:
+                t0 = time.perf_counter()
+                try:
+                    return real(*a, **k)
+                finally:
+                    record["transport_s"] += time.perf_counter() - t0
+            record["waits"][label] = record["waits"].get(label, 0) + 1
+            return real(*a, **k)
+
+        patches.append((owner, name, real))
+        setattr(owner, name, counting)
+
+    wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
+    wrap(torch.cuda.Stream, "synchronize", "torch Stream.synchronize")
+    wrap(torch.cuda.Event, "synchronize", "torch Event.synchronize")
+    wrap(cupy.cuda.Stream, "synchronize", "cupy Stream.synchronize")
+    wrap(cupy.cuda.Event, "synchronize", "cupy Event.synchronize")
+    wrap(cupy.ndarray, "get", "cupy ndarray.get")
+    wrap(cupy, "asnumpy", "cupy.asnumpy")
+    for name in ("alltoallv", "allgather"):
+        wrap(transport_cls, name, name, timed=True)
+    try:
+        yield
+    finally:
+        for owner, name, real in reversed(patches):
+            setattr(owner, name, real)
+
+
+def run(rank: int, p: int, args) -> list[dict]:
+    import zipccl.torch as zt
+    from zipccl.torch.transport import ProcessGroupTransport
+
+    zc = zt.Collectives("always")
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    recs = []
+    for mib in args.sizes_mib:
+        n = int(mib * (1 << 20)) // 2
+        x = (torch.randn(p * n, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+        for op in args.ops:
+            out = torch.empty(p * n if op != "reduce_scatter" else n, dtype=torch.bfloat16, device="cuda")
+            ref = torch.empty_like(out)
+
+            def call(fn=zc, out=out, op=op, x=x, n=n):
+                if op == "all_gather":
+                    fn.all_gather_into_tensor(out, x[:n])
+                elif op == "reduce_scatter":
+                    fn.reduce_scatter_tensor(out, x)
+                else:
+                    fn.all_to_all_single(out, x)
+
+            call()
+            if op == "all_gather":
+                dist.all_gather_into_tensor(ref, x[:n])
+            elif op == "all_to_all":
+                dist.all_to_all_single(ref, x)
+            torch.cuda.synchronize()
+            exact = op == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+            for _ in range(args.warmup):
+                call()
+            torch.cuda.synchronize()
+            dist.barrier()
+            rec = {"waits": {}, "transport_s": 0.0}
+            returned_early = []
+            with counted(rec, ProcessGroupTransport):
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    if args.queue_ms:
+                        torch.cuda._sleep(int(args.queue_ms * 1.98e6))  # ~cycles at 1.98 GHz
+                        done = torch.cuda.Event()
+                        done.record()
+                    call()
+                    if args.queue_ms:
+                        returned_early.append(not done.query())
+                wall = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            rec.update({
+                "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
+                "backend": args.backend, "calls": args.calls, "exact": exact,
+                "call_us": 1e6 * wall / args.calls,
+                "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
+                "compressed": zc.last_decision.compress if zc.last_decision else None,
+            })
+            rec["zipccl_us"] = rec["call_us"] - rec["transport_us"]
+            rec["waits_per_call"] = sum(rec["waits"].values()) / args.calls
+            if args.queue_ms:
+                rec["queue_ms"] = args.queue_ms
+                rec["returned_before_kernel"] = float(np.mean(returned_early))
+            recs.append(rec)
+            if rank == 0:
+                print(f"{op:15s} {mib:7.2f} MiB  call {rec['call_us']:9.1f} us  transport "
+                      f"{rec['transport_us']:9.1f}  zipccl {rec['zipccl_us']:7.1f}  waits/call "
+                      f"{rec['waits_per_call']:.1f} {rec['waits'] or ''}  exact {exact}", flush=True)
+    return recs
+
+
+def machine(backend: str, p: int) -> dict:
+    name = torch.cuda.get_device_name(0)
+    one_gpu = backend == "gloo"
+    return {"machine": f"1 x {name}, {p} ranks sharing it over gloo" if one_gpu else f"{p} x {name}",
+            "gpu": name, "torch": torch.__version__}
+
+
+def worker(rank: int, p: int, init: str, args) -> None:
+    torch.cuda.set_device(0 if args.backend == "gloo" else rank)
+    dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=p)
+    try:
+        recs = run(rank, p, args)
+        if rank == 0 and args.out:
+            import harness
+
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            info = machine(args.backend, p)
+            harness.append_records(args.out, [{**r, **info, "run": stamp} for r in recs])
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    ap.add_argument("--sizes-mib", type=lambda s: [float(v) for v in s.split(",")], default=[1, 16, 64, 256])
+    ap.add_argument("--ops", type=lambda s: s.split(","), default=list(OPS))
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--queue-ms", type=float, default=0.0)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    if args.queue_ms and args.backend != "nccl":
+        ap.error("--queue-ms needs --backend nccl (gloo blocks inside its transfer)")
+    if "RANK" in os.environ:  # under torchrun
+        rank, p = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        worker(rank, p, "env://", args)
+        return 0
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(2, f"file://{tmp}/store", args), nprocs=2, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
