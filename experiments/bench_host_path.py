@@ -114,6 +114,12 @@ def run(rank: int, p: int, args) -> list[dict]:
             dist.barrier()
             rec = {"waits": {}, "transport_s": 0.0}
             returned_early = []
+            prof = None
+            if rank == 0 and args.profile and f"{op}:{mib:g}" in args.profile:
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
             with counted(rec, ProcessGroupTransport):
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
@@ -125,6 +131,12 @@ def run(rank: int, p: int, args) -> list[dict]:
                     if args.queue_ms:
                         returned_early.append(not done.query())
                 wall = time.perf_counter() - t0
+            if prof is not None:
+                import pstats
+
+                prof.disable()
+                print(f"--- profile of {args.calls} {op} calls of {mib:g} MiB (rank 0, tottime)")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile_lines)
             torch.cuda.synchronize()
             rec.update({
                 "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
@@ -178,6 +190,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--queue-ms", type=float, default=0.0)
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
+                    help="op:MiB pairs to profile on rank 0 with cProfile (e.g. all_gather:16)")
+    ap.add_argument("--profile-lines", type=int, default=30)
     args = ap.parse_args(argv)
     if args.queue_ms and args.backend != "nccl":
         ap.error("--queue-ms needs --backend nccl (gloo blocks inside its transfer)")

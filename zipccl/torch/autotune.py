@@ -340,6 +340,8 @@ def policy_for(group, device: torch.device, base: Policy | None = None) -> Polic
     (collective then: every rank calls it at the same point)."""
     group = resolve_group(group)
     device = torch.device(device)
+    if dist.get_world_size(group) == 1:  # nothing crosses a link: the policy keeps it native
+        return base if base is not None else Policy("auto")
     k = (id(group), device.type)
     done = _DONE.get(k)
     if done is None or done[0] is not group:
