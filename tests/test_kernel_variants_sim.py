@@ -2,8 +2,8 @@
 
 A variant is timed on a GPU only after it decodes every buffer it is timed on bit for bit;
 this module checks the same on small frames without a GPU (every tile has escapes, sizes
-that are not a multiple of a tile, with and without a checksum), re-running itself in a
-subprocess with ``NUMBA_ENABLE_CUDASIM=1`` (``conftest.run_under_simulator``).
+that are not a multiple of a tile, with and without a checksum). It runs in the simulator
+tiers (``make test`` / ``make test-sim`` run this file with ``NUMBA_ENABLE_CUDASIM=1``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from conftest import SIMULATOR, run_under_simulator, simulator_only
+from conftest import SIMULATOR, simulator_only
 
 if SIMULATOR:
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
 
 KERNELS = Path(__file__).resolve().parent.parent / "experiments" / "kernels"
-
-
-def test_under_simulator():
-    run_under_simulator(__file__, timeout=600)
 
 
 @simulator_only

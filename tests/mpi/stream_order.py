@@ -300,20 +300,22 @@ def run(chunk_bytes: int) -> None:
 
 
 def negative_control() -> None:
-    """Without the decode stream's wait for the round's transfer the race must be reported."""
-    real = DeviceEngine.decode_frame
+    """Without the decode stream's wait for the round's transfer the race must be reported
+    (the slot exchange orders its decode stream in ``decode_stream``, before the spill-in
+    kernel and the decodes)."""
+    real = DeviceEngine.decode_stream
 
-    def no_wait(self, frame, out, k):
+    def no_wait(self, k):
         self._dec_round = k  # as if the decode stream already waited for round k
-        return real(self, frame, out, k)
+        return real(self, k)
 
-    DeviceEngine.decode_frame = no_wait
+    DeviceEngine.decode_stream = no_wait
     try:
         run(2 * fmt.BLOCK)
     except Race:
         return
     finally:
-        DeviceEngine.decode_frame = real
+        DeviceEngine.decode_stream = real
     raise AssertionError("the stream-order check missed a decode that does not wait for its transfer")
 
 

@@ -39,12 +39,19 @@ zipccl checks this without paying for it on every call:
    Every agreement exchange of every kind of call is this one control row, so
    ranks that disagree about the call still meet in the same MPI operation and
    none can hang there.
-3. **Compressed calls** fold the control row into the exchange they make anyway:
-   the first pipeline round's frame lengths travel in it (``collectives``,
-   "Control"). Every compressed call is therefore checked, at no extra round
-   trip; a rank whose call differs from its peers', whether new or already
-   seen, raises there with the others. (``chunk_bytes=0``, the two-phase
-   exchange, has no length exchange: it sends the control row first.)
+3. **Compressed calls on device arrays** keep NCCL's contract: they enqueue their
+   work on the stream and return, with no host exchange at all once their
+   signature is agreed (the first time it is seen, like a native call; every
+   call with ``verify="always"``). They move fixed-size slots
+   (``exchange.slot_exchange``); errors found on the device (a frame that does not
+   decode, a slot header naming another call) land in a sticky error word and
+   raise ``CollectiveError`` at the next compressed call on that rank, or on every
+   rank at ``synchronize()`` (docs/COLLECTIVES.md). **Compressed calls on host
+   arrays** fold the control row into the exchange they make anyway: the first
+   pipeline round's frame lengths travel in it (``collectives``, "Control"), so
+   every such call is checked at no extra round trip, and a rank whose call
+   differs from its peers' raises there with the others. (``chunk_bytes=0``, the
+   two-phase exchange, has no length exchange: it sends the control row first.)
 4. **Native calls** are agreed the first time their signature is seen on this
    communicator (one control row), then run from a *plan*: the call's arguments
    looked up by the arrays' addresses, shapes, dtypes and the stream; on NCCL the

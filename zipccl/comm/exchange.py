@@ -27,10 +27,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 
 from .. import format as fmt
 from . import slots
-from .collectives import ExchangeStats, _piece, chunk_count, offsets, value_code
+from .collectives import ExchangeStats, _piece, chunk_count, value_code
 from .engine import Engine
 
 
@@ -75,52 +77,27 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
             on_chunk(0, c)
         return stats
 
-    # regions: one per frame of every round, at offsets fixed by the element counts alone
-    # (every round has its own, so no round waits for another one's transfer or decode)
-    def layout(counts: Sequence[int], k: int, one: bool):
-        if one:  # an all-gather: one region, the same slot for every peer
-            n = _piece(counts[me], step, k)[1]
-            return [n if j != me else 0 for j in range(p)], [0] * p, slots.region_bytes(n, code)
-        pieces = [_piece(cnt, step, k)[1] if j != me else 0 for j, cnt in enumerate(counts)]
-        regions = [slots.region_bytes(n, code) for n in pieces]
-        return pieces, offsets(regions), sum(regions)
+    plan = _plan(p, me, tuple(map(tuple, sends)), tuple(map(tuple, recvs)), shared, step, rounds, code)
+    sbuf = eng.workspace("slot_send", plan.s_total)
+    rbuf = eng.workspace("slot_recv", plan.r_total)
+    s_base, r_base = _address(sbuf), _address(rbuf)
+    slot_of: dict[int, int] = {}  # this call's slot bytes by element count (the capacity rule)
 
-    s_counts = [cnt for _, cnt in sends]
-    r_counts = [cnt for _, cnt in recvs]
-    s_plan = [layout(s_counts, k, shared) for k in range(rounds)]
-    r_plan = [layout(r_counts, k, False) for k in range(rounds)]
-    s_base = offsets([t for _, _, t in s_plan])
-    r_base = offsets([t for _, _, t in r_plan])
-    sbuf = eng.workspace("slot_send", sum(t for _, _, t in s_plan))
-    rbuf = eng.workspace("slot_recv", sum(t for _, _, t in r_plan))
-
-    def frames(plan, base: int, buf, k: int):
-        """(peer, region, slot bytes, n) of round k's frames in ``buf``."""
-        n_of, off, _ = plan
-        out = []
-        for j in range(p):
-            n = n_of[j]
-            if j != me and n:
-                region = slots.region_bytes(n, code)
-                at = base + off[j]
-                out.append((j, buf[at:at + region], slots.slot_bytes(n, code, capacity(n, code)), n))
-        return out
+    def slot(n: int) -> int:
+        got = slot_of.get(n)
+        if got is None:
+            got = slot_of[n] = slots.slot_bytes(n, code, capacity(n, code))
+        return got
 
     eng.pipeline_begin(rounds, p)
     seqs: list[int] = []
 
     def encode_round(k: int) -> None:
-        out = frames(s_plan[k], s_base[k], sbuf, k)
-        if shared and out:
-            lo, n = _piece(sends[me][1], step, k)
-            src = sends[me][0] + lo
-            eng.encode_slot(send[src:src + n], out[0][1])
-        elif not shared:
-            for j, region, _, _ in out:
-                lo, n = _piece(sends[j][1], step, k)
-                src = sends[j][0] + lo
-                eng.encode_slot(send[src:src + n], region)
-        seq = channel.begin(op, code, out, frames(r_plan[k], r_base[k], rbuf, k))
+        for src, n, at, region in plan.encodes[k]:
+            eng.encode_slot(send[src:src + n], sbuf[at:at + region])
+        out = [(j, s_base + at, slot(n), region, n) for j, at, region, n in plan.sends[k]]
+        inn = [(j, r_base + at, slot(n), region, n) for j, at, region, n in plan.recvs[k]]
+        seq = channel.begin(op, code, out, inn)
         channel.launch_out(seq, eng.encode_stream())
         seqs.append(seq)
         eng.encoded(k)
@@ -128,31 +105,83 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     encode_round(0)
     for k in range(rounds):
         s_len, s_dsp, r_len, r_dsp = [0] * p, [0] * p, [0] * p, [0] * p
-        for j, _, sl, _ in frames(s_plan[k], s_base[k], sbuf, k):
-            s_len[j], s_dsp[j] = sl, s_base[k] + s_plan[k][1][j]
-        for j, _, sl, _ in frames(r_plan[k], r_base[k], rbuf, k):
-            r_len[j], r_dsp[j] = sl, r_base[k] + r_plan[k][1][j]
+        for j, at, _, n in plan.sends[k]:
+            s_len[j], s_dsp[j] = slot(n), at
+        for j, at, _, n in plan.recvs[k]:
+            r_len[j], r_dsp[j] = slot(n), at
         tr.alltoallv(sbuf, s_len, s_dsp, rbuf, r_len, r_dsp, eng.transfer_stream(k))
         stats.wire_bytes += sum(s_len)
-        stats.raw_bytes += sum(isz * n for n in s_plan[k][0])
+        stats.raw_bytes += plan.raw_bytes[k] * isz
         eng.received(k)
         if k + 1 < rounds:
             encode_round(k + 1)  # on the caller's stream while round k is on the wire
         channel.launch_in(seqs[k], eng.decode_stream(k))
-        lo = hi = k * step
-        for j, (ro, rc) in enumerate(recvs):
-            plo, n = _piece(rc, step, k)
-            hi = max(hi, plo + n)
-            if j == me or not n:
-                continue
-            at = r_base[k] + r_plan[k][1][j]
-            eng.decode_frame(rbuf[at + slots.SLOT_HEADER:at + slots.region_bytes(n, code)],
-                             recv[ro + plo:ro + plo + n], k)
+        for at, end, lo, n in plan.decodes[k]:
+            eng.decode_frame(rbuf[at + slots.SLOT_HEADER:end], recv[lo:lo + n], k)
+        lo, hi = plan.columns[k]
         if on_chunk is not None and hi > lo:
             on_chunk(lo, hi)
     for dstream, ws in eng.pipeline_finish():
         channel.record_error(dstream, ws)
     return stats
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where every round's frames go: a pure function of the element counts (cached)."""
+
+    s_total: int  # bytes of the send regions of all rounds
+    r_total: int
+    encodes: tuple  # per round: (first element in send, n, region offset, region bytes)
+    sends: tuple  # per round: (peer, region offset, region bytes, n) of the frames sent
+    recvs: tuple  # per round: the same for the frames received
+    decodes: tuple  # per round: (region offset, region end, first element in recv, n)
+    raw_bytes: tuple  # per round: elements sent to the peers
+    columns: tuple  # per round: (lo, hi) element range its decodes cover (reductions)
+
+
+@lru_cache(maxsize=256)
+def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, rounds: int,
+          code: int) -> _Plan:
+    """The slot exchange's layout: one region per frame of every round, at offsets fixed by the
+    element counts alone (every round has its own, so no round waits for another one's
+    transfer or decode); an all-gather encodes one region per round for every peer."""
+    encodes, out, inn, decodes, raw, columns = [], [], [], [], [], []
+    s_at = r_at = 0
+    for k in range(rounds):
+        enc, snd, rcv, dec = [], [], [], []
+        if shared:
+            lo, n = _piece(sends[me][1], step, k)
+            region = slots.region_bytes(n, code)
+            if n:
+                enc.append((sends[me][0] + lo, n, s_at, region))
+                snd = [(j, s_at, region, n) for j in range(p) if j != me]
+            s_at += region
+        else:
+            for j, (o, c) in enumerate(sends):
+                lo, n = _piece(c, step, k)
+                if j != me and n:
+                    region = slots.region_bytes(n, code)
+                    enc.append((o + lo, n, s_at, region))
+                    snd.append((j, s_at, region, n))
+                    s_at += region
+        lo_k = hi_k = k * step
+        for j, (o, c) in enumerate(recvs):
+            plo, n = _piece(c, step, k)
+            hi_k = max(hi_k, plo + n)
+            if j != me and n:
+                region = slots.region_bytes(n, code)
+                rcv.append((j, r_at, region, n))
+                dec.append((r_at, r_at + region, o + plo, n))
+                r_at += region
+        encodes.append(tuple(enc))
+        out.append(tuple(snd))
+        inn.append(tuple(rcv))
+        decodes.append(tuple(dec))
+        raw.append(sum(n for _, _, _, n in snd))
+        columns.append((lo_k, hi_k))
+    return _Plan(s_at, r_at, tuple(encodes), tuple(out), tuple(inn), tuple(decodes), tuple(raw),
+                 tuple(columns))
 
 
 def _address(a) -> int:
@@ -227,16 +256,14 @@ class SlotChannel:
         self._site = (op, uniform)
 
     def begin(self, op: str, code: int, out, inn) -> int:
-        """Number the next round and hand its frames, (peer, region, slot bytes, n), to the
-        spill path; returns its sequence number."""
+        """Number the next round and hand its frames, (peer, region address, slot bytes,
+        region bytes, n), to the spill path; returns its sequence number."""
         self._observe_until(self.seq + 1 - self.lag)
         self.seq += 1
-        sends = [(j, _address(region), sl, int(region.size), n) for j, region, sl, n in out]
-        recvs = [(j, _address(region), sl, int(region.size), n) for j, region, sl, n in inn]
         observe = bool(self._site is not None and self._site[1] and out and inn)
-        self.spills.begin(self.seq, op, code, sends, recvs, observe=observe)
+        self.spills.begin(self.seq, op, code, out, inn, observe=observe)
         if observe:
-            n = out[0][3]
+            n = out[0][4]
             self._pending.append((self.seq, self._site + (n, code), n, code))
         return self.seq
 

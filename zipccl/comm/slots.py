@@ -37,6 +37,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -80,6 +81,7 @@ class SlotHeader:
     max_escapes: int = 0
 
 
+@lru_cache(maxsize=4096)
 def region_bytes(n: int, code: int = fmt.DTYPE_BF16) -> int:
     """Bytes of the region one frame of ``n`` values is encoded into: the slot header and room
     for the largest frame (a multiple of 128, so regions packed one after another stay aligned).
@@ -92,6 +94,7 @@ def region_bytes(n: int, code: int = fmt.DTYPE_BF16) -> int:
     return SLOT_HEADER + fmt.align(fmt.max_compressed_size(n, code))
 
 
+@lru_cache(maxsize=4096)
 def slot_bytes(n: int, code: int = fmt.DTYPE_BF16, capacity: int = 0) -> int:
     """Bytes one frame of ``n`` values occupies on the wire, with ``capacity`` escape bytes
     reserved beyond the frame's static part; never more than its region (a small frame, whose

@@ -269,6 +269,7 @@ class Spills:
         self._sending: list[_Call] = []  # progress thread only: handled, sends in flight
         self._last_handled = 0  # progress thread only
         self._observed: dict[int, int] = {}  # seq -> largest escape count (begin(observe=True))
+        self._layouts: dict[tuple, tuple] = {}  # begin's plan cache, by (op, dtype, frames)
         self._failure: BaseException | None = None
         self._closed = False
 
@@ -342,16 +343,16 @@ class Spills:
         seq = int(seq)
         if seq <= self._last_seq:
             raise ValueError(f"call sequence numbers increase: {seq} after {self._last_seq}")
-        op, code = _op_code(op), fmt.dtype_code(dtype)
-        s, r = self._frames(sends, "sends"), self._frames(recvs, "recvs")
+        key = (op, dtype, tuple(map(tuple, sends)), tuple(map(tuple, recvs)))
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layout(op, dtype, sends, recvs)
+            if len(self._layouts) >= 256:  # a plan cache: dropping it costs re-planning only
+                self._layouts.clear()
+            self._layouts[key] = lay
+        op, code, ns, nr, recv_at, tails_at, need, template, ordinal, grids = lay
         self._retire()
-        ns, nr = len(s), len(r)
-        caps = np.concatenate([s[:, 3] - s[:, 2], r[:, 3] - r[:, 2]])
-        recv_at = 8 * kern.HEADER_WORDS + 8 * kern.DESC_WORDS * ns
-        tails_at = fmt.align(recv_at + 8 * kern.DESC_WORDS * nr)
-        spans = (caps + _ALIGN - 1) // _ALIGN * _ALIGN
-        tail_at = tails_at + np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
-        block = self._take(int(tails_at + spans.sum()))
+        block = self._take(need)
 
         w = block.words
         w[:] = 0
@@ -360,19 +361,9 @@ class Spills:
         w[kern.W_SEND_AT], w[kern.W_RECV_AT] = 8 * kern.HEADER_WORDS, recv_at
         descs = block.u8[8 * kern.HEADER_WORDS:tails_at].view(np.uint64)
         descs = descs[:kern.DESC_WORDS * (ns + nr)].reshape(ns + nr, kern.DESC_WORDS)
-        descs[:] = 0
-        both = np.concatenate([s, r])
-        descs[:, kern.D_REGION] = both[:, 1]
-        descs[:, kern.D_SLOT] = both[:, 2]
-        descs[:, kern.D_REGION_BYTES] = both[:, 3]
-        descs[:, kern.D_PEER] = both[:, 0]
-        descs[:, kern.D_N] = both[:, 4]
-        descs[:, kern.D_TAIL_AT] = tail_at
-        descs[:, kern.D_TAIL_CAP] = caps
-        descs[:, kern.D_TAG] = (seq % TAG_CALLS) * TAG_FRAMES + np.concatenate(
-            [_ordinals(s[:, 0]), _ordinals(r[:, 0])]) % TAG_FRAMES
-        call = _Call(seq, block, descs[:ns], descs[ns:], kern.blocks_for(int(caps[:ns].sum())),
-                     kern.blocks_for(int(caps[ns:].sum())))
+        descs[:] = template
+        descs[:, kern.D_TAG] = (seq % TAG_CALLS) * TAG_FRAMES + ordinal
+        call = _Call(seq, block, descs[:ns], descs[ns:], *grids)
         call.observe = bool(observe)
         self._last_seq = seq
         self._calls[seq] = call
@@ -385,6 +376,31 @@ class Spills:
         if self._failure is not None:  # failed meanwhile: nothing will raise this call's flag
             self._release()
             self._check()
+
+    def _layout(self, op, dtype, sends: Sequence, recvs: Sequence) -> tuple:
+        """A call block's layout for these frames, the same for every call that names them:
+        (op, type code, sends, recvs, receive descriptors' offset, tails' offset, block bytes,
+        the descriptors but their tags, the tags' frame ordinals, the kernels' grids)."""
+        op, code = _op_code(op), fmt.dtype_code(dtype)
+        s, r = self._frames(sends, "sends"), self._frames(recvs, "recvs")
+        ns, nr = len(s), len(r)
+        caps = np.concatenate([s[:, 3] - s[:, 2], r[:, 3] - r[:, 2]])
+        recv_at = 8 * kern.HEADER_WORDS + 8 * kern.DESC_WORDS * ns
+        tails_at = fmt.align(recv_at + 8 * kern.DESC_WORDS * nr)
+        spans = (caps + _ALIGN - 1) // _ALIGN * _ALIGN
+        tail_at = tails_at + np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+        template = np.zeros((ns + nr, kern.DESC_WORDS), np.uint64)
+        both = np.concatenate([s, r])
+        template[:, kern.D_REGION] = both[:, 1]
+        template[:, kern.D_SLOT] = both[:, 2]
+        template[:, kern.D_REGION_BYTES] = both[:, 3]
+        template[:, kern.D_PEER] = both[:, 0]
+        template[:, kern.D_N] = both[:, 4]
+        template[:, kern.D_TAIL_AT] = tail_at
+        template[:, kern.D_TAIL_CAP] = caps
+        ordinal = (np.concatenate([_ordinals(s[:, 0]), _ordinals(r[:, 0])]) % TAG_FRAMES).astype(np.uint64)
+        grids = (kern.blocks_for(int(caps[:ns].sum())), kern.blocks_for(int(caps[ns:].sum())))
+        return op, code, ns, nr, recv_at, tails_at, int(tails_at + spans.sum()), template, ordinal, grids
 
     def _frames(self, frames: Sequence, what: str) -> np.ndarray:
         try:

@@ -38,6 +38,8 @@ torch.distributed does (a mismatch between ranks is the caller's bug, as there).
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -259,6 +261,7 @@ class Collectives:
         self._device: dict[int, object] = {}
         self._routes: dict[tuple, tuple] = {}
         self._channels: dict[tuple, object] = {}
+        _LIVE.add(self)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _route(self, group, t: torch.Tensor):
@@ -480,6 +483,28 @@ class Collectives:
 
 
 _DEFAULTS: dict[object, Collectives] = {}
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Collectives made: forget_groups empties them
+
+
+def forget_groups() -> None:
+    """Drop every reference zipccl.torch holds to process groups (routes, slot channels, the
+    module functions' shared ``Collectives``), then collect. Run at interpreter exit (``atexit``):
+    a gloo group that survives into finalization, its work objects holding tensors, aborts the
+    process there ("terminate called without an active exception"); dropping the references
+    while the interpreter is whole lets the groups go in order. Later calls set them up anew."""
+    import gc
+
+    for c in list(_LIVE):
+        c._routes.clear()
+        c._channels.clear()
+    _DEFAULTS.clear()
+    from . import autotune
+
+    autotune._DONE.clear()
+    gc.collect()
+
+
+atexit.register(forget_groups)
 
 
 def _default(policy, phases: int = 2) -> Collectives:
