@@ -83,7 +83,9 @@ GPU_SIZES = [0, 1, 33, 1000, 4095, 4097, 65537, 1_000_003]
 
 @pytest.mark.parametrize("code", [FP32, FP16])
 @pytest.mark.parametrize("checksum", [True, False])
-@pytest.mark.parametrize("dev, n", [pytest.param("simulator", n, id=f"simulator-{n}", marks=simulator_only)
+# several escape blocks take 3-14 s a case in the simulator: make test-slow (and CI) runs them
+@pytest.mark.parametrize("dev, n", [pytest.param("simulator", n, id=f"simulator-{n}",
+                                                 marks=[simulator_only, *[pytest.mark.slow] * (n > fmt.BLOCK)])
                                     for n in SIM_SIZES]
                          + [pytest.param("gpu", n, id=f"gpu-{n}", marks=pytest.mark.gpu) for n in GPU_SIZES],
                          indirect=["dev"])

@@ -12,7 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from conftest import SIMULATOR, simulator_only
+from conftest import SIMULATOR, long_under_simulator, simulator_only
 
 if SIMULATOR:
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NumPy int64 wrap-around
@@ -20,6 +20,7 @@ if SIMULATOR:
 KERNELS = Path(__file__).resolve().parent.parent / "experiments" / "kernels"
 
 
+@long_under_simulator
 @simulator_only
 def test_v6a_scanned_prefixes_decode_bit_exact():
     """v6a (prefixes from a scan of the stored counts) decodes reference frames exactly."""

@@ -54,6 +54,10 @@ FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
 TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
 TAG_FRAMES = 16  # and over the frames of one call toward one peer
 _ALIGN = 128
+# The progress thread's polling of mapped memory: from POLL_MIN_S, doubling to 1 ms. Every wake
+# takes the GIL from the caller's thread, and only a spilled tail waits for it, so it starts
+# slow (a spill then waits up to ~1 ms longer; a call without one never waits for it).
+POLL_MIN_S = 5e-5
 
 
 class Handle(Protocol):
@@ -538,7 +542,7 @@ class Spills:
 
     def _next(self) -> _Call | None:
         """The next begun call (None: closed); completes the sends in flight while it waits."""
-        delay = 1e-5
+        delay = POLL_MIN_S
         while self._sending:
             try:
                 return self._queue.get(timeout=delay)
@@ -564,7 +568,7 @@ class Spills:
 
     @staticmethod
     def _wait(words: np.ndarray, at: int, seq: int) -> None:
-        delay = 1e-5
+        delay = POLL_MIN_S
         while int(words[at]) != seq:
             time.sleep(delay)
             delay = min(2 * delay, 1e-3)
