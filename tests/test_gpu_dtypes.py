@@ -78,6 +78,7 @@ def _gauss(n: int, code: int, sigma=0.02, seed=0) -> np.ndarray:
 
 
 SIM_SIZES = [0, 1, 4097]
+BLOCK = fmt.BLOCK
 GPU_SIZES = [0, 1, 33, 1000, 4095, 4097, 65537, 1_000_003]
 
 
@@ -85,7 +86,7 @@ GPU_SIZES = [0, 1, 33, 1000, 4095, 4097, 65537, 1_000_003]
 @pytest.mark.parametrize("checksum", [True, False])
 # several escape blocks take 3-14 s a case in the simulator: make test-slow (and CI) runs them
 @pytest.mark.parametrize("dev, n", [pytest.param("simulator", n, id=f"simulator-{n}",
-                                                 marks=[simulator_only, *[pytest.mark.slow] * (n > fmt.BLOCK)])
+                                                 marks=[simulator_only, *[pytest.mark.slow] * (n > BLOCK)])
                                     for n in SIM_SIZES]
                          + [pytest.param("gpu", n, id=f"gpu-{n}", marks=pytest.mark.gpu) for n in GPU_SIZES],
                          indirect=["dev"])
