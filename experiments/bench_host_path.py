@@ -79,6 +79,53 @@ def counted(record: dict, transport_cls):
             setattr(owner, name, real)
 
 
+STAGES = (  # (module, owner, method): the caller's-thread stages --stages times
+    ("zipccl.comm.pipeline", "DeviceEngine", "encode_slot"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "pipeline_begin"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "decode_frame"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "pipeline_finish"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "reduce_cols"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "copy"),
+    ("zipccl.comm.pipeline", "DeviceEngine", "workspace"),
+    ("zipccl.comm.exchange", "SlotChannel", "begin"),
+    ("zipccl.comm.exchange", "SlotChannel", "launch_out"),
+    ("zipccl.comm.exchange", "SlotChannel", "launch_in"),
+    ("zipccl.comm.exchange", "SlotChannel", "record_error"),
+    ("zipccl.comm.exchange", "SlotChannel", "check"),
+    ("zipccl.torch.functional", "Collectives", "_route"),
+    ("zipccl.torch.functional", "Collectives", "_bits"),
+    ("zipccl.torch.functional", "Collectives", "_decide"),
+    ("zipccl.torch.functional", "Collectives", "_channel"),
+)
+
+
+@contextlib.contextmanager
+def staged(totals: dict):
+    """Time the caller's thread in each of STAGES (nested stages count in both)."""
+    import importlib
+
+    patches = []
+    for mod, cls, name in STAGES:
+        owner = getattr(importlib.import_module(mod), cls)
+        real = owner.__dict__[name]
+        fn = real.__func__ if isinstance(real, staticmethod) else real
+
+        def timed(*a, _fn=fn, _key=f"{cls}.{name}", **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                totals[_key] = totals.get(_key, 0.0) + time.perf_counter() - t0
+
+        patches.append((owner, name, real))
+        setattr(owner, name, staticmethod(timed) if isinstance(real, staticmethod) else timed)
+    try:
+        yield
+    finally:
+        for owner, name, real in reversed(patches):
+            setattr(owner, name, real)
+
+
 def run(rank: int, p: int, args) -> list[dict]:
     import zipccl.torch as zt
     from zipccl.torch.transport import ProcessGroupTransport
@@ -120,7 +167,9 @@ def run(rank: int, p: int, args) -> list[dict]:
 
                 prof = cProfile.Profile()
                 prof.enable()
-            with counted(rec, ProcessGroupTransport):
+            stages: dict = {}
+            with counted(rec, ProcessGroupTransport), \
+                    (staged(stages) if args.stages else contextlib.nullcontext()):
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
                     if args.queue_ms:
@@ -146,6 +195,11 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "compressed": zc.last_decision.compress if zc.last_decision else None,
             })
             rec["zipccl_us"] = rec["call_us"] - rec["transport_us"]
+            if stages:
+                rec["stage_us"] = {k: 1e6 * v / args.calls for k, v in sorted(stages.items())}
+                if rank == 0:
+                    print("   stages, us per call: " + ", ".join(
+                        f"{k} {v:.0f}" for k, v in sorted(rec["stage_us"].items(), key=lambda kv: -kv[1])))
             rec["waits_per_call"] = sum(rec["waits"].values()) / args.calls
             if args.queue_ms:
                 rec["queue_ms"] = args.queue_ms
@@ -193,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
                     help="op:MiB pairs to profile on rank 0 with cProfile (e.g. all_gather:16)")
     ap.add_argument("--profile-lines", type=int, default=30)
+    ap.add_argument("--stages", action="store_true",
+                    help="time the caller's thread in each zipccl stage (STAGES) and record it")
     args = ap.parse_args(argv)
     if args.queue_ms and args.backend != "nccl":
         ap.error("--queue-ms needs --backend nccl (gloo blocks inside its transfer)")

@@ -415,22 +415,12 @@ class DeviceEngine:
         """Order the caller's stream after the transfers and decodes, without reading anything
         back; returns (decode stream, workspace) of every decode workspace this call used, whose
         sticky error bits go into the communicator's error word."""
-        self._in_pipeline = False
-        x_done, d_done = self._ev_tail
-        x_done.record(self._xfer)
-        d_done.record(self._dec)
-        self._stream.wait_event(x_done)
-        self._stream.wait_event(d_done)
-        if not self._dec_used:
-            return []
-        retired, self._dec_retired = self._dec_retired, []
-        return [(self._dec, ws) for ws in (*retired, self._dec_ws)]
+        retired = self._join_streams()
+        return [] if retired is None else [(self._dec, ws) for ws in (*retired, self._dec_ws)]
 
-    def pipeline_end(self) -> str | None:
-        """Order the caller's stream after the transfers and decodes; read the decode errors.
-
-        One host synchronisation (the decode stream, for its error bits).
-        """
+    def _join_streams(self) -> list | None:
+        """End the pipeline: the caller's stream waits for the transfer and decode streams.
+        Returns the decode workspaces retired during the call (None: nothing was decoded)."""
         self._in_pipeline = False
         x_done, d_done = self._ev_tail
         x_done.record(self._xfer)
@@ -439,8 +429,18 @@ class DeviceEngine:
         self._stream.wait_event(d_done)
         if not self._dec_used:
             return None
-        bits = 0
         retired, self._dec_retired = self._dec_retired, []
+        return retired
+
+    def pipeline_end(self) -> str | None:
+        """Order the caller's stream after the transfers and decodes; read the decode errors.
+
+        One host synchronisation (the decode stream, for its error bits).
+        """
+        retired = self._join_streams()
+        if retired is None:
+            return None
+        bits = 0
         for ws in (*retired, self._dec_ws):
             bits |= ws.sticky_error(self._dec)  # ORed over its calls; synchronises
         if bits:
