@@ -82,7 +82,7 @@ def run_cases(rank: int, p: int) -> tuple[int, int]:
                     parts = [data(kind, dtype, r, p * n, 1) for r in range(p)]
                     got, want = {}, {}
                     out = torch.empty(p * n, dtype=dtype, device="cuda")
-                    zc.all_gather_into_tensor(out, x[:n])
+                    zc.all_gather_into_tensor(out, x[:n], async_op=True).wait()  # orders the stream
                     got["all_gather"] = bits(out)
                     want["all_gather"] = np.concatenate([bits(q[:n]) for q in parts])
                     rs = torch.empty(n, dtype=dtype, device="cuda")

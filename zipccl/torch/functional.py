@@ -141,6 +141,26 @@ def _done_work(result: torch.Tensor | None = None):
     return make(fut) if make is not None else _Handle(fut)
 
 
+class _CheckedWork(dist.Work):
+    """A compressed CUDA call's ``Work``: the inner one's stream order, then the slot channel's
+    sticky error (``CollectiveError``) at ``wait()``."""
+
+    def __init__(self, inner, channel):
+        super().__init__()
+        self._inner, self._channel = inner, channel
+
+    def wait(self, timeout=None) -> bool:
+        ok = self._inner.wait()
+        self._channel.check("wait")
+        return ok
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def get_future(self):
+        return self._inner.get_future()
+
+
 class _Handle:
     """Stand-in for ``Work`` where torch cannot wrap a future (``wait``, ``is_completed``, ``get_future``)."""
 
@@ -321,6 +341,14 @@ class Collectives:
                                                    CapacityRule(self.capacity))
         return ch
 
+    def _work(self, result: torch.Tensor, group):
+        """The ``Work`` of a compressed ``async_op=True`` call: ordered on the current stream
+        (CUDA) or complete (CPU); on CUDA its ``wait()`` also raises the group's sticky device
+        error as ``CollectiveError`` (what the device has reported so far: no host wait)."""
+        work = _done_work(result)
+        ch = self._channels.get((group, result.device)) if result.is_cuda else None
+        return work if ch is None else _CheckedWork(work, ch)
+
     @staticmethod
     def _bits(t: torch.Tensor):
         """A 1-D engine array (NumPy or CuPy) sharing ``t``'s memory, as the collectives take
@@ -378,7 +406,7 @@ class Collectives:
                              compress=True, stream=stream, chunk=self._chunk_of(send),
                              channel=self._channel(group, send))
         self.stats.add(True, ex, "all_gather")
-        return _done_work(output_tensor) if async_op else None
+        return self._work(output_tensor, group) if async_op else None
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
                               group=None, async_op: bool = False):
@@ -405,7 +433,7 @@ class Collectives:
         if name == "avg":
             _divide(output, p)
         self.stats.add(True, ex, "reduce_scatter")
-        return _done_work(output) if async_op else None
+        return self._work(output, group) if async_op else None
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
     all_gather_single = all_gather_into_tensor
@@ -462,7 +490,7 @@ class Collectives:
                              phases=self.phases, channel=self._channel(group, send),
                              uniform=not uneven)
         self.stats.add(True, ex, "all_to_all")
-        return _done_work(output) if async_op else None
+        return self._work(output, group) if async_op else None
 
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
@@ -485,7 +513,7 @@ class Collectives:
         if name == "avg":
             _divide(tensor, p)
         self.stats.add(True, ex, "all_reduce")
-        return _done_work(tensor) if async_op else None
+        return self._work(tensor, group) if async_op else None
 
     @staticmethod
     def _agreed_max(group, like: torch.Tensor, values: list[int]) -> list[int]:
