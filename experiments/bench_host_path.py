@@ -212,6 +212,53 @@ def run(rank: int, p: int, args) -> list[dict]:
     return recs
 
 
+def single_process_costs(args) -> list[dict]:
+    """Host µs per call of the slot path's launch-bearing pieces in ONE process with the GPU to
+    itself: to compare with their cost inside a two-rank call (``--stages``)."""
+    import cupy
+
+    from zipccl.comm import slots
+    from zipccl.comm.pipeline import DeviceEngine
+    from zipccl.kernels import spill as kern
+    from zipccl.torch.functional import _cupy_view
+
+    n = 1 << 19  # 1 MiB of BF16
+    x = (torch.randn(n, device="cuda") * 0.02).to(torch.bfloat16)
+    eng = DeviceEngine()
+    eng.set_stream(torch.cuda.current_stream().cuda_stream)
+    vals = _cupy_view(x.view(torch.int16)).view(cupy.uint16)
+    region = eng.workspace("r", slots.region_bytes(n))
+    frame = region[slots.SLOT_HEADER:]
+    out = eng.values_workspace("o", n)
+    ws = eng.gpu.Workspace(n)
+    words = cupy.zeros(8, dtype=cupy.uint32)
+    ctrl = cupy.cuda.alloc_pinned_memory(128)
+    ctrl_ptr = np.frombuffer(ctrl, dtype=np.uint8, count=128).ctypes.data
+    ev, s2 = cupy.cuda.Event(disable_timing=True), cupy.cuda.Stream(non_blocking=True)
+    stream = eng.encode_stream()
+    cases = {
+        "encode_slot (choice + encoder plans)": lambda: eng.encode_slot(vals, region),
+        "decode_into (plan)": lambda: eng.gpu.decode_into(frame, out, stream, workspace=ws),
+        "spill record kernel (CuPy RawModule launch)": lambda: kern.launch(
+            cupy, "zipccl_spill_record", 1, (ctrl_ptr, words.data.ptr, words.data.ptr), stream),
+        "event record + wait_event": lambda: (ev.record(stream), s2.wait_event(ev)),
+        "torch -> CuPy view": lambda: _cupy_view(x.view(torch.int16)),
+    }
+    recs = []
+    for name, fn in cases.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.calls * 10):
+            fn()
+        us = 1e6 * (time.perf_counter() - t0) / (args.calls * 10)
+        torch.cuda.synchronize()
+        recs.append({"bench": "host_path_single", "piece": name, "host_us": us, "calls": args.calls * 10})
+        print(f"single process: {name:45s} {us:7.1f} us per call", flush=True)
+    return recs
+
+
 def machine(backend: str, p: int) -> dict:
     name = torch.cuda.get_device_name(0)
     one_gpu = backend == "gloo"
@@ -247,11 +294,22 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
                     help="op:MiB pairs to profile on rank 0 with cProfile (e.g. all_gather:16)")
     ap.add_argument("--profile-lines", type=int, default=30)
+    ap.add_argument("--single", action="store_true",
+                    help="one process: the host cost of the slot path's launch-bearing pieces alone")
     ap.add_argument("--stages", action="store_true",
                     help="time the caller's thread in each zipccl stage (STAGES) and record it")
     args = ap.parse_args(argv)
     if args.queue_ms and args.backend != "nccl":
         ap.error("--queue-ms needs --backend nccl (gloo blocks inside its transfer)")
+    if args.single:
+        recs = single_process_costs(args)
+        if args.out:
+            import harness
+
+            info = {**machine("nccl", 1), "machine": f"1 x {torch.cuda.get_device_name(0)}, one process"}
+            harness.append_records(args.out, [{**r, **info, "run": time.strftime("%Y%m%dT%H%M%S")}
+                                              for r in recs])
+        return 0
     if "RANK" in os.environ:  # under torchrun
         rank, p = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         worker(rank, p, "env://", args)
