@@ -37,6 +37,7 @@ are in. The same happens with a stand-in CuPy that runs kernels at once.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -54,10 +55,25 @@ FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
 TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
 TAG_FRAMES = 16  # and over the frames of one call toward one peer
 _ALIGN = 128
-# The progress thread's polling of mapped memory: from POLL_MIN_S, doubling to 1 ms. Every wake
-# takes the GIL from the caller's thread, and only a spilled tail waits for it, so it starts
-# slow (a spill then waits up to ~1 ms longer; a call without one never waits for it).
+# The progress thread's polling of mapped memory: from POLL_MIN_S, doubling to POLL_MAX_S. Every
+# wake takes the GIL from the caller's thread, and only a spilled tail waits for it, so it starts
+# slow (a spill then waits up to ~POLL_MAX_S longer; a call without one never waits for it).
+# $ZIPCCL_SPILL_POLL_US sets the first interval (microseconds), read when a Spills is made.
 POLL_MIN_S = 5e-5
+POLL_MAX_S = 1e-3
+
+
+def _poll_min_s() -> float:
+    raw = os.environ.get("ZIPCCL_SPILL_POLL_US")
+    if raw is None:
+        return POLL_MIN_S
+    try:
+        us = float(raw)
+    except ValueError:
+        raise ValueError(f"ZIPCCL_SPILL_POLL_US must be a number of microseconds, got {raw!r}") from None
+    if not 0 < us <= 1e6:
+        raise ValueError(f"ZIPCCL_SPILL_POLL_US must be in (0, 1e6] microseconds, got {raw!r}")
+    return us * 1e-6
 
 
 class Handle(Protocol):
@@ -251,6 +267,7 @@ class Spills:
         self.device = bool(device)
         self.entries = int(entries)
         self.rank, self.size = int(channel.rank), int(channel.size)
+        self._poll_min = _poll_min_s()
         self._cp = None
         if self.device:
             import cupy
@@ -542,13 +559,13 @@ class Spills:
 
     def _next(self) -> _Call | None:
         """The next begun call (None: closed); completes the sends in flight while it waits."""
-        delay = POLL_MIN_S
+        delay = self._poll_min
         while self._sending:
             try:
                 return self._queue.get(timeout=delay)
             except queue.Empty:
-                self._reap(wait_before=self._last_handled + 1 if delay >= 1e-3 else 0)
-                delay = min(2 * delay, 1e-3)
+                self._reap(wait_before=self._last_handled + 1 if delay >= POLL_MAX_S else 0)
+                delay = min(2 * delay, POLL_MAX_S)
         return self._queue.get()
 
     def _reap(self, wait_before: int = 0) -> None:
@@ -566,12 +583,11 @@ class Spills:
             call.done = True
             self._sending.remove(call)
 
-    @staticmethod
-    def _wait(words: np.ndarray, at: int, seq: int) -> None:
-        delay = POLL_MIN_S
+    def _wait(self, words: np.ndarray, at: int, seq: int) -> None:
+        delay = self._poll_min
         while int(words[at]) != seq:
             time.sleep(delay)
-            delay = min(2 * delay, 1e-3)
+            delay = max(delay, min(2 * delay, POLL_MAX_S))
 
     def _handle(self, call: _Call) -> None:
         """One call: its tails out to the peers, then the tails it asked for in, then its flag."""
