@@ -93,6 +93,30 @@ def test_soak_over_gloo(mode, calls, tmp_path):
     _check(_results(tmp_path, 2, "\n".join(outs)), calls)
 
 
+def test_torch_channel_over_a_subgroup_needs_only_its_ranks(tmp_path):
+    """Two channels over the subgroup {0, 1} of 4 gloo ranks, made by ranks 0 and 1 alone."""
+    pytest.importorskip("torch")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(_env(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore::FutureWarning")
+    script = str(ROOT / "tests" / "torchdist" / "subgroup_channel.py")
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path), str(r)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(4)]
+    try:
+        outs = [pr.communicate(timeout=RANKS_TIMEOUT_S)[0] for pr in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"subgroup channel ranks did not finish in {RANKS_TIMEOUT_S} s (a hang?)")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+    assert all(pr.returncode == 0 for pr in procs), "\n".join(o[-3000:] for o in outs)
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(4)] == ["ok"] * 4
+
+
 # -- in-process: two ranks as threads ----------------------------------------------------------
 
 class _Net:

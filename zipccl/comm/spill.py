@@ -145,42 +145,48 @@ class MPIChannel:
 
 
 class TorchChannel:
-    """A host channel over a gloo group of the ranks of ``group`` (default: the world).
+    """A host channel over a gloo backend of its own among the ranks of ``group`` (default: the
+    world), made by those ranks alone.
 
-    Constructing it creates that group with ``torch.distributed.new_group``, which every
-    process of the job must call in the same order (torch's rule, also for processes outside
-    ``group``; a group-local creation would name every group over the same ranks alike, so
-    a second channel would meet the first one's rendezvous keys). Ranks and peers are ranks
-    in ``group``.
+    The backend is a ``ProcessGroupGloo`` built directly over a ``PrefixStore`` of the job's
+    default store, keyed by the group's name and by how many channels this process has made for
+    that group before; so no job-wide collective is needed (``new_group`` is one: every process
+    of the job would have to reach it, also those outside ``group``), and two channels over the
+    same ranks never meet. The group's ranks must make their channels in the same order (they
+    do: a channel is made at the group's first compressed call, which every rank of the group
+    makes). Ranks and peers are ranks in ``group``.
     """
 
+    _made: dict[str, int] = {}  # channels made so far in this process, by group name
+
     def __init__(self, group=None):
+        import datetime
+
         import torch.distributed as dist
 
         self._dist = dist
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        self.group = dist.new_group(ranks, backend="gloo")
-        self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        if self.rank != dist.get_rank(group):
-            raise RuntimeError(f"the gloo group numbers this rank {self.rank}, the caller's group "
-                               f"{dist.get_rank(group)}")
+        group = group if group is not None else dist.group.WORLD
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        name = str(getattr(group, "group_name", "") or dist.get_process_group_ranks(group))
+        k = TorchChannel._made.get(name, 0)
+        TorchChannel._made[name] = k + 1
+        store = dist.PrefixStore(f"zipccl-spill/{name}/{k}", dist.distributed_c10d._get_default_store())
+        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(minutes=30))
 
     def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
         import torch
 
         t = torch.from_numpy(data)
-        work = self._dist.isend(t, group=self.group, group_dst=peer, tag=tag)
+        work = self.group.send([t], peer, tag)
         return _Handle(work.wait, work.is_completed, t)
 
     def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
         import torch
 
-        self._dist.recv(torch.from_numpy(out), group=self.group, group_src=peer, tag=tag)
+        self.group.recv([torch.from_numpy(out)], peer, tag).wait()
 
     def close(self) -> None:
-        if self.group is not None:
-            self._dist.destroy_process_group(self.group)
-            self.group = None
+        self.group = None  # the backend goes with its last reference; nothing collective
 
 
 def describe(bits: int) -> str:
@@ -509,8 +515,9 @@ class Spills:
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Stop the progress thread once every begun call is handled, then close the channel
-        (a collective call for both channels). Call it after the calls' device work has run:
-        a call whose kernels never run keeps the thread waiting (TimeoutError)."""
+        (a collective call for ``MPIChannel``, local for ``TorchChannel``). Call it after the
+        calls' device work has run: a call whose kernels never run keeps the thread waiting
+        (TimeoutError)."""
         if self._closed:
             return
         self._closed = True
