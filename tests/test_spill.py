@@ -70,15 +70,22 @@ def test_soak_under_mpiexec(mode, ranks, calls, tmp_path):
 @pytest.mark.parametrize("mode,calls", [("host", 600), ("fake", 100)])
 def test_soak_over_gloo(mode, calls, tmp_path):
     pytest.importorskip("torch")
+    script = str(ROOT / "tests" / "mpi" / "spill_ranks.py")
+    outs = _gloo_ranks([[sys.executable, script, mode, str(calls), "--torch", str(r), "2"]
+                        for r in range(2)], tmp_path)
+    _check(_results(tmp_path, 2, "\n".join(outs)), calls)
+
+
+def _gloo_ranks(cmds: list[list[str]], tmp_path) -> list[str]:
+    """Run one process per command as the ranks of a gloo job (a free port); their outputs.
+    Fails the test if any hangs past RANKS_TIMEOUT_S or exits non-zero."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(_env(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore::FutureWarning")
-    script = str(ROOT / "tests" / "mpi" / "spill_ranks.py")
-    procs = [subprocess.Popen([sys.executable, script, mode, str(calls), "--torch", str(r), "2"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for cmd in cmds]
     outs = []
     try:
         for pr in procs:
@@ -90,30 +97,14 @@ def test_soak_over_gloo(mode, calls, tmp_path):
             if pr.poll() is None:
                 pr.kill()
     assert all(pr.returncode == 0 for pr in procs), "\n".join(o[-4000:] for o in outs)
-    _check(_results(tmp_path, 2, "\n".join(outs)), calls)
+    return outs
 
 
 def test_torch_channel_over_a_subgroup_needs_only_its_ranks(tmp_path):
     """Two channels over the subgroup {0, 1} of 4 gloo ranks, made by ranks 0 and 1 alone."""
     pytest.importorskip("torch")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(_env(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore::FutureWarning")
     script = str(ROOT / "tests" / "torchdist" / "subgroup_channel.py")
-    procs = [subprocess.Popen([sys.executable, script, str(tmp_path), str(r)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(4)]
-    try:
-        outs = [pr.communicate(timeout=RANKS_TIMEOUT_S)[0] for pr in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"subgroup channel ranks did not finish in {RANKS_TIMEOUT_S} s (a hang?)")
-    finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.kill()
-    assert all(pr.returncode == 0 for pr in procs), "\n".join(o[-3000:] for o in outs)
+    _gloo_ranks([[sys.executable, script, str(tmp_path), str(r)] for r in range(4)], tmp_path)
     assert [(tmp_path / f"rank{r}").read_text() for r in range(4)] == ["ok"] * 4
 
 
