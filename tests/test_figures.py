@@ -50,6 +50,7 @@ def png_software(data: bytes) -> str | None:
     return data[at + len(key):at + 4 + length].decode("latin-1")
 
 
+@pytest.mark.slow  # ~13 s on a 2-core box: make test-slow (and CI) draws every figure
 def test_every_figure_rule_draws_the_committed_png(tmp_path):
     commands = rule_commands()
     assert sum(any(a.endswith(".png") for a in argv) for argv in commands) >= 5, commands

@@ -111,6 +111,7 @@ def test_every_fp16_pattern(dev):
     assert not h.raw and h.n_escapes > 0
 
 
+@long_under_simulator  # 6-7 s a case in the simulator: make test-slow (and CI)
 def test_structured_fp32_corpus(dev):
     bits = fp32_corpus()
     if dev.simulated:  # every exponent and sign with 3 edge mantissas, specials, Gaussian fill
@@ -192,6 +193,7 @@ def test_malformed_frames_set_error_bits(dev, code):
         gpu.decompress(dev.asarray(bad))
 
 
+@long_under_simulator
 def test_fp16_escape_above_31_without_checksum(dev):
     cb = Codebook((9, 10, 11, 12, 13, 14, 15))
     bits = fp16_corpus_with_filler(cb)[: dev.size(6000, 1 << 18)]
