@@ -168,6 +168,7 @@ def test_random_bits_take_the_raw_fallback(dev):
     assert _roundtrip(dev, bits, Codebook.from_sigma(0.02)).raw
 
 
+@long_under_simulator
 def test_workspace_is_reused_across_calls(dev):
     ws = gpu.Workspace(8192)
     cb = Codebook.from_sigma(0.02)

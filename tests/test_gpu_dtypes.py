@@ -127,6 +127,7 @@ def test_structured_fp32_corpus(dev):
     assert not h.raw and h.n_escapes > 0
 
 
+@long_under_simulator  # 4-5 s a type in the simulator: make test-slow (and CI)
 @pytest.mark.parametrize("code", [FP32, FP16])
 def test_hypothesis_fuzz(dev, code):
     """Random bit patterns (any size, some blocks dense in escapes) mixed with values whose
