@@ -296,6 +296,7 @@ class Collectives:
         self._device: dict[int, object] = {}
         self._routes: dict[tuple, tuple] = {}
         self._channels: dict[tuple, object] = {}
+        self._uneven: dict[tuple, object] = {}  # auto's agreed decision for uneven all-to-alls
         _LIVE.add(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -470,9 +471,17 @@ class Collectives:
         rc = counts(output, output_split_sizes, "output")
         uneven = input_split_sizes is not None or output_split_sizes is not None
         nbytes = input.numel() * input.element_size()
+        key = (group, input.dtype, input.device)
         if uneven and input.dtype in _CODED and self.policy.mode == "auto":
-            nbytes = self._agreed_max(group, input, [nbytes])[0]  # every rank decides alike
-        d = self._decide("all_to_all", nbytes, input, p, group=group)
+            # every rank must decide alike: the first uneven call of a group and type agrees on
+            # the largest size (one small all-reduce) and its decision holds from then on
+            d = self._uneven.get(key)
+            if d is None:
+                nbytes = self._agreed_max(group, input, [nbytes])[0]
+                d = self._uneven[key] = self._decide("all_to_all", nbytes, input, p, group=group)
+            self.last_decision = d
+        else:
+            d = self._decide("all_to_all", nbytes, input, p, group=group)
         if not d.compress:
             raw = (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
             return self._native("all_to_all", lambda: dist.all_to_all_single(
@@ -480,13 +489,15 @@ class Collectives:
                 raw, async_op)
         eng, tr, agree, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
-        largest = None
-        if self.chunk and p > 2:
+        largest, chunk = None, self._chunk_of(send)
+        if input.is_cuda and uneven:
+            chunk = 0  # the slot exchange in one round: no rank needs the others' largest message
+        elif self.chunk and p > 2:
             local = max([c for j, c in enumerate(sc) if j != tr.rank]
                         + [c for j, c in enumerate(rc) if j != tr.rank] + [0])
-            largest = self._agreed_max(group, input, [local])[0]
+            largest = local if not uneven else self._agreed_max(group, input, [local])[0]
         ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
-                             compress=True, stream=stream, chunk=self._chunk_of(send), max_count=largest,
+                             compress=True, stream=stream, chunk=chunk, max_count=largest,
                              phases=self.phases, channel=self._channel(group, send),
                              uniform=not uneven)
         self.stats.add(True, ex, "all_to_all")
@@ -538,6 +549,7 @@ def forget_groups() -> None:
     for c in list(_LIVE):
         c._routes.clear()
         c._channels.clear()
+        c._uneven.clear()
     _DEFAULTS.clear()
     from . import autotune
 
