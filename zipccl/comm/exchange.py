@@ -231,12 +231,12 @@ class SlotChannel:
 
     def error_text(self) -> str | None:
         """The sticky error word in words, or None (a read of mapped memory, no wait)."""
+        bits = int(self.spills.error())
+        if not bits:
+            return None  # every call's path: one read of mapped memory, nothing else
         from .. import codec
         from ..kernels.spill import ERROR_TEXT
 
-        bits = int(self.spills.error())
-        if not bits:
-            return None
         words = [text for bit, text in ERROR_TEXT.items() if bits & bit]
         if bits & 0xFFFF:
             words.insert(0, f"corrupted zipccl frame: {codec.gpu.Workspace.describe(bits & 0xFFFF)}")
