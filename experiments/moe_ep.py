@@ -1,19 +1,26 @@
 """Expert parallelism: an MoE layer whose dispatch and combine go through zipccl's all-to-all.
 
-Why run it: the two-phase all-to-all (static phase, then dynamic phase) exists for
-mixture-of-experts layers, where tokens travel to experts on other GPUs, the per-peer counts
-change every step and are skewed, and a rank that waits for its peer wastes its time. This
-script runs one such layer forward and backward on 2 ranks (expert parallelism 2) with its
-routing skewed on purpose, once per variant of the all-to-all:
+Why run it: in mixture-of-experts layers tokens travel to experts on other GPUs, the per-peer
+counts change every step and are skewed, and a rank that waits for its peer wastes its time.
+zipccl's all-to-all is the slot exchange (slot sizes every rank computes from the counts, so
+the transfer is posted at once, no frame length waited for); this script measures it against
+the native call and against the plain exact-length exchange. It runs one MoE layer forward and
+backward on 2 ranks (expert parallelism 2) with its routing skewed on purpose, once per variant
+of the all-to-all:
 
-  native     -- ``torch.distributed.all_to_all_single`` with split sizes;
-  one_phase  -- ``zipccl.torch.all_to_all_single(..., policy="always", phases=1)``: every frame
-                encoded, its length waited for and exchanged, then one transfer;
-  two_phase  -- ``zipccl.torch.all_to_all_single(..., policy="always", phases=2)``: the static
-                part of every frame sent at once, then the escapes.
+  native  -- ``torch.distributed.all_to_all_single`` with split sizes;
+  slots   -- ``zipccl.torch.all_to_all_single(..., policy="always")``: the library's slot
+             exchange (fixed-size slots, a frame that does not fit spills its tail);
+  exact   -- ``exact_length.all_to_all_single`` (this folder): every frame encoded, its length
+             read on the host, the lengths exchanged, then one transfer of exact sizes.
+
+Records of earlier runs name two more variants, measured before the slot exchange, when zipccl
+itself held two exact-length exchanges: ``one_phase`` (``phases=1``: lengths, then the frames,
+as ``exact`` does) and ``two_phase`` (``phases=2``: the static part of every frame at once, then
+the escapes). ``--table`` and ``figures/fig_moe.py`` read both sets.
 
 Each configuration is checked before it is timed: the layer's output and every gradient (input,
-router, experts) of both compressed variants are compared with the native run's bit for bit, in
+router, experts) of every compressed variant is compared with the native run's bit for bit, in
 the same run, and the count of differing bits is recorded (it must be 0).
 
 Layer (default: Mixtral-8x7B's sizes at depth 1): hidden 4096, 8 experts of SwiGLU width 14336,
@@ -37,8 +44,8 @@ measures the transfers and their codec work without that wait.
     # 2 x H200, NVLink, then the shared-memory link
     PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
     NCCL_P2P_DISABLE=1 PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
-    # CPU smoke test (gloo, toy sizes)
-    torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py --toy --out /tmp/moe.jsonl
+    # CPU smoke test (gloo, toy sizes; the bits check of every variant included)
+    PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py --toy --out /tmp/moe.jsonl
     # the table of the newest run per link
     python experiments/moe_ep.py --table experiments/results/moe_ep.jsonl
 
@@ -63,7 +70,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from harness import append_records
 
-VARIANTS = ("native", "one_phase", "two_phase")
+VARIANTS = ("native", "slots", "exact")  # what a run measures; the first is the reference
+OLD_VARIANTS = ("native", "one_phase", "two_phase")  # what runs before the slot exchange measured
 
 
 @dataclass(frozen=True)
@@ -246,10 +254,14 @@ class Timed:
     """One variant's all-to-all (torch.distributed's signature with split sizes), each call timed."""
 
     def __init__(self, variant: str, cuda: bool):
+        import exact_length
+
         import zipccl.torch as zt
 
-        self.variant, self.cuda, self.zt = variant, cuda, zt
-        self.stats = zt.Stats()
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        self.variant, self.cuda, self.zt, self.exact = variant, cuda, zt, exact_length
+        self.stats = exact_length.Stats() if variant == "exact" else zt.Stats()
         self.pending: list = []
         self.raw = 0
 
@@ -263,9 +275,10 @@ class Timed:
             dist.all_to_all_single(out, inp, out_splits, in_splits)
             me = dist.get_rank()
             self.raw += (sum(in_splits) - in_splits[me]) * inp.shape[1] * inp.element_size()
+        elif self.variant == "slots":
+            self.zt.all_to_all_single(out, inp, out_splits, in_splits, policy="always", stats=self.stats)
         else:
-            self.zt.all_to_all_single(out, inp, out_splits, in_splits, policy="always",
-                                      phases=1 if self.variant == "one_phase" else 2, stats=self.stats)
+            self.exact.all_to_all_single(out, inp, out_splits, in_splits, stats=self.stats)
         if self.cuda:
             end.record()
             self.pending.append((start, end))
@@ -391,7 +404,11 @@ def run(cfg: Config, device, rank: int, world: int, write, variants=VARIANTS, lo
 
 
 def table(path: str) -> str:
-    """The newest run per link: all-to-all ms per variant and speed-ups (printed last on the GPU)."""
+    """The newest run per link: all-to-all ms per variant and speed-ups (printed last on the GPU).
+
+    A run holds either this script's variants (native, slots, exact) or those of runs before
+    the slot exchange (native, one_phase, two_phase); each is shown with its own.
+    """
     recs = [json.loads(line) for line in open(path) if line.strip()]
     newest: dict = {}
     for r in recs:
@@ -403,18 +420,24 @@ def table(path: str) -> str:
         for r in recs:
             if r.get("kind") == "measure" and r["link"] == link and r["run"] == run_id:
                 rows.setdefault((r["tokens_per_rank"], r["skew_target"]), {})[r["variant"]] = r
-        lines.append(f"{link} ({run_id}): busier rank's a2a ms native / 1-phase / 2-phase; speed-ups "
-                     f"vs native; 2-phase vs 1-phase; longer rank's a2a ms; layer ms; diff bits")
+        # the library's exchange last, so that "last vs middle" is its speed-up over the other
+        names = next((vs for vs in (("native", "exact", "slots"), OLD_VARIANTS)
+                      if any(all(k in v for k in vs) for v in rows.values())), None)
+        if names is None:
+            continue
+        _, b, c = names
+        lines.append(f"{link} ({run_id}): busier rank's a2a ms {' / '.join(names)}; speed-ups "
+                     f"vs native; {c} vs {b}; longer rank's a2a ms; layer ms; diff bits")
         for (tok, _), v in sorted(rows.items()):
-            if not all(k in v for k in VARIANTS):
+            if not all(k in v for k in names):
                 continue
-            n, o, t = (v[k]["a2a_busier_s"] * 1e3 for k in VARIANTS)
+            n, o, t = (v[k]["a2a_busier_s"] * 1e3 for k in names)
             lines.append(
                 f"  {tok:6d} tok ratio {v['native']['recv_ratio']:4.2f}: {n:7.2f} / {o:7.2f} / {t:7.2f}"
                 f"  {n / o:4.2f}x {n / t:4.2f}x  {o / t:4.2f}x  a2a "
-                + " / ".join(f"{v[k]['a2a_s'] * 1e3:.1f}" for k in VARIANTS) + "  layer "
-                + " / ".join(f"{v[k]['layer_s'] * 1e3:.1f}" for k in VARIANTS)
-                + f"  bits {max(v[k]['differing_bits'] for k in VARIANTS)}")
+                + " / ".join(f"{v[k]['a2a_s'] * 1e3:.1f}" for k in names) + "  layer "
+                + " / ".join(f"{v[k]['layer_s'] * 1e3:.1f}" for k in names)
+                + f"  bits {max(v[k]['differing_bits'] for k in names)}")
     return "\n".join(lines)
 
 

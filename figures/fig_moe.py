@@ -4,8 +4,9 @@ Reads ``experiments/results/moe_ep.jsonl`` (``experiments/moe_ep.py``). One pane
 newest run on it): x = the skew reached (token slots of rank 0's experts / rank 1's), y = the
 busier rank's time in the layer's four all-to-alls (forward and backward dispatch and combine;
 it arrives last, so this is the transfer with its codec work and no wait for the other rank's
-experts), one colour per variant (native, compressed one-phase, compressed two-phase), one line
-style per tokens-per-rank. Times nothing, imports no CUDA or MPI module.
+experts), one colour per variant (native, zipccl's slots, exact lengths; older runs: zipccl's
+one-phase and two-phase exchanges), one line style per tokens-per-rank. Times nothing, imports
+no CUDA or MPI module.
 
     python fig_moe.py out/moe.png ../experiments/results/moe_ep.jsonl
 """
@@ -21,7 +22,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-VARIANTS = {"native": ("k", "native (torch.distributed)"), "one_phase": ("C1", "zipccl one-phase"),
+# this script's variants, then those of runs before the slot exchange (zipccl's exact-length
+# exchanges then: lengths first, or static part then escapes)
+VARIANTS = {"native": ("k", "native (torch.distributed)"), "slots": ("C2", "zipccl (slots)"),
+            "exact": ("C4", "exact lengths (lengths, then frames)"),
+            "one_phase": ("C1", "zipccl one-phase"),
             "two_phase": ("C0", "zipccl two-phase (static + dynamic)")}
 STYLES = ["-", "--", "-.", ":"]
 
@@ -41,6 +46,7 @@ def main(out: str, path: str) -> None:
     runs = newest(recs)
     links = sorted(runs, key=lambda link: "NVLink" in link)  # shared memory first
     fig, axes = plt.subplots(1, len(links), figsize=(6.5 * len(links), 4.8), squeeze=False)
+    drawn: set[str] = set()
     for ax, link in zip(axes[0], links, strict=True):
         mine = [r for r in recs
                 if r.get("kind") == "measure" and r["link"] == link and r["run"] == runs[link]]
@@ -50,6 +56,7 @@ def main(out: str, path: str) -> None:
                 pts = sorted((r["recv_ratio"], 1e3 * r["a2a_busier_s"]) for r in mine
                              if r["tokens_per_rank"] == tok and r["variant"] == v)
                 if pts:
+                    drawn.add(v)
                     ax.plot(*zip(*pts, strict=True), color=color, ls=STYLES[i % len(STYLES)],
                             marker="o", ms=3)
         bad = sum(r["differing_bits"] for r in mine)
@@ -59,7 +66,7 @@ def main(out: str, path: str) -> None:
         ax.set_title(f"{link}, {mine[0]['machine']}\n{runs[link]}; differing bits vs native: {bad}",
                      fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-    handles = [Line2D([], [], color=c, label=lab) for c, lab in VARIANTS.values()]
+    handles = [Line2D([], [], color=c, label=lab) for v, (c, lab) in VARIANTS.items() if v in drawn]
     handles += [Line2D([], [], color="grey", ls=STYLES[i % len(STYLES)], label=f"{t // 1024}k tokens/rank")
                 for i, t in enumerate(tokens)]
     fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles))

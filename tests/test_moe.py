@@ -1,14 +1,17 @@
-"""The expert-parallel MoE layer (experiments/moe_ep.py) and the one-phase all-to-all, on 2 gloo ranks.
+"""The expert-parallel MoE layer (experiments/moe_ep.py) and the exact-length all-to-all
+(experiments/exact_length.py), on 2 gloo ranks.
 
 Two CPU ranks (``python -m torch.distributed.run``) run this file's ``worker`` once per
 session and write their checks to JSON; the tests read them. Checks:
 
 - the layer forward and backward with dispatch and combine through the native all-to-all,
-  zipccl's one-phase and zipccl's two-phase one: output and every gradient the same bits
-  (skewed and balanced routing); the compressed runs really compressed; a corrupted
+  zipccl's (``slots``) and the exact-length one (``exact``): output and every gradient the
+  same bits (skewed and balanced routing); the compressed runs really compressed; a corrupted
   all-to-all (one bit flipped) is caught by the same comparison;
-- the one-phase all-to-all on uneven splits (zero rows one way, every row one way, edge-case
-  bit patterns, NaN payloads) against ``torch.distributed.all_to_all_single``, bit for bit.
+- the exact-length all-to-all on uneven BF16 splits (zero rows one way, every row one way,
+  none at all, edge-case bit patterns, NaN payloads) against
+  ``torch.distributed.all_to_all_single``, bit for bit; a receiver expecting more rows than
+  its peer sends raises ValueError, and the ranks go on (their transfers stayed matched).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-LAYER_CHECKS = [f"layer/{v}/skew{s}" for s in ("1.0", "4.2") for v in ("one_phase", "two_phase")] + \
+LAYER_CHECKS = [f"layer/{v}/skew{s}" for s in ("1.0", "4.2") for v in ("slots", "exact")] + \
     ["layer/compressed", "layer/corruption_detected"]
 SPLITS = {"even": ([3, 3], [3, 3]), "none_back": ([5, 0], [7, 2]), "all_out": ([0, 9], [4, 1]),
           "empty": ([0, 0], [0, 0]), "single": ([1, 1], [0, 1])}  # rank 0's / rank 1's input splits
-ONE_PHASE_CHECKS = [f"one_phase/{name}/{kind}" for name in SPLITS for kind in ("gauss", "edges")]
+EXACT_CHECKS = [f"exact/{name}/{kind}" for name in SPLITS for kind in ("gauss", "edges")] + \
+    ["exact/mismatch_raises"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,7 @@ def rank_results(tmp_path_factory):
     return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
 
 
-@pytest.mark.parametrize("name", LAYER_CHECKS + ONE_PHASE_CHECKS)
+@pytest.mark.parametrize("name", LAYER_CHECKS + EXACT_CHECKS)
 def test_rank_check(rank_results, name):
     for r, res in enumerate(rank_results):
         assert name in res, f"rank {r} did not run {name}"
@@ -160,7 +164,7 @@ def check_layer(rank: int, world: int, res: dict) -> None:
     for skew in cfg.skews:
         bias = torch.from_numpy(moe_ep.zipf_bias(moe_ep.solve_alpha(skew, cfg.experts), cfg.experts)).float()
         ref = outcome(moe_ep.Timed("native", False), bias)
-        for v in ("one_phase", "two_phase"):
+        for v in ("slots", "exact"):
             t = moe_ep.Timed(v, False)
             got = outcome(t, bias)
             diff = [moe_ep.differing_bits(a, b) for a, b in zip(got, ref, strict=True)]
@@ -176,22 +180,16 @@ def check_layer(rank: int, world: int, res: dict) -> None:
             f"(compressed calls, wire, raw) per run: {compressed}")
 
 
-def check_one_phase(rank: int, world: int, res: dict) -> None:
+def check_exact_length(rank: int, world: int, res: dict) -> None:
     import torch
     import torch.distributed as dist
     from conftest import edge_corpus, gaussian_bits
 
-    import zipccl.torch as zt
-    from zipccl.comm import collectives
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import exact_length
 
-    calls = []
-    real = collectives.one_phase_exchange
+    import zipccl
 
-    def counted(*args, **kwargs):  # the one-phase exchange is what phases=1 runs
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    collectives.one_phase_exchange = counted
     width = 300  # elements per row: rows of a message together are not a multiple of a block
     for name, splits in SPLITS.items():
         send_rows = splits[rank]
@@ -206,16 +204,29 @@ def check_one_phase(rank: int, world: int, res: dict) -> None:
             want = torch.empty(sum(recv_rows), width, dtype=torch.bfloat16)
             got = torch.full_like(want, 7.0)
             dist.all_to_all_single(want, inp, recv_rows, send_rows)
-            stats, before = zt.Stats(), len(calls)
-            zt.all_to_all_single(got, inp, recv_rows, send_rows, policy="always", phases=1, stats=stats)
-            moved_by_one_phase = len(calls) == before + 1
+            stats = exact_length.Stats()
+            exact_length.all_to_all_single(got, inp, recv_rows, send_rows, stats=stats)
             a, b = _bits(got), _bits(want)
             bad = np.flatnonzero(a != b)
-            moved = stats.compressed_calls == 1 and (stats.raw_bytes == 0 or stats.wire_bytes > 0)
-            _record(res, f"one_phase/{name}/{kind}", bad.size == 0 and moved and moved_by_one_phase,
-                    f"{bad.size} of {a.size} elements differ; stats {stats.as_dict()}; "
-                    f"one-phase exchange called: {moved_by_one_phase}")
-    collectives.one_phase_exchange = real
+            sent = (sum(send_rows) - send_rows[rank]) * width
+            frames = stats.wire_bytes - exact_length.LENGTH_BYTES * (world - 1)
+            counted = stats.calls == 1 and stats.raw_bytes == 2 * sent and \
+                (0 < frames <= zipccl.max_compressed_size(sent) if sent else frames == 0)
+            _record(res, f"exact/{name}/{kind}", bad.size == 0 and counted,
+                    f"{bad.size} of {a.size} elements differ; stats {stats.as_dict()}, {sent} sent")
+    # rank 1 expects 4 rows from rank 0, which sends 3: rank 1's decode must refuse the frame
+    inp = torch.from_numpy(gaussian_bits(5 * width, sigma=0.02, seed=9 + rank).view(np.int16).copy())
+    inp = inp.view(torch.bfloat16).reshape(-1, width)
+    send_rows, recv_rows = ([2, 3], [2, 3]) if rank == 0 else ([3, 2], [4, 2])
+    out = torch.empty(sum(recv_rows), width, dtype=torch.bfloat16)
+    try:
+        exact_length.all_to_all_single(out, inp, recv_rows, send_rows)
+        outcome = "returned"
+    except ValueError as e:
+        outcome = f"ValueError: {e}"
+    want = "returned" if rank == 0 else "ValueError: frame from rank 0"
+    dist.barrier()  # both ranks are past the call: it did not leave a transfer unmatched
+    _record(res, "exact/mismatch_raises", outcome.startswith(want), outcome[:300])
 
 
 def worker(out_dir: str) -> None:
@@ -225,7 +236,7 @@ def worker(out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     res: dict = {}
-    for check in (check_layer, check_one_phase):
+    for check in (check_layer, check_exact_length):
         try:
             check(rank, world, res)
         except Exception:  # recorded, so that the test names what failed
