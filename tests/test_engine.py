@@ -65,7 +65,7 @@ def _problems(cls: type) -> list[str]:
 
 
 def test_the_protocol_declares_what_the_algorithms_call():
-    assert "encode" in METHODS and "pipeline_end" in METHODS and ATTRIBUTES == ["checksum", "device"]
+    assert "encode_slot" in METHODS and "pipeline_finish" in METHODS and ATTRIBUTES == ["checksum", "device"]
     root = Path(zipccl.__file__).parent
     called = set()
     for path in [*(root / "comm").glob("*.py"), *(root / "torch").glob("*.py")]:
@@ -89,18 +89,18 @@ def test_the_check_catches_a_missing_or_renamed_method():
     class Renamed(HostEngine):
         decode_frame = None  # no longer a method
 
-        def read_headers(self, entries):  # parameter renamed
-            return []
+        def decode_stream(self, round_):  # parameter renamed
+            return None
 
-        def codebook(self, values, fresh=True):  # default changed
-            return super().codebook(values)
+        def decode(self, frame, out, slot=1):  # default changed
+            return super().decode(frame, out)
 
         def copy(self, dst, src, how):  # a new required parameter
             pass
 
     problems = "\n".join(_problems(Renamed))
-    for what in ("decode_frame is a NoneType", "read_headers: parameter 'entries'",
-                 "codebook: default of 'fresh'", "copy: extra parameter 'how'"):
+    for what in ("decode_frame is a NoneType", "decode_stream: parameter 'round_'",
+                 "decode: default of 'slot'", "copy: extra parameter 'how'"):
         assert what in problems
 
     class Missing:

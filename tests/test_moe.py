@@ -56,19 +56,6 @@ def test_rank_check(rank_results, name):
         assert res[name]["ok"], f"rank {r}: {name}: {res[name]['detail']}"
 
 
-def test_phases_is_validated():
-    pytest.importorskip("torch")
-    from zipccl.comm.collectives import check_phases
-    from zipccl.torch import Collectives
-
-    for bad in (0, 3, "1"):
-        with pytest.raises(ValueError, match="phases"):
-            check_phases(bad, 0)
-    with pytest.raises(ValueError, match="chunk"):
-        Collectives("always", phases=1, chunk_bytes=1 << 20)
-    assert Collectives("always", phases=1).phases == 1
-
-
 def test_skew_is_reached():
     """The router bias solved for a target skew gives at least that ratio on the calibration sample."""
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -77,49 +64,6 @@ def test_skew_is_reached():
     assert moe_ep.solve_alpha(1.0, 8) == 0.0
     for skew in (1.5, 4.2):
         assert moe_ep.rank0_ratio(moe_ep.solve_alpha(skew, 8), 8) >= skew
-
-
-COMMUNICATOR_ONE_PHASE = """
-import ml_dtypes, numpy as np
-from mpi4py import MPI
-import zipccl
-w = MPI.COMM_WORLD
-r = w.Get_rank()
-c = zipccl.Communicator(w, policy="always", chunk_bytes=0, phases=1)
-rng = np.random.default_rng(r)
-x = (rng.standard_normal(4000) * 0.02).astype(ml_dtypes.bfloat16)  # equal blocks: agreement folded in
-out, ref = np.empty_like(x), np.empty(4000, np.uint16)
-c.all_to_all(x, out)
-w.Alltoall(x.view(np.uint16), ref)
-assert np.array_equal(out.view(np.uint16), ref)
-assert 0 < c.last_stats.wire_bytes < c.last_stats.raw_bytes
-sc, rc = [[100, 3000], [0, 5]][r], [[100, 0], [3000, 5]][r]  # per-peer counts, one way empty
-x = (rng.standard_normal(sum(sc)) * 0.02).astype(ml_dtypes.bfloat16)
-out, ref = np.empty(sum(rc), ml_dtypes.bfloat16), np.empty(sum(rc), np.uint16)
-c.all_to_all(x, out, sc)
-w.Alltoallv([x.view(np.uint16), sc], [ref, rc])
-assert np.array_equal(out.view(np.uint16), ref)
-c.close()
-print("ok", r)
-"""
-
-
-@pytest.mark.mpi
-def test_communicator_one_phase_under_mpiexec(tmp_path):
-    """``Communicator(phases=1)`` on 2 MPI ranks: equal blocks and per-peer counts, bit for bit."""
-    import shutil
-
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    launcher = here if os.path.exists(here) else shutil.which("mpiexec")
-    if launcher is None:
-        pytest.fail("mpiexec not found: `make install` installs the mpich wheel that provides it")
-    script = tmp_path / "one_phase.py"
-    script.write_text(COMMUNICATOR_ONE_PHASE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    run = subprocess.run([launcher, "-n", "2", sys.executable, str(script)], capture_output=True,
-                         text=True, timeout=120, env=env, cwd=ROOT)
-    assert run.returncode == 0 and run.stdout.count("ok") == 2, run.stderr[-3000:] + run.stdout
 
 
 # -- the ranks ----------------------------------------------------------------------------------------

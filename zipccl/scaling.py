@@ -12,7 +12,7 @@ fields) and hands this module plain numbers.
   the native records with ``costmodel.link_from_busbw`` (median bus bandwidth per
   size over the records used; ``experiments/records.py``'s ``nccl_link``);
 - the *wire* (``costmodel.sendrecv_wire``): compressed frames travel as grouped NCCL
-  send/recv (``comm.collectives.compressed_exchange``), i.e. at the link's
+  send/recv (``comm.exchange.slot_exchange``), i.e. at the link's
   all-to-all alpha and B, whatever the operation;
 - the *ratio*: the median wire ratio (frame bytes / BF16 bytes) the compressed
   records report;

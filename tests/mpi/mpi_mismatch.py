@@ -247,6 +247,6 @@ def test_an_agreed_call_costs_no_extra_exchange(policy):
         if policy == "never":
             assert first == {"control": 1, "lengths": 0, "flags": 0}
             assert counts == {"control": 0, "lengths": 0, "flags": 0}  # nothing but the payload
-        else:  # round 0's lengths ride on the control row; rounds 1, 2; the final agreement
-            assert counts == first == {"control": 1, "lengths": 2, "flags": 1}
+        else:  # host arrays: the control row, then the slots (no lengths, no final agreement)
+            assert counts == first == {"control": 1, "lengths": 0, "flags": 0}
         assert np.array_equal(out.view(np.uint16), np.concatenate(WORLD.allgather(x.view(np.uint16))))

@@ -72,7 +72,7 @@ def gaussian(n: int, seed: int) -> np.ndarray:
     return x.view(np.uint16)
 
 
-CALLS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+CALLS = ("all_gather", "reduce_scatter", "all_to_all", "all_to_all_counts", "all_reduce")
 
 
 @pytest.mark.parametrize("call", CALLS)
@@ -83,6 +83,9 @@ def test_steady_state_compressed_calls_make_no_host_wait(comm, call, n):
     x = cupy.asarray(gaussian(P * n, ME))
     out_big = cupy.zeros(P * n, dtype=cupy.uint16)
     out_small = cupy.zeros(n, dtype=cupy.uint16)
+    total = sum(n + 7 * (ME + 1) * (j + 1) for j in range(P))
+    x_counts = cupy.asarray(gaussian(total, ME + 10))
+    out_counts = cupy.zeros(total, dtype=cupy.uint16)
 
     def run():
         if call == "all_gather":
@@ -91,6 +94,10 @@ def test_steady_state_compressed_calls_make_no_host_wait(comm, call, n):
             comm.reduce_scatter(x, out_small, dtype="bfloat16")
         elif call == "all_to_all":
             comm.all_to_all(x, out_big, dtype="bfloat16")
+        elif call == "all_to_all_counts":  # per-peer counts, both given (as MoE dispatch has them)
+            sc = [n + 7 * (ME + 1) * (j + 1) for j in range(P)]
+            rc = [n + 7 * (j + 1) * (ME + 1) for j in range(P)]
+            comm.all_to_all(x_counts, out_counts, sc, rc, dtype="bfloat16")
         else:
             buf = x.copy()
             comm.all_reduce(buf, dtype="bfloat16")

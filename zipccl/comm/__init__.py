@@ -1,7 +1,9 @@
 """Compressed collectives: ``Communicator`` over NCCL or MPI transports.
 
 ``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
-holds the algorithms (two-phase frame exchange, the stated BF16 reduction),
+says what each collective moves and holds the stated reduction, ``exchange`` is the
+one compressed exchange (fixed-size slots), ``slots`` / ``capacity`` size them and
+``spill`` moves the frames that do not fit,
 ``engine`` declares what the algorithms ask of the memory the data lives in,
 ``host`` and ``pipeline`` implement it for host and device arrays, ``policy``
 decides compressed or native per call, ``calibrate`` measures the profile it

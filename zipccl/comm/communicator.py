@@ -24,7 +24,7 @@ zipccl checks this without paying for it on every call:
 
 1. **Settings, once, at construction.** The constructor is collective: the
    ranks exchange every setting that changes the path a call takes (backend,
-   policy and its thresholds and profile, chunk size, ``phases``, checksum, ``verify``) and
+   policy and its thresholds and profile, chunk size, capacity, checksum, ``verify``) and
    raise the same ``CollectiveError`` on every rank if they differ. Changing
    ``policy`` or ``chunk`` later (``calibrate`` does) must happen on every rank at
    the same point; a change drops every plan and agreed signature.
@@ -39,19 +39,19 @@ zipccl checks this without paying for it on every call:
    Every agreement exchange of every kind of call is this one control row, so
    ranks that disagree about the call still meet in the same MPI operation and
    none can hang there.
-3. **Compressed calls on device arrays** keep NCCL's contract: they enqueue their
-   work on the stream and return, with no host exchange at all once their
-   signature is agreed (the first time it is seen, like a native call; every
-   call with ``verify="always"``). They move fixed-size slots
-   (``exchange.slot_exchange``); errors found on the device (a frame that does not
-   decode, a slot header naming another call) land in a sticky error word and
-   raise ``CollectiveError`` at the next compressed call on that rank, or on every
-   rank at ``synchronize()`` (docs/COLLECTIVES.md). **Compressed calls on host
-   arrays** fold the control row into the exchange they make anyway: the first
-   pipeline round's frame lengths travel in it (``collectives``, "Control"), so
-   every such call is checked at no extra round trip, and a rank whose call
-   differs from its peers' raises there with the others. (``chunk_bytes=0``, the
-   two-phase exchange, has no length exchange: it sends the control row first.)
+3. **Compressed calls** move fixed-size slots (``exchange.slot_exchange``), on host
+   and device arrays alike. On device arrays they make no host exchange at all once
+   their signature is agreed (the first time it is seen, like a native call; every
+   call with ``verify="always"``); on host arrays, whose exchange blocks anyway, every
+   call sends the control row first (one small all-gather), so a rank whose call
+   differs from its peers' raises there with the others. On device arrays they keep
+   NCCL's contract: they enqueue their work on the stream and return; errors found on the device (a frame that
+   does not decode, a slot header naming another call) land in a sticky error word
+   and raise ``CollectiveError`` at the next compressed call on that rank, or on
+   every rank at ``synchronize()`` (docs/COLLECTIVES.md). On host arrays every step
+   has run when the call returns, so what it found raises at once on the rank that
+   found it (and, through the slot headers, on its peers at their next compressed
+   call).
 4. **Native calls** are agreed the first time their signature is seen on this
    communicator (one control row), then run from a *plan*: the call's arguments
    looked up by the arrays' addresses, shapes, dtypes and the stream; on NCCL the
@@ -68,8 +68,15 @@ zipccl checks this without paying for it on every call:
    like torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), turning every mistake into a
    ``CollectiveError``.
 5. **All-to-all with per-peer counts** exchanges its count matrix in the control
-   row on every call (the receive counts and the policy's decision depend on the
-   other ranks' counts, which change from call to call in MoE dispatch).
+   row on every call on host arrays, and on device arrays when ``recv_counts`` is
+   left out (this rank's receive counts are the other ranks' send counts). On device
+   arrays with ``recv_counts`` given, as NCCL and MPI's all-to-all-v take them, a
+   call makes no host exchange once its decision is agreed: the first such call of
+   a dtype exchanges the matrix and agrees the decision (the policy's, on the mean
+   message size), later calls keep it, and counts that disagree between ranks are
+   found in the slot headers (a sticky error, as in 3.) or, like NCCL's, not at all
+   (a rank that expects more from itself than it sends raises alone; a native call
+   with mismatched counts is the caller's mistake, as with NCCL).
 
 Local argument errors (sizes, dtype, contiguity, alignment, writability) are
 found before anything moves and reported in the control row, so they raise on
@@ -84,7 +91,6 @@ import hashlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
@@ -96,7 +102,6 @@ from .collectives import (
     all_gather_values,
     all_reduce_values,
     all_to_all_values,
-    check_phases,
     chunk_elements,
     offsets,
     reduce_scatter_values,
@@ -330,24 +335,20 @@ class Communicator:
     >>> comm.close()
 
     ``chunk_bytes``: BF16 bytes per message per pipeline round of the compressed path
-    (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = issue 5's two-phase
-    exchange in one round); ``phases``: the compressed all-to-all's exchange with
-    ``chunk_bytes=0``, 2 = static then dynamic phase (default), 1 = every frame length
-    first, then one transfer (the ablation of the static phase); ``policy``: "auto" (a
+    (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = one round); ``policy``: "auto" (a
     size threshold until ``calibrate`` measures a profile), "always" or "never";
     ``verify``: "first" (a native call's signature is checked across ranks the first
     time it is seen) or "always" (before every call); see the module docstring. All
     ranks must pass the same settings: the constructor raises the same
-    ``CollectiveError`` on every rank otherwise. ``capacity``: the escape capacity of device
-    arrays' slots (``comm.capacity.CapacityConfig`` or a dict of its settings; None: the
+    ``CollectiveError`` on every rank otherwise. ``capacity``: the escape capacity of the
+    compressed calls' slots (``comm.capacity.CapacityConfig`` or a dict of its settings; None: the
     adaptive default rule; see ``comm.exchange.SlotChannel``).
     """
 
     def __init__(self, comm, *, backend: str = "auto", policy: str | Policy = "auto",
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, cuda_aware_mpi: bool | None = None,
-                 chunk_bytes: int | None = None, verify: str = "first", phases: int = 2,
-                 capacity=None):
+                 chunk_bytes: int | None = None, verify: str = "first", capacity=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if verify not in VERIFY:
@@ -365,10 +366,8 @@ class Communicator:
         self.verify = verify
         self._checksum = bool(checksum)
         self._force_value: bool | None = None  # set only while calibrating
-        # elements per pipeline round, whole escape blocks (0: the two-phase exchange, one round)
+        # elements per pipeline round, whole escape blocks (0: one round)
         self._chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
-        check_phases(phases, self._chunk)
-        self.phases = phases
         self.policy = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         from mpi4py import MPI
@@ -386,7 +385,8 @@ class Communicator:
         self._nccl_error: str | None = None
         self._host = HostEngine(checksum=self._checksum)
         self._device_engine = None
-        self._slot_channel = None
+        self._slot_channels: dict = {}  # host (False) / device (True): exchange.SlotChannel
+        self._a2a_decisions: dict = {}  # per-peer-count all-to-all with recv_counts: agreed
         self.last_decision: Decision | None = None
         self.last_stats: ExchangeStats | None = None
         try:
@@ -411,7 +411,7 @@ class Communicator:
 
     @property
     def chunk(self) -> int:
-        """Elements per message per pipeline round of the compressed path (0: two-phase)."""
+        """Elements per message per pipeline round of the compressed path (0: one round)."""
         return self._chunk
 
     @chunk.setter
@@ -419,7 +419,6 @@ class Communicator:
         value = int(value)
         if value < 0 or value % fmt.BLOCK:
             raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
-        check_phases(self.phases, value)
         self._chunk = value
         self._settings_changed()
 
@@ -440,7 +439,7 @@ class Communicator:
         prof = fields.pop("profile", None)
         fields["profile"] = None if prof is None else f"{_sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
         text = (f"backend={self.backend!r}, policy=({', '.join(f'{k}={v!r}' for k, v in fields.items())}), "
-                f"chunk_bytes={2 * self._chunk}, phases={self.phases}, checksum={self._checksum}, "
+                f"chunk_bytes={2 * self._chunk}, checksum={self._checksum}, "
                 f"capacity={getattr(self, 'capacity', None)!r}, "
                 f"verify={self.verify!r}")
         if self._force_value is not None:
@@ -448,15 +447,17 @@ class Communicator:
         self._settings_text = text
         self._plans.clear()
         self._agreed.clear()
+        if getattr(self, "_a2a_decisions", None):
+            self._a2a_decisions.clear()
 
     # -- plumbing ---------------------------------------------------------------------------
     def close(self) -> None:
         """Free the duplicated MPI communicator and the NCCL communicator, if any."""
         self._plans.clear()
         self._agreed.clear()
-        if getattr(self, "_slot_channel", None) is not None:
-            self._slot_channel.close()
-            self._slot_channel = None
+        for ch in getattr(self, "_slot_channels", {}).values():
+            ch.close()
+        self._slot_channels = {}
         if self._nccl is not None:
             self._nccl.close()
             self._nccl = None
@@ -479,19 +480,19 @@ class Communicator:
         """
         if self.comm is None:
             raise CollectiveError("zipccl synchronize: the communicator is closed")
-        ch = self._slot_channel
-        err = None
-        if ch is not None:
+        if True in self._slot_channels:
             import cupy
 
             from .transport import cupy_stream
 
             (cupy.cuda.get_current_stream() if stream is None else cupy_stream(stream)).synchronize()
-            err = ch.failed or ch.error_text()
+        err = None
+        for ch in self._slot_channels.values():
+            err = err or ch.failed or ch.error_text()
         try:
             self._agree(err, "synchronize")
         except CollectiveError as e:
-            if ch is not None:
+            for ch in self._slot_channels.values():
                 ch.fail(str(e))
             raise
 
@@ -617,10 +618,6 @@ class Communicator:
         op, *common, _ = plan.sig
         return f"{op}({', '.join(map(str, common))})"
 
-    def _controller(self, op: str, plan: _Plan):
-        """The control function a compressed exchange folds into its first exchange."""
-        return partial(self._control, op, plan.crc, None, describe=self._describe(plan))
-
     def _bind(self, key, plan: _Plan, run) -> None:
         """Keep a native plan's bound call (agreed signature, verify="first") for the next calls."""
         if key is not None and run is not None and self.verify == "first" and \
@@ -628,23 +625,25 @@ class Communicator:
             plan.run = run
 
     def _slots(self, eng, op: str, plan: _Plan):
-        """The slot channel of a compressed device call (None on the host, whose exchange
-        blocks anyway and agrees as it goes). A compressed signature is agreed across ranks
-        the first time it is seen (every call with ``verify="always"``); afterwards a call
-        makes no host exchange at all, as NCCL's do."""
-        if not eng.device:
-            return None
-        if plan.crc and (plan.sig not in self._agreed or self.verify == "always"):
+        """The slot channel of a compressed call on the engine's memory (host or device, one
+        each, made at the first such call, which every rank makes at the same point). A
+        compressed signature is agreed across ranks the first time it is seen (every call
+        with ``verify="always"``, and on host arrays); afterwards a device call makes no
+        host exchange at all, as NCCL's do."""
+        if plan.crc and (plan.sig not in self._agreed or self.verify == "always" or not eng.device):
+            # host arrays: every call (their exchange blocks anyway; a control row costs one
+            # small all-gather), so that a mismatch raises the same error on every rank
             self._control(op, plan.crc, None, describe=self._describe(plan))
             self._remember(plan.sig)
-        if self._slot_channel is None:
+        ch = self._slot_channels.get(eng.device)
+        if ch is None:
             from .capacity import CapacityRule
             from .exchange import SlotChannel
             from .spill import MPIChannel, Spills
 
-            self._slot_channel = SlotChannel(Spills(MPIChannel(self.comm), device=True),
-                                             CapacityRule(self.capacity))
-        return self._slot_channel
+            ch = self._slot_channels[eng.device] = SlotChannel(
+                Spills(MPIChannel(self.comm), device=eng.device), CapacityRule(self.capacity))
+        return ch
 
     def _route(self, device: bool, stream):
         """(engine, transport) for host or device data; the device side is set up lazily."""
@@ -789,11 +788,9 @@ class Communicator:
         eng, tr = self._route(s.device, st)
         if plan.compress:
             sdata = self._detached(eng, s.data, r.data)
-            ch = self._slots(eng, "all_gather", plan)
-            self.last_stats = all_gather_values(eng, tr, self._agree, sdata, r.data,
-                                                [s.size] * self.size, compress=True, stream=st,
-                                                chunk=self._chunk_of(s), channel=ch,
-                                                control=None if ch else self._controller("all_gather", plan))
+            self.last_stats = all_gather_values(eng, tr, sdata, r.data, [s.size] * self.size,
+                                                compress=True, stream=st, chunk=self._chunk_of(s),
+                                                channel=self._slots(eng, "all_gather", plan))
             return
         if plan.stats is None:
             raw = s.nbytes * (self.size - 1)
@@ -840,11 +837,9 @@ class Communicator:
         if s.code is not None and (plan.compress or tr.name != "nccl"):
             sdata = self._detached(eng, s.data, r.data)
             self.last_stats = reduce_scatter_values(
-                eng, tr, self._agree, sdata, r.data, [r.size] * self.size, compress=plan.compress,
+                eng, tr, sdata, r.data, [r.size] * self.size, compress=plan.compress,
                 stream=st, chunk=self._chunk_of(s),
-                channel=self._slots(eng, "reduce_scatter", plan) if plan.compress else None,
-                control=self._controller("reduce_scatter", plan) if plan.compress and not eng.device
-                else None)
+                channel=self._slots(eng, "reduce_scatter", plan) if plan.compress else None)
             return
         if plan.stats is None:
             raw = s.nbytes - r.nbytes
@@ -864,8 +859,9 @@ class Communicator:
         ``send_counts`` (elements per destination, packed in rank order, summing to
         ``send.size``) blocks may be uneven, as MoE dispatch needs; ``recv_counts``
         (elements per source) may be given or left for zipccl to derive from the
-        other ranks' ``send_counts``. With counts, every call exchanges the count
-        matrix (one control row; see the module docstring).
+        other ranks' ``send_counts``. The count matrix is exchanged (one control row)
+        on every call, except on device arrays with both counts given: then only the
+        first call of a dtype exchanges it (see the module docstring, 5.).
         """
         p = self.size
         if send_counts is not None or recv_counts is not None:
@@ -888,8 +884,7 @@ class Communicator:
         plan, (s, r), st = self._prepare("all_to_all", key, plan, check, st)
         b = s.size // p
         if plan.compress:
-            self._run_all_to_all(s, r, [b] * p, [b] * p, b if p > 1 else 0, plan, st,
-                                 self._controller("all_to_all", plan))
+            self._run_all_to_all(s, r, [b] * p, [b] * p, b if p > 1 else 0, plan, st, True)
             return
         eng, tr = self._route(s.device, st)
         if plan.stats is None:
@@ -924,6 +919,20 @@ class Communicator:
             sig = ("all_to_all", s.dtype, s.device, "per-peer counts", self._settings_text)
         except (TypeError, ValueError) as e:
             err, sig = str(e), None
+        if err is not None and self._a2a_decisions and self.verify == "first":
+            # peers may be in a call that makes no host exchange (5.): raise here alone, as
+            # NCCL returns an invalid argument to the rank that passed it
+            raise CollectiveError(f"zipccl all_to_all: {err}")
+        known = self._a2a_decisions.get(sig) if err is None and rc is not None and s.device else None
+        if known is not None and self.verify == "first":
+            # both count lists given and the decision agreed: no host exchange (module docstring, 5.)
+            self.last_decision = known
+            st = self._stream(s, stream)
+            if s.code is not None and known.compress:
+                self._run_all_to_all(s, r, sc, rc, None, _Plan(sig, 0, known, True), st, False)
+                return
+            self._native_all_to_all(s, r, sc, rc, st)
+            return
         table = self._control("all_to_all", _sig_hash(sig) if sig else 0, err, extra,
                               describe=f"all_to_all({sig[1]}, {sig[2]}, per-peer counts)"
                               if sig else "all_to_all(invalid arguments)")
@@ -946,30 +955,37 @@ class Communicator:
         itemsize = s.data.itemsize
         mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
         d = self._decide("all_to_all", mean_bytes, s)
+        if rc is not None and s.device:
+            if len(self._a2a_decisions) >= MAX_AGREED:
+                self._a2a_decisions.clear()
+            self._a2a_decisions[sig] = d  # every rank: the same table, the same decision
         st = self._stream(s, stream)
         if s.code is not None and d.compress:
             largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
             plan = _Plan(sig, 0, d, True)
-            self._run_all_to_all(s, r, matrix[self.rank], my_recv_counts, largest, plan, st, None)
+            self._run_all_to_all(s, r, matrix[self.rank], my_recv_counts, largest, plan, st, False)
             return
+        self._native_all_to_all(s, r, matrix[self.rank], my_recv_counts, st)
+
+    def _native_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, st) -> None:
         eng, tr = self._route(s.device, st)
-        sc = [itemsize * c for c in matrix[self.rank]]
-        rc = [itemsize * c for c in my_recv_counts]
+        itemsize = s.data.itemsize
+        sc = [itemsize * c for c in send_counts]
+        rc = [itemsize * c for c in recv_counts]
         s8, r8 = _bytes(s.data), _bytes(r.data)
         tr.alltoallv(self._detached(eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), st)
         raw = sum(sc) - sc[self.rank]
         self.last_stats = ExchangeStats(raw, raw)
 
-    def _run_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, largest: int,
-                        plan: _Plan, st, control) -> None:
+    def _run_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, largest: int | None,
+                        plan: _Plan, st, uniform: bool) -> None:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
         ch = self._slots(eng, "all_to_all", plan)
-        self.last_stats = all_to_all_values(eng, tr, self._agree, sdata, r.data, send_counts,
-                                            recv_counts, compress=True, stream=st,
-                                            chunk=self._chunk_of(s), max_count=largest,
-                                            control=None if ch else control, phases=self.phases,
-                                            channel=ch, uniform=control is not None)
+        self.last_stats = all_to_all_values(eng, tr, sdata, r.data, send_counts, recv_counts,
+                                            compress=True, stream=st,
+                                            chunk=self._chunk_of(s) if largest is not None else 0,
+                                            max_count=largest, channel=ch, uniform=uniform)
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
@@ -997,11 +1013,8 @@ class Communicator:
         eng, tr = self._route(b.device, st)
         if b.code is not None and (plan.compress or tr.name != "nccl"):
             self.last_stats = all_reduce_values(
-                eng, tr, self._agree, b.data, compress=plan.compress, stream=st,
-                chunk=self._chunk_of(b),
-                channel=self._slots(eng, "all_reduce", plan) if plan.compress else None,
-                control=self._controller("all_reduce", plan) if plan.compress and not eng.device
-                else None)
+                eng, tr, b.data, compress=plan.compress, stream=st, chunk=self._chunk_of(b),
+                channel=self._slots(eng, "all_reduce", plan) if plan.compress else None)
             return
         if plan.stats is None:
             raw = 2 * b.nbytes * (self.size - 1) // self.size

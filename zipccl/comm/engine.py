@@ -1,9 +1,9 @@
 """The engine protocol: what the collective algorithms ask of the place the data lives.
 
-The algorithms in ``collectives`` (and ``Communicator``, ``calibrate`` and the torch
-layer around them) never learn whether the data is a NumPy array coded by the CPU
-codec or a CuPy array coded by the GPU codec: they call an *engine*, and two
-implement this protocol, ``HostEngine`` (``host``) and ``DeviceEngine``
+The algorithms in ``collectives`` and ``exchange`` (and ``Communicator``, ``calibrate``
+and the torch layer around them) never learn whether the data is a NumPy array coded
+by the CPU codec or a CuPy array coded by the GPU codec: they call an *engine*, and
+two implement this protocol, ``HostEngine`` (``host``) and ``DeviceEngine``
 (``pipeline``). ``tests/test_engine.py`` checks that both have every method here
 with a compatible signature.
 
@@ -11,38 +11,37 @@ Streams and synchronisation
 ---------------------------
 An engine works on one *caller's stream*, set by ``set_stream`` at the start of
 every call. Everything an engine method does is enqueued on that stream unless its
-docstring names another, and a method returns without waiting for the device
-unless its docstring says it synchronises. On the host there are no streams: every
-method has finished when it returns, and the stream hooks do nothing.
+docstring names another, and no method waits for the device unless its docstring
+says it synchronises (only ``sync`` and ``elapsed`` do, for calibration and tests).
+On the host there are no streams: every method has finished when it returns, and the
+stream hooks do nothing.
 
-The pipelined exchange (``collectives.chunked_exchange``) adds two streams of the
-engine's own, a transfer stream and a decode stream, and drives them through the
-``pipeline_*`` hooks in this order::
+The slot exchange (``exchange.slot_exchange``) adds two streams of the engine's own,
+a transfer stream and a decode stream, and drives them through these hooks in this
+order::
 
     pipeline_begin(rounds, p)
-    encode_frame(...) for round 0's frames; encoded(0)
+    encode_slot(...) for round 0's frames; spill-out on encode_stream(); encoded(0)
     for k in range(rounds):
-        frame_lengths(k)                  # the host waits for round k's encodes, nothing else
         transfer_stream(k)                # round k's transfer goes there
         received(k)
-        encode_frame(...) for round k+1; encoded(k+1)
-        decode_frame(..., k) for round k's frames
-    pipeline_end()                        # always, also when the exchange fails
+        encode_slot(...) for round k+1; spill-out; encoded(k+1)
+        spill-in on decode_stream(k); decode_frame(..., k) for round k's frames
+    pipeline_finish()                     # the caller's stream waits for both streams
 
 so that round k is on the wire while round k+1 is encoded and round k-1 decoded.
 The engine orders the three streams by events; the transport only needs
-``transfer_stream(k)``.
+``transfer_stream(k)``. Nothing in it reads anything back to the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..codebook import Codebook
-from ..format import Header
 
 Array = Any  # a 1-D array of the engine's kind: numpy.ndarray (host) or cupy.ndarray (device)
 
@@ -75,29 +74,13 @@ class Engine(Protocol):
         element types: uint16 BF16 bit patterns, float32, float16)."""
         ...
 
-    def codebook(self, values: Array, fresh: bool = False) -> Codebook:
-        """The codebook to encode ``values`` with (``Codebook.from_sample`` of a strided sample,
-        for their element type).
-
-        May reuse an earlier one for the same buffer (a stale codebook costs ratio, never
-        bits); ``fresh=True`` samples anew. On the device, sampling waits for the
-        caller's stream (a few KiB copied to the host).
-        """
-        ...
-
     def encode(self, values: Array, out: Array, codebook: Codebook) -> int | None:
-        """Encode ``values`` as one frame at the start of ``out``, on the caller's stream.
+        """Encode ``values`` as one frame at the start of ``out`` with ``codebook``, on the
+        caller's stream (calibration; the collectives use ``encode_slot``).
 
-        Returns the frame length when the host knows it without waiting, or None: the
-        length is then read from the frame's header (``read_headers``). ``out`` holds
-        at least ``collectives.slot_size(values.size, code)`` bytes.
-        """
-        ...
-
-    def read_headers(self, items: Sequence[tuple[Array, int, int]]) -> list[Header | str]:
-        """Parse the frame header at each (buffer, offset, capacity): a Header, or why it is invalid.
-
-        Synchronises: waits for the caller's stream once, for all the headers together.
+        Returns the frame length where the host knows it without waiting (host), else None
+        (the length is in the frame's header). ``out`` holds at least
+        ``slots.region_bytes(values.size, code) - slots.SLOT_HEADER`` bytes.
         """
         ...
 
@@ -105,18 +88,9 @@ class Engine(Protocol):
         """Decode one frame into ``out`` (of the frame's element type and count; a frame of
         another type is a corrupted one).
 
-        The host raises ValueError on a bad frame at once; the device enqueues the
-        decode on the caller's stream and reports errors through ``decode_errors``,
-        one error record per ``slot`` (frames decoded before the same check use
-        different slots).
-        """
-        ...
-
-    def decode_errors(self) -> str | None:
-        """The first error of the decodes since the last call, in words (None: all good).
-
-        For decodes that report late (device): waits for the caller's stream once. The
-        host's decodes raised already, so it returns None.
+        Calibration's decode (the collectives use ``decode_frame``). The host raises
+        ValueError on a bad frame at once; the device enqueues the decode on the
+        caller's stream and keeps its error bits in workspace ``slot``.
         """
         ...
 
@@ -134,7 +108,7 @@ class Engine(Protocol):
     def reduce_cols(self, stage: Array, p: int, m: int, lo: int, hi: int, out: Array) -> None:
         """``out[lo:hi]`` = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m).
 
-        Inside a pipelined exchange (between ``pipeline_begin`` and ``pipeline_end``) on
+        Inside a slot exchange (between ``pipeline_begin`` and ``pipeline_finish``) on
         the decode stream, after the decodes enqueued so far; otherwise on the caller's
         stream.
         """
@@ -152,7 +126,7 @@ class Engine(Protocol):
         """
         ...
 
-    # -- hooks of exchange.slot_exchange: the pipeline hooks above and below, and these -------
+    # -- hooks of exchange.slot_exchange (order: see the module docstring) ---------------------
     def encode_slot(self, values: Array, region: Array) -> None:
         """Enqueue the frame of ``values`` into ``region[slots.SLOT_HEADER:]`` on the caller's
         stream, its codebook chosen from ``values`` (device: on the device, no host read)."""
@@ -169,35 +143,16 @@ class Engine(Protocol):
     def pipeline_finish(self) -> list:
         """Close a slot exchange: order the caller's stream after every transfer and decode,
         reading nothing back. Returns (stream, decode workspace) pairs whose error bits the
-        communicator's error word takes in (host: none; its decodes raise at once)."""
+        communicator's error word takes in (host: none; ``decode_frame`` returns its errors)."""
         ...
 
-    # -- hooks of collectives.chunked_exchange (order: see the module docstring) ----------------
     def pipeline_begin(self, rounds: int, p: int) -> None:
-        """Start an exchange of ``rounds`` rounds with ``p`` frame slots each (slot k * p + j).
-
-        Every ``pipeline_begin`` is matched by one ``pipeline_end``, also on failure.
-        """
-        ...
-
-    def encode_frame(self, values: Array, out: Array, codebook: Codebook, idx: int) -> None:
-        """Enqueue one frame's encoding into the start of ``out`` on the caller's stream.
-
-        Its length becomes ``frame_lengths(k)[idx]`` (device: copied into pinned memory
-        by the same stream, so no wait here).
-        """
+        """Start an exchange of ``rounds`` rounds with up to ``p`` frames each; matched by one
+        ``pipeline_finish``."""
         ...
 
     def encoded(self, k: int) -> None:
         """Round ``k``'s encodes are all enqueued (device: an event on the caller's stream)."""
-        ...
-
-    def frame_lengths(self, k: int) -> np.ndarray:
-        """Lengths (int64, by slot index) of the frames encoded so far, round ``k``'s included.
-
-        Synchronises with round ``k``'s encodes only: the one host wait of a round,
-        never on transfers or decodes.
-        """
         ...
 
     def transfer_stream(self, k: int):
@@ -211,16 +166,8 @@ class Engine(Protocol):
     def decode_frame(self, frame: Array, out: Array, k: int) -> str | None:
         """Decode one frame of round ``k`` into ``out``, ordered after round ``k``'s transfer.
 
-        Device: enqueued on the decode stream; errors come from ``pipeline_end``. Returns
-        an error in words where it is known at once (host), else None.
-        """
-        ...
-
-    def pipeline_end(self) -> str | None:
-        """Close the exchange: order the caller's stream after every transfer and decode.
-
-        Returns the first decode error that reports late, in words (None: all good);
-        the device waits for its decode stream once, for the error bits, and only if it
-        decoded anything.
+        Device: enqueued on the decode stream; its error bits go into the workspaces
+        ``pipeline_finish`` returns. Returns an error in words where it is known at once
+        (host), else None.
         """
         ...

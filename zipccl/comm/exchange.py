@@ -91,6 +91,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
 
     eng.pipeline_begin(rounds, p)
     seqs: list[int] = []
+    failed = None
 
     def encode_round(k: int) -> None:
         for src, n, at, region in plan.encodes[k]:
@@ -116,13 +117,17 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
         if k + 1 < rounds:
             encode_round(k + 1)  # on the caller's stream while round k is on the wire
         channel.launch_in(seqs[k], eng.decode_stream(k))
-        for at, end, lo, n in plan.decodes[k]:
-            eng.decode_frame(rbuf[at + slots.SLOT_HEADER:end], recv[lo:lo + n], k)
+        for at, end, lo, n, j in plan.decodes[k]:
+            e = eng.decode_frame(rbuf[at + slots.SLOT_HEADER:end], recv[lo:lo + n], k)
+            if e and failed is None:  # the host reports at once; the device into the error word
+                failed = f"frame from rank {j}: {e}"
         lo, hi = plan.columns[k]
         if on_chunk is not None and hi > lo:
             on_chunk(lo, hi)
     for dstream, ws in eng.pipeline_finish():
         channel.record_error(dstream, ws)
+    if not eng.device:  # a host call has finished: what it found raises now
+        channel.finished(op, failed)
     return stats
 
 
@@ -135,7 +140,7 @@ class _Plan:
     encodes: tuple  # per round: (first element in send, n, region offset, region bytes)
     sends: tuple  # per round: (peer, region offset, region bytes, n) of the frames sent
     recvs: tuple  # per round: the same for the frames received
-    decodes: tuple  # per round: (region offset, region end, first element in recv, n)
+    decodes: tuple  # per round: (region offset, region end, first element in recv, n, peer)
     raw_bytes: tuple  # per round: elements sent to the peers
     columns: tuple  # per round: (lo, hi) element range its decodes cover (reductions)
 
@@ -172,7 +177,7 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
             if j != me and n:
                 region = slots.region_bytes(n, code)
                 rcv.append((j, r_at, region, n))
-                dec.append((r_at, r_at + region, o + plo, n))
+                dec.append((r_at, r_at + region, o + plo, n, j))
                 r_at += region
         encodes.append(tuple(enc))
         out.append(tuple(snd))
@@ -226,8 +231,9 @@ class SlotChannel:
             raise CollectiveError(f"zipccl {op}: this communicator failed earlier: {self.failed}")
         text = self.error_text()
         if text:
+            where = " on the device" if self.spills.device else ""
             raise CollectiveError(f"zipccl {op}: an earlier compressed call on this communicator "
-                                  f"failed on the device: {text}")
+                                  f"failed{where}: {text}")
 
     def error_text(self) -> str | None:
         """The sticky error word in words, or None (a read of mapped memory, no wait)."""
@@ -241,6 +247,22 @@ class SlotChannel:
         if bits & 0xFFFF:
             words.insert(0, f"corrupted zipccl frame: {codec.gpu.Workspace.describe(bits & 0xFFFF)}")
         return f"{'; '.join(words)} (error word 0x{bits:08x})"
+
+    def finished(self, op: str, failed: str | None) -> None:
+        """After a host call (whose steps have all run): raise what it found, a frame that
+        did not decode (``failed``, which also goes into the error word, so that every slot
+        header this rank sends from now on reports it to its peers) or a received slot
+        header that did not match the call."""
+        from .collectives import CollectiveError
+
+        if failed is not None:
+            from ..kernels.spill import ERR_HOST_DECODE
+
+            self.spills.report(ERR_HOST_DECODE)
+            raise CollectiveError(f"zipccl {op}: {failed}")
+        text = self.error_text()
+        if text:
+            raise CollectiveError(f"zipccl {op}: {text}")
 
     def fail(self, message: str) -> None:
         """Mark the channel failed (every rank agreed on it): every later call raises."""

@@ -3,8 +3,8 @@
 ``HostEngine`` implements ``engine.Engine`` for data in host memory; its device
 counterpart is ``pipeline.DeviceEngine``. On the host there are no streams: every
 method has finished when it returns, the pipeline hooks of
-``collectives.chunked_exchange`` run each round in order, and decode errors raise
-(or are returned) at once.
+``exchange.slot_exchange`` run each round in order, and decode errors are returned
+at once.
 """
 
 from __future__ import annotations
@@ -62,16 +62,6 @@ class HostEngine:
         out[:frame.size] = frame
         return int(frame.size)
 
-    def read_headers(self, items) -> list:
-        """Parse the frame header at each (buffer, offset, capacity); a str for an invalid one."""
-        out = []
-        for buf, offset, capacity in items:
-            try:
-                out.append(fmt.parse_header(buf[offset:offset + capacity]))
-            except ValueError as e:
-                out.append(str(e))
-        return out
-
     def decode(self, frame: np.ndarray, out: np.ndarray, slot: int = 0) -> None:
         """Decode one frame into ``out`` (its element type, exactly its element count)."""
         bits, header = self.codec.decode(frame)
@@ -82,10 +72,6 @@ class HostEngine:
         if bits.size != out.size:
             raise ValueError(f"frame holds {bits.size} elements, expected {out.size}")
         value_patterns(out)[:] = bits.reshape(-1)
-
-    def decode_errors(self) -> str | None:
-        """Errors of decodes that report late (device); host decodes raise at once."""
-        return None
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
@@ -104,21 +90,12 @@ class HostEngine:
     def sync(self) -> None:
         pass
 
-    # -- hooks of ``chunked_exchange``: on the host everything happens at once, in order ------
+    # -- hooks of ``slot_exchange``: on the host everything happens at once, in order ---------
     def pipeline_begin(self, rounds: int, p: int) -> None:
-        """Start an exchange of ``rounds`` rounds with ``p`` frame slots each."""
-        self._lens = np.zeros(rounds * p, dtype=np.int64)
-
-    def encode_frame(self, values: np.ndarray, out: np.ndarray, codebook: Codebook, idx: int) -> None:
-        """Encode into the start of ``out``; its length becomes ``frame_lengths()[idx]``."""
-        self._lens[idx] = self.encode(values, out, codebook)
+        """Start an exchange of ``rounds`` rounds with ``p`` frames each."""
 
     def encoded(self, k: int) -> None:
         """Round ``k``'s frames are all enqueued."""
-
-    def frame_lengths(self, k: int) -> np.ndarray:
-        """Lengths of the frames encoded so far (round ``k``'s included), by slot index."""
-        return self._lens
 
     def transfer_stream(self, k: int):
         """The stream round ``k``'s transfer goes on (host: none)."""
@@ -149,8 +126,3 @@ class HostEngine:
 
     def pipeline_finish(self) -> list:
         return []
-
-    def pipeline_end(self) -> str | None:
-        """Wait for the exchange; the first decode error that reports late (device), if any."""
-        return None
-

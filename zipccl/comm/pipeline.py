@@ -1,10 +1,11 @@
-"""Device-side machinery of the collectives: CuPy buffers, the GPU codec, the stream.
+"""Device-side machinery of the collectives: CuPy buffers, the GPU codec, the streams.
 
 ``DeviceEngine`` is the device counterpart of ``host.HostEngine``: both
 implement ``engine.Engine``, the methods the collective algorithms call, so the
-algorithms never learn where the data lives. All device work is enqueued on the caller's CUDA stream;
-the only host synchronisations are the ones the two-phase exchange needs (frame
-lengths are read from headers before the escape phase).
+algorithms never learn where the data lives. All device work is enqueued on the
+caller's CUDA stream or on the engine's transfer and decode streams, ordered by events;
+nothing on the collectives' path reads anything back (``elapsed``, for calibration,
+is the one method that waits).
 
 Buffers are reused across calls (grown, never shrunk), so a steady stream of
 equal-sized collectives allocates nothing after the first call. The GPU codec
@@ -18,9 +19,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
-from .collectives import value_code, value_patterns
+from .collectives import value_code
 
-_FRAME_LEN_AT = fmt.FRAME_LEN_AT  # int64 LE in the header
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
 
@@ -108,24 +108,17 @@ class DeviceEngine:
         self.checksum = bool(checksum)
         self.gpu = gpu
         self._work: dict[str, object] = {}
-        self._probe = np.zeros(0, dtype=np.uint8)
-        self._pinned = None
-        self._codebooks: dict[tuple[int, int], list] = {}
         self._sampled: dict[tuple[int, int], list] = {}  # FP16 on the slot path: _sampled_codebook
         self._stream = cupy.cuda.get_current_stream()
         self._reducers: dict[int, object] = {}
         self._encode_ws = None
         self._decode_ws: dict[int, object] = {}
-        self._used_ws: list[tuple[int, object]] = []
-        # chunked_exchange: transfer and decode streams, events per round, pinned frame lengths
+        # slot_exchange: transfer and decode streams, events per round
         self._xfer = None
         self._dec = None
         self._ev_enc: list = []
         self._ev_recv: list = []
         self._ev_tail = None
-        self._lens_mem = None
-        self._lens8 = None
-        self._lens = None
         self._dec_ws = None
         self._dec_retired: list = []  # decode workspaces outgrown during the call in flight
         self._ev_start = None
@@ -147,7 +140,7 @@ class DeviceEngine:
         transfer and decode streams through the round events), and CuPy's pool, which
         ties a block to the stream it was allocated on, hands a grown-out buffer to a
         new allocation only in that stream's order, i.e. after the earlier calls'
-        transfers and decodes (``pipeline_end`` made the stream wait for them).
+        transfers and decodes (``pipeline_finish`` made the stream wait for them).
         """
         buf = self._work.get(role)
         if buf is None or buf.size < nbytes:
@@ -186,30 +179,6 @@ class DeviceEngine:
         end.synchronize()
         return self.cp.cuda.get_elapsed_time(start, end) / 1e3 / repeat
 
-    def codebook(self, values, fresh: bool = False) -> Codebook:
-        """``Codebook.from_sample`` of a strided sample copied to the host (a few KiB).
-
-        Reading the sample is a synchronisation, so the codebook of a buffer (same
-        address and size) is reused for ``CODEBOOK_REFRESH`` calls, as training
-        reuses its communication buffers; a stale codebook costs ratio, never bits.
-        ``fresh=True`` samples anew (a buffer may reuse a freed one's address).
-        """
-        code = value_code(values)
-        key = (int(values.data.ptr), int(values.size), code)
-        hit = None if fresh else self._codebooks.get(key)
-        if hit is not None and hit[1] < CODEBOOK_REFRESH:
-            hit[1] += 1
-            return hit[0]
-        n = int(values.size)
-        stride = max(1, n // SAMPLE_SIZE)
-        with self._stream:  # the strided gather runs after the caller's writes to values
-            sample = self.cp.asnumpy(values[::stride][:SAMPLE_SIZE], stream=self._stream)
-        cb = Codebook.from_sample(value_patterns(sample), dtype=fmt.DTYPE_NAMES[code])
-        if len(self._codebooks) >= 64:
-            self._codebooks.pop(next(iter(self._codebooks)))
-        self._codebooks[key] = [cb, 1]
-        return cb
-
     def _aligned(self, a, role: str):
         """``a`` itself if 16-byte aligned (the GPU codec's vector loads), else a bounce buffer."""
         if a.data.ptr % _ALIGN == 0:
@@ -233,57 +202,14 @@ class DeviceEngine:
         self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
                              workspace=self._encode_ws, **_typed(values))
 
-    def read_headers(self, items) -> list:
-        """Headers at each (buffer, offset, capacity): all copied to pinned memory, one sync.
-
-        Returns a Header, or the reason as a str for an invalid one.
-        """
-        if not items:
-            return []
-        hs = fmt.HEADER_SIZE
-        pinned = self._pinned_headers(len(items) * hs)
-        for i, (buf, offset, _) in enumerate(items):
-            buf[offset:offset + hs].get(stream=self._stream, out=pinned[i * hs:(i + 1) * hs],
-                                        blocking=False)
-        self._stream.synchronize()
-        out = []
-        for i, (_, _, capacity) in enumerate(items):
-            if self._probe.size < capacity:
-                self._probe = np.zeros(capacity, dtype=np.uint8)  # calloc'd: untouched pages are free
-            probe = self._probe[:capacity]
-            probe[:hs] = pinned[i * hs:(i + 1) * hs]
-            try:
-                out.append(fmt.parse_header(probe))
-            except ValueError as e:
-                out.append(str(e))
-        return out
-
-    def _pinned_headers(self, nbytes: int) -> np.ndarray:
-        if self._pinned is None or self._pinned.size < nbytes:
-            mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 4096))
-            self._pinned = np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 4096))
-        return self._pinned
-
     def decode(self, frame, out, slot: int = 0) -> None:
-        """Decode one frame into ``out``; device errors are read by ``decode_errors``."""
+        """Enqueue the decode of one frame into ``out`` on the caller's stream (calibration;
+        the collectives decode with ``decode_frame``); its error bits stay in the workspace."""
         dst, bounced = self._aligned(out, "bounce_out")
         ws = self._decode_workspace(slot, out.size)
         self.gpu.decode_into(frame, dst, self._stream, workspace=ws, **_typed(out))
-        self._used_ws.append((slot, ws))
         if bounced:
             self.copy(out, dst)
-
-    def decode_errors(self) -> str | None:
-        """Error bits of this call's device decodes (one synchronisation), in words."""
-        used, self._used_ws = self._used_ws, []
-        if not used:
-            return None
-        self._stream.synchronize()
-        for slot, ws in used:
-            bits = ws.last_error(self._stream)
-            if bits:
-                return f"frame from rank {slot}: corrupted zipccl frame: {ws.describe(bits)}"
-        return None
 
     def copy(self, dst, src) -> None:
         with self._stream:
@@ -310,12 +236,11 @@ class DeviceEngine:
             # row r of the columns starts at stage[lo + r * m]: the kernel strides rows by m
             self._reduce(stage[lo:], p, m, out[lo:hi])
 
-    # -- hooks of collectives.chunked_exchange ------------------------------------------------
-    # Round k: encode on the caller's stream, then event enc[k]; the host waits for enc[k]
-    # only to read the frame lengths (8 bytes each, copied into pinned memory by the same
-    # stream); the transfer stream waits for enc[k], moves the round, records recv[k]; the
-    # decode stream waits for recv[k], decodes (and reduces). Buffers of different rounds
-    # never overlap, so no round waits for another one's decode.
+    # -- hooks of exchange.slot_exchange ------------------------------------------------------
+    # Round k: encode (and spill-out) on the caller's stream, then event enc[k]; the transfer
+    # stream waits for enc[k], moves the round, records recv[k]; the decode stream waits for
+    # recv[k], runs the spill-in, decodes (and reduces). Buffers of different rounds never
+    # overlap, so no round waits for another one's decode. The host reads nothing back.
     def pipeline_begin(self, rounds: int, p: int) -> None:
         cp = self.cp
         if self._xfer is None:
@@ -326,11 +251,6 @@ class DeviceEngine:
         while len(self._ev_enc) < rounds:
             self._ev_enc.append(cp.cuda.Event(disable_timing=True))
             self._ev_recv.append(cp.cuda.Event(disable_timing=True))
-        need = max(8 * rounds * p, 4096)
-        if self._lens_mem is None or self._lens8.size < need:
-            self._lens_mem = cp.cuda.alloc_pinned_memory(need)
-            self._lens8 = np.frombuffer(self._lens_mem, dtype=np.uint8, count=need)
-        self._lens = self._lens8.view("<i8")
         self._dec_round = -1
         self._dec_used = False
         self._dec_retired = []
@@ -341,18 +261,8 @@ class DeviceEngine:
         self._ev_start.record(self._stream)
         self._dec.wait_event(self._ev_start)
 
-    def encode_frame(self, values, out, codebook: Codebook, idx: int) -> None:
-        """Enqueue the frame's encoding and the copy of its length to pinned slot ``idx``."""
-        self.encode(values, out, codebook)
-        at = _FRAME_LEN_AT
-        out[at:at + 8].get(stream=self._stream, out=self._lens8[8 * idx:8 * idx + 8], blocking=False)
-
     def encoded(self, k: int) -> None:
         self._ev_enc[k].record(self._stream)
-
-    def frame_lengths(self, k: int) -> np.ndarray:
-        self._ev_enc[k].synchronize()  # the only host wait of a round: its own encode
-        return self._lens
 
     def transfer_stream(self, k: int):
         self._xfer.wait_event(self._ev_enc[k])
@@ -382,10 +292,9 @@ class DeviceEngine:
                 out[...] = dst
         return None
 
-    # -- hooks of exchange.slot_exchange: the same streams and events, no host reads ----------
     def encode_slot(self, values, region) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
-        the device from ``values`` (BF16, FP32; FP16 from the host sample, ``codebook``)."""
+        the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``)."""
         from .slots import SLOT_HEADER
 
         src, bounced = self._aligned(values, "bounce_in")
@@ -461,22 +370,6 @@ class DeviceEngine:
             return None
         retired, self._dec_retired = self._dec_retired, []
         return retired
-
-    def pipeline_end(self) -> str | None:
-        """Order the caller's stream after the transfers and decodes; read the decode errors.
-
-        One host synchronisation (the decode stream, for its error bits).
-        """
-        retired = self._join_streams()
-        if retired is None:
-            return None
-        bits = 0
-        for ws in (*retired, self._dec_ws):
-            bits |= ws.sticky_error(self._dec)  # ORed over its calls; synchronises
-        if bits:
-            self._dec_ws = None  # a fresh (zeroed) workspace for the next call
-            return f"corrupted zipccl frame: {self.gpu.Workspace.describe(bits)}"
-        return None
 
     def sync(self) -> None:
         self._stream.synchronize()

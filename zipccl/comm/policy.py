@@ -117,7 +117,7 @@ class Profile:
 
     key: str
     world: int
-    chunk: int  # elements per round (0: the two-phase exchange, one round)
+    chunk: int  # elements per round (0: one round)
     overlap: bool = True  # stages of different rounds overlap (device streams); host: one after another
     native: dict = field(default_factory=dict)
     codec: dict = field(default_factory=dict)

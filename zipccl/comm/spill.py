@@ -506,6 +506,11 @@ class Spills:
         self._check()
         return self._observed.pop(int(seq), None)
 
+    def report(self, bits: int) -> None:
+        """OR ``bits`` (found on the host) into this rank's error word, which every slot
+        header it sends from now on carries to its peers."""
+        self._ctrl[kern.C_HOST_ERR] |= np.uint64(bits)
+
     def error(self) -> int:
         """The sticky error word as far as the device has got (a read of mapped memory, no
         wait): every bit recorded on this rank or reported by a peer's slot header."""

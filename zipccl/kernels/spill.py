@@ -93,6 +93,7 @@ ERR_SLOT_CALL = 1 << 18
 ERR_SLOT_SIZE = 1 << 19
 ERR_PEER = 1 << 20
 ERR_PROGRESS = 1 << 21
+ERR_HOST_DECODE = 1 << 22  # set by the host (a host call's frame did not decode)
 ERROR_TEXT = {
     ERR_SLOT_HEADER: "a received slot header is not one (magic, version or CRC)",
     ERR_SLOT_SEQ: "a received slot header belongs to another call (call sequence number)",
@@ -100,6 +101,7 @@ ERROR_TEXT = {
     ERR_SLOT_SIZE: "slot sizes differ between ranks, or a frame is longer than its region",
     ERR_PEER: "a peer reported an error in its slot header",
     ERR_PROGRESS: "the spill progress thread failed (host channel)",
+    ERR_HOST_DECODE: "a frame did not decode (host arrays)",
 }
 
 _SLOT_SIZES = {name: struct.calcsize("<" + code) for name, code, _ in slots.SLOT_FIELDS}

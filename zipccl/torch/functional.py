@@ -54,7 +54,6 @@ from ..comm.collectives import (
     all_gather_values,
     all_reduce_values,
     all_to_all_values,
-    check_phases,
     chunk_elements,
     reduce_scatter_values,
 )
@@ -62,7 +61,7 @@ from ..comm.host import HostEngine
 from ..comm.policy import Policy
 from . import autotune as _autotune
 from . import transport as _tr
-from .transport import GroupAgreement, ProcessGroupTransport, resolve_group
+from .transport import ProcessGroupTransport, resolve_group
 
 ReduceOp = dist.ReduceOp
 
@@ -267,16 +266,14 @@ class Collectives:
     per rank on a GPU; host tensors stay native unless ``compress_host``), "always",
     "never", or a ``zipccl.comm.Policy`` (e.g. with a calibrated profile, which covers
     BF16: FP32 / FP16 then stay native). ``chunk_bytes``: bytes per message per pipeline
-    round (0: the two-phase exchange in one round).
-    ``phases``: the compressed ``all_to_all_single`` with ``chunk_bytes=0``: 2 = static
-    then dynamic phase (default), 1 = every frame length first, then one transfer.
-    ``capacity``: the escape capacity of CUDA tensors' slots (``comm.capacity.CapacityConfig``
+    round (0: one round).
+    ``capacity``: the escape capacity of the compressed calls' slots (``comm.capacity.CapacityConfig``
     or a dict of its settings, e.g. ``{"fraction": 0.1}``; None: the adaptive default rule).
     """
 
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = 0,
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
-                 compress_host: bool = False, phases: int = 2, capacity=None):
+                 compress_host: bool = False, capacity=None):
         from ..comm.capacity import as_config
 
         self.capacity = as_config(capacity)
@@ -287,8 +284,6 @@ class Collectives:
         from .. import format as fmt
 
         self.chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
-        check_phases(phases, self.chunk)
-        self.phases = phases
         self.checksum = bool(checksum)
         self.stats = Stats()
         self.last_decision = None
@@ -301,17 +296,15 @@ class Collectives:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _route(self, group, t: torch.Tensor):
-        """(engine, transport, agree, stream) for tensors on ``t``'s device over ``group``."""
+        """(engine, transport, stream) for tensors on ``t``'s device over ``group``."""
         key = (group, t.device)
-        route = self._routes.get(key)
-        if route is None:
-            route = (ProcessGroupTransport(group, t.device), GroupAgreement(group, t.device))
-            self._routes[key] = route
-        tr, agree = route
+        tr = self._routes.get(key)
+        if tr is None:
+            tr = self._routes[key] = ProcessGroupTransport(group, t.device)
         if not t.is_cuda:
             if self._host is None:
                 self._host = HostEngine(checksum=self.checksum)
-            return self._host, tr, agree, None
+            return self._host, tr, None
         import cupy
 
         idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
@@ -323,14 +316,12 @@ class Collectives:
             eng = self._device[idx] = DeviceEngine(checksum=self.checksum)
         stream = torch.cuda.current_stream(t.device).cuda_stream
         eng.set_stream(stream)
-        return eng, tr, agree, stream
+        return eng, tr, stream
 
     def _channel(self, group, t: torch.Tensor):
-        """The slot channel of compressed CUDA calls over ``group`` (None for host tensors, which
-        take the host exchange): call numbering, spills over a gloo group, the error word. Made
-        at the group's first compressed CUDA call, which every rank makes at the same point."""
-        if not t.is_cuda:
-            return None
+        """The slot channel of compressed calls over ``group`` on ``t``'s device (CPU or a GPU):
+        call numbering, spills over a gloo group, the error word. Made at the group's first
+        compressed call there, which every rank makes at the same point."""
         key = (group, t.device)
         ch = self._channels.get(key)
         if ch is None:
@@ -338,7 +329,7 @@ class Collectives:
             from ..comm.exchange import SlotChannel
             from ..comm.spill import Spills, TorchChannel
 
-            ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=True),
+            ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=t.is_cuda),
                                                    CapacityRule(self.capacity))
         return ch
 
@@ -398,12 +389,12 @@ class Collectives:
             raw = n * input_tensor.element_size() * (p - 1)
             return self._native("all_gather", lambda: _tr.all_gather_single(
                 output_tensor, input_tensor, group, async_op), raw, async_op)
-        eng, tr, agree, stream = self._route(group, input_tensor)
+        eng, tr, stream = self._route(group, input_tensor)
         send = input_tensor
         own = output_tensor.reshape(-1)[tr.rank * n:(tr.rank + 1) * n]
         if _overlaps(send, output_tensor) and send.data_ptr() != own.data_ptr():
             send = send.clone()  # partial overlap: only the in-place slot is safe to read while writing
-        ex = all_gather_values(eng, tr, agree, self._bits(send), self._bits(output_tensor), [n] * p,
+        ex = all_gather_values(eng, tr, self._bits(send), self._bits(output_tensor), [n] * p,
                              compress=True, stream=stream, chunk=self._chunk_of(send),
                              channel=self._channel(group, send))
         self.stats.add(True, ex, "all_gather")
@@ -426,9 +417,9 @@ class Collectives:
             raw = (p - 1) * m * input.element_size()
             return self._native("reduce_scatter", lambda: _tr.reduce_scatter_single(
                 output, input, op, group, async_op), raw, async_op)
-        eng, tr, agree, stream = self._route(group, input)
+        eng, tr, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
-        ex = reduce_scatter_values(eng, tr, agree, self._bits(send), self._bits(output), [m] * p,
+        ex = reduce_scatter_values(eng, tr, self._bits(send), self._bits(output), [m] * p,
                                  compress=True, stream=stream, chunk=self._chunk_of(send),
                              channel=self._channel(group, send))
         if name == "avg":
@@ -487,18 +478,14 @@ class Collectives:
             return self._native("all_to_all", lambda: dist.all_to_all_single(
                 output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
                 raw, async_op)
-        eng, tr, agree, stream = self._route(group, input)
+        eng, tr, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
         largest, chunk = None, self._chunk_of(send)
-        if input.is_cuda and uneven:
+        if uneven:
             chunk = 0  # the slot exchange in one round: no rank needs the others' largest message
-        elif self.chunk and p > 2:
-            local = max([c for j, c in enumerate(sc) if j != tr.rank]
-                        + [c for j, c in enumerate(rc) if j != tr.rank] + [0])
-            largest = local if not uneven else self._agreed_max(group, input, [local])[0]
-        ex = all_to_all_values(eng, tr, agree, self._bits(send), self._bits(output), sc, rc,
+        ex = all_to_all_values(eng, tr, self._bits(send), self._bits(output), sc, rc,
                              compress=True, stream=stream, chunk=chunk, max_count=largest,
-                             phases=self.phases, channel=self._channel(group, send),
+                             channel=self._channel(group, send),
                              uniform=not uneven)
         self.stats.add(True, ex, "all_to_all")
         return self._work(output, group) if async_op else None
@@ -518,8 +505,8 @@ class Collectives:
             raw = 2 * tensor.numel() * tensor.element_size() * (p - 1) // max(p, 1)
             return self._native("all_reduce", lambda: dist.all_reduce(
                 tensor, op=op, group=group, async_op=async_op), raw, async_op)
-        eng, tr, agree, stream = self._route(group, tensor)
-        ex = all_reduce_values(eng, tr, agree, self._bits(tensor), compress=True, stream=stream,
+        eng, tr, stream = self._route(group, tensor)
+        ex = all_reduce_values(eng, tr, self._bits(tensor), compress=True, stream=stream,
                                chunk=self._chunk_of(tensor), channel=self._channel(group, tensor))
         if name == "avg":
             _divide(tensor, p)
@@ -560,12 +547,12 @@ def forget_groups() -> None:
 atexit.register(forget_groups)
 
 
-def _default(policy, phases: int = 2) -> Collectives:
-    """The shared ``Collectives`` of the module-level functions, one per policy (and ``phases``)."""
-    key = (policy if isinstance(policy, str) else id(policy), phases)
+def _default(policy) -> Collectives:
+    """The shared ``Collectives`` of the module-level functions, one per policy."""
+    key = policy if isinstance(policy, str) else id(policy)
     c = _DEFAULTS.get(key)
     if c is None or (not isinstance(policy, str) and c.policy is not policy):
-        c = _DEFAULTS[key] = Collectives(policy, phases=phases)
+        c = _DEFAULTS[key] = Collectives(policy)
     return c
 
 
@@ -601,13 +588,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, *, policy: str | Policy = "auto",
-                      stats: Stats | None = None, phases: int = 2):
-    """``torch.distributed.all_to_all_single``, BF16 / FP32 / FP16 compressed as ``policy`` says.
-
-    ``phases``: 2 = the two-phase exchange (static, then dynamic), 1 = every frame
-    length first, then one transfer (see ``Collectives``).
-    """
-    c = _default(policy, phases)
+                      stats: Stats | None = None):
+    """``torch.distributed.all_to_all_single``, BF16 / FP32 / FP16 compressed as ``policy`` says."""
+    c = _default(policy)
     return _with_stats(c, stats, lambda: c.all_to_all_single(output, input, output_split_sizes,
                                                              input_split_sizes, group, async_op))
 
