@@ -44,7 +44,7 @@ def test_stream_order():
     cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi" / "stream_order.py")]
     r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "no race on 2 ranks" in r.stdout and "negative control caught" in r.stdout
+    assert "no race on 2 ranks" in r.stdout and "both negative controls caught" in r.stdout
 
 
 if SIMULATOR:

@@ -16,7 +16,8 @@ an operation enqueued on a stream ticks it and inherits what the host has alread
 waited for; ``Event.record`` snapshots a stream's clock, ``Stream.wait_event`` joins
 it, ``synchronize`` joins it into the host's. Every device operation declares the
 byte ranges it reads and writes (allocation and zeroing, copies, ``get``/``set``, the
-reduction kernel, NCCL calls, encode and decode with their workspaces); two accesses
+reduction kernel, NCCL calls, encode and decode with their workspaces, the spill kernels
+from their call blocks' frame descriptors); two accesses
 to overlapping bytes from different streams, at least one a write, must be ordered,
 or the run reports a race with both operations named. All streams count as
 non-blocking (no implicit ordering through the legacy default stream), which is what
@@ -25,8 +26,8 @@ the engine's own streams and a caller's ``Stream(non_blocking=True)`` are.
 The collectives run pipelined in several rounds and in one round, with growing
 messages and no host synchronisation between calls (as a training loop calls them),
 and must return exactly the expected bits; a decode workspace outgrown in the middle of a
-call must still report its errors. A negative control removes the decode
-stream's wait for the transfer and must be caught.
+call must still report its errors. Two negative controls must be caught: the decode
+stream without its wait for the transfer, and the spill-in kernel on the caller's stream.
 """
 
 from __future__ import annotations
@@ -227,6 +228,34 @@ def _memcpy_async(dst, src, size, kind, stream):
 
 
 fake_cupy._Runtime.memcpyAsync = staticmethod(_memcpy_async)
+_raw_call = fake_cupy._RawKernel.__call__
+
+
+def _raw_kernel(self, grid, block, args, stream=None, shared_mem: int = 0):
+    """The spill kernels: what each touches, read from the call block's frame descriptors."""
+    from zipccl.comm.slots import SLOT_HEADER
+    from zipccl.kernels import spill as sk
+
+    a = [int(x) for x in args]
+    name = next(k for k, v in sk.HOST_TWINS.items() if v is self.twin)
+    reads, writes = [], []
+    if name == "zipccl_spill_out":  # reads each send frame, writes its slot header
+        for d in sk._descs(a[0], sk.W_SEND_AT, sk.W_NSEND):
+            r, n = int(d[sk.D_REGION]), int(d[sk.D_REGION_BYTES])
+            reads.append((r + SLOT_HEADER, r + n))
+            writes.append((r, r + SLOT_HEADER))
+    elif name == "zipccl_spill_in":  # reads each received slot, writes its tail after it
+        for d in sk._descs(a[0], sk.W_RECV_AT, sk.W_NRECV):
+            r, slot, n = int(d[sk.D_REGION]), int(d[sk.D_SLOT]), int(d[sk.D_REGION_BYTES])
+            reads.append((r, r + slot))
+            writes.append((r + slot, r + n))
+    else:  # zipccl_spill_record: a decode workspace's error bits
+        reads.append((a[2], a[2] + 4))
+    op(stream, name, reads=reads, writes=writes)
+    return _raw_call(self, grid, block, args, stream, shared_mem)
+
+
+fake_cupy._RawKernel.__call__ = _raw_kernel
 
 # -- the GPU codec's entry points, on the CPU codec, declaring what the kernels touch -----------
 
@@ -319,6 +348,26 @@ def negative_control() -> None:
     raise AssertionError("the stream-order check missed a decode that does not wait for its transfer")
 
 
+def negative_control_spill_in() -> None:
+    """The spill-in kernel on the caller's stream, which never waits for the transfer stream,
+    must be reported (it reads the received slot headers the transfer writes)."""
+    real = DeviceEngine.decode_stream
+
+    def callers(self, k):
+        return self._stream
+
+    DeviceEngine.decode_stream = callers
+    try:
+        run(2 * fmt.BLOCK)
+    except Race as e:
+        assert "zipccl_spill_in" in str(e), e
+        return
+    finally:
+        DeviceEngine.decode_stream = real
+    raise AssertionError("the stream-order check missed a spill-in kernel that does not wait for "
+                         "its transfer")
+
+
 def outgrown_workspace_keeps_its_errors() -> None:
     """A decode stream workspace replaced by a larger one mid-call still reports its errors."""
     from zipccl.codebook import Codebook
@@ -338,7 +387,8 @@ def outgrown_workspace_keeps_its_errors() -> None:
     eng.received(0)
     eng.decode_frame(bad, outs[0], 0)
     eng.decode_frame(good, outs[1], 0)
-    used = eng.pipeline_finish()  # what the communicator's error word takes in
+    used = []
+    eng.pipeline_finish(lambda stream, ws: used.append((stream, ws)))  # what the error word takes in
     assert len(used) == 2, used  # the outgrown workspace and its successor
     found = 0
     for stream, ws in used:
@@ -352,9 +402,12 @@ def main() -> None:
     run(0)  # one round
     _history.clear()
     negative_control()
+    _history.clear()
+    negative_control_spill_in()
     WORLD.Barrier()
     if ME == 0:
-        print(f"stream order: no race on {P} ranks (pipelined and in one round); negative control caught")
+        print(f"stream order: no race on {P} ranks (pipelined and in one round); "
+              "both negative controls caught")
 
 
 if __name__ == "__main__":

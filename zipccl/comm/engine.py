@@ -27,7 +27,7 @@ order::
         received(k)
         encode_slot(...) for round k+1; spill-out; encoded(k+1)
         spill-in on decode_stream(k); decode_frame(..., k) for round k's frames
-    pipeline_finish()                     # the caller's stream waits for both streams
+    pipeline_finish(record)               # error bits recorded; the caller's stream waits for both
 
 so that round k is on the wire while round k+1 is encoded and round k-1 decoded.
 The engine orders the three streams by events; the transport only needs
@@ -140,10 +140,12 @@ class Engine(Protocol):
         """The stream round ``k``'s decodes run on, ordered after its transfer (host: None)."""
         ...
 
-    def pipeline_finish(self) -> list:
-        """Close a slot exchange: order the caller's stream after every transfer and decode,
-        reading nothing back. Returns (stream, decode workspace) pairs whose error bits the
-        communicator's error word takes in (host: none; ``decode_frame`` returns its errors)."""
+    def pipeline_finish(self, record: Callable[[object, object], None] | None = None) -> None:
+        """Close a slot exchange, reading nothing back: first ``record(stream, workspace)`` for
+        every decode workspace the call used (what takes their error bits into the
+        communicator's error word, on the stream given), then the caller's stream waits for
+        every transfer, decode and recorded read (host: nothing to record, ``decode_frame``
+        returned its errors)."""
         ...
 
     def pipeline_begin(self, rounds: int, p: int) -> None:
@@ -167,7 +169,7 @@ class Engine(Protocol):
         """Decode one frame of round ``k`` into ``out``, ordered after round ``k``'s transfer.
 
         Device: enqueued on the decode stream; its error bits go into the workspaces
-        ``pipeline_finish`` returns. Returns an error in words where it is known at once
+        ``pipeline_finish`` records. Returns an error in words where it is known at once
         (host), else None.
         """
         ...

@@ -124,8 +124,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
         lo, hi = plan.columns[k]
         if on_chunk is not None and hi > lo:
             on_chunk(lo, hi)
-    for dstream, ws in eng.pipeline_finish():
-        channel.record_error(dstream, ws)
+    eng.pipeline_finish(channel.record_error)
     if not eng.device:  # a host call has finished: what it found raises now
         channel.finished(op, failed)
     return stats

@@ -124,5 +124,5 @@ class HostEngine:
     def decode_stream(self, k: int):
         return None
 
-    def pipeline_finish(self) -> list:
-        return []
+    def pipeline_finish(self, record=None) -> None:
+        """Nothing to record: ``decode_frame`` returned the host's decode errors."""

@@ -350,26 +350,22 @@ class DeviceEngine:
             self._dec_round = k
         return self._dec
 
-    def pipeline_finish(self) -> list:
-        """Order the caller's stream after the transfers and decodes, without reading anything
-        back; returns (decode stream, workspace) of every decode workspace this call used, whose
-        sticky error bits go into the communicator's error word."""
-        retired = self._join_streams()
-        return [] if retired is None else [(self._dec, ws) for ws in (*retired, self._dec_ws)]
-
-    def _join_streams(self) -> list | None:
-        """End the pipeline: the caller's stream waits for the transfer and decode streams.
-        Returns the decode workspaces retired during the call (None: nothing was decoded)."""
+    def pipeline_finish(self, record=None) -> None:
+        """End the pipeline without reading anything back: ``record(decode stream, workspace)``
+        for every decode workspace this call used (what takes their sticky error bits into the
+        communicator's error word, enqueued on the decode stream), then the caller's stream
+        waits for the transfer and decode streams, those reads included (a workspace retired
+        here goes back to the pool in the caller's stream order, after them)."""
         self._in_pipeline = False
+        if self._dec_used and record is not None:
+            for ws in (*self._dec_retired, self._dec_ws):
+                record(self._dec, ws)
+        self._dec_retired = []
         x_done, d_done = self._ev_tail
         x_done.record(self._xfer)
         d_done.record(self._dec)
         self._stream.wait_event(x_done)
         self._stream.wait_event(d_done)
-        if not self._dec_used:
-            return None
-        retired, self._dec_retired = self._dec_retired, []
-        return retired
 
     def sync(self) -> None:
         self._stream.synchronize()
