@@ -44,7 +44,7 @@ Collectives use the ``*_into`` functions.
 
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
 and float16 arrays (or 16-bit integers with ``dtype="float16"``) through the same
-plans and workspaces (``kernels/encode_wide.py`` / ``decode_wide.py``): FP32 runs the
+plans and workspaces (``kernels/encode_fp16.py`` / ``decode_fp16.py``): FP32 runs the
 BF16 tile kernels' FP32 build, FP16 its own kernels. ``compress`` chooses the FP32
 codebook on the device, as for BF16 (the choice kernel on the upper halves); the FP16
 codebook comes from the strided sample, gathered on the device and read back (one
@@ -88,11 +88,11 @@ _WIDE: list = []
 
 
 def _wide():
-    """(encode_wide, decode_wide), imported on the first FP32 / FP16 call."""
+    """(encode_fp16, decode_fp16), imported on the first FP32 / FP16 call."""
     if not _WIDE:
         _kernels()
-        from ..kernels import decode_wide, encode_wide
-        _WIDE.extend((encode_wide, decode_wide))
+        from ..kernels import decode_fp16, encode_fp16
+        _WIDE.extend((encode_fp16, decode_fp16))
     return _WIDE
 
 

@@ -39,7 +39,7 @@ from . import launch as launch_route
 from . import plan as plans
 from ._common import TPB, dev, grid_size
 from .compat import atomic_read, popc, wrap64
-from .encode_wide import HDR, bcs, store_votes, vote
+from .encode_fp16 import HDR, bcs, store_votes, vote
 from .layout import (
     FP32,
     LAY_DTYPE,
@@ -62,7 +62,7 @@ ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above
 
 @dev
 def _assemble(ex, byte, r8, r9, r15):
-    """One FP16 value's bits from its exponent, low byte and raw bits (see encode_wide)."""
+    """One FP16 value's bits from its exponent, low byte and raw bits (see encode_fp16)."""
     return (r15 << 15) | (ex << 10) | (r9 << 9) | (r8 << 8) | byte
 
 
