@@ -219,12 +219,14 @@ def force_raw(lay: fmt.Layout) -> int:
 
 
 def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, crc_base: int,
-           crc_tab, cb64: int, checksum: bool, stream) -> None:
+           crc_tab, cb64: int, checksum: bool, stream, fp16_tiles=None) -> None:
     """Enqueue the encoder through Numba's dispatcher (the simulator's route).
 
     ``x32`` / ``x16``: the n values as uint32 (FP32) / uint16 (FP16), the other one
     empty; ``xu32`` / ``xu16``: the same bytes as uint32 / uint16 (``finish_tuple``'s
     units: the RAW copy, and FP32's tail); ``out*``: the frame buffer as uint8 / 32 / int64.
+    ``fp16_tiles``: an FP16 tile kernel of ``encode.encode_tiles``' arguments instead of
+    ``wide_tiles`` (``encode._tiles_kernel(FP16)``, compared in experiments/kernels/).
     """
     do_cs = 1 if checksum else 0
     raw = force_raw(lay)
@@ -233,6 +235,9 @@ def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, c
         if lay.dtype == FP32:
             encode.encode_tiles32[grid_size(lay.n_blocks), TPB, stream](x32, xu16, out8, out32, out64, ws,
                                                                         wide_tuple(lay), cb64, do_cs)
+        elif fp16_tiles is not None:
+            fp16_tiles[grid_size(lay.n_blocks), TPB, stream](xu32, x16, out8, out32, out64, ws,
+                                                             wide_tuple(lay), cb64, do_cs)
         else:
             wide_tiles[grid_size(lay.n_blocks), TPB, stream](x16, out8, out32, ws, wide_tuple(lay), cb64,
                                                              do_cs)
