@@ -1,5 +1,5 @@
-"""FP32 and FP16 frames on the device: the plans of ``encode_fp16`` / ``decode_fp16`` (FP32 on the
-BF16 tile kernels' FP32 build, FP16 on its own kernels).
+"""FP32 and FP16 frames on the device: ``encode.WidePlan`` / ``decode_fp16`` (FP32 on the BF16 tile
+kernels' FP32 builds; FP16 on the encoder's FP16 build and its own decoder).
 
 Each check runs under Numba's CUDA simulator on small sizes (``make test`` the quick
 ones, ``make test-sim`` all: see ``test_gpu_codec.py``) and on a real GPU at full size

@@ -78,11 +78,11 @@ def main(argv=None) -> int:
             resources[(side, a)] = {"regs": int(c.regs_per_thread),
                                     "local_bytes": int(c.local_mem_per_thread)}
 
-    from zipccl.kernels import _common, decode_fp16, encode_fp16
+    from zipccl.kernels import _common, decode_fp16
 
     def use(side, a):
         bps = a[1]  # the plan's grid: the variant's resident blocks per multiprocessor
-        module, plans = (encode, encode_fp16 if fp32 else encode) if side == "encode" else \
+        module, plans = (encode, encode) if side == "encode" else \
             (decode, decode_fp16 if fp32 else decode)
         setattr(module, slot, (enc if side == "encode" else dec)[a])
         plans.grid_size = lambda tiles: _common.grid_size(tiles, bps)

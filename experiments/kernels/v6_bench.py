@@ -2,11 +2,11 @@
 
 For each size, BF16: N(0, 0.02²) data on the device; the library's frame (``encode_into``)
 checked against the reference's (up to 8 Mi values) or the CPU codec's byte for byte; every
-encoder variant's frame (v6b, v6c) checked equal to the library's on every timed buffer set;
-every decoder (the library's, v6a) checked to give the input back bit for bit with no error
-bits on every timed buffer set ("all results match, starting benchmarks"). FP16 likewise: the
-library's FP16 frame against the reference's / CPU codec's, the table encoder's
-(``v6_fp16.py``) against the library's on every set, the library's FP16 decoder bit for bit.
+encoder variant's frame (v6b; ``tile``: the tile kernel with one tile a ticket, the library's
+BF16 loop before v6c) checked equal to the library's on every timed buffer set; every decoder
+(the library's, v6a) checked to give the input back bit for bit with no error bits on every
+timed buffer set ("all results match, starting benchmarks"). FP16 likewise: the library's FP16
+frame against the reference's / CPU codec's, its decoder bit for bit on every set.
 A variant that fails its check is reported and not timed. Then device time per call: a
 replayed CUDA graph (median of ``--repeats``), and eager (CUDA events around enqueued calls,
 the library's plan route) beside it; the public ``zipccl.compress`` / ``decompress`` (eager,
@@ -40,7 +40,7 @@ from harness import append_records, gaussian_bits  # noqa: E402
 
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v6.jsonl"
-ALL = ["v6a", "v6b", "v6c", "fp16", "api", "eager"]
+ALL = ["v6a", "v6b", "tile", "fp16", "api", "eager"]
 
 
 def frame_len(cp, fmt, f) -> int:
@@ -77,11 +77,15 @@ def main(argv=None) -> int:
     want_v = set(args.variants) - {"none"}
     if want_v & {"v6a"}:
         import v6_scan
-    if want_v & {"v6b", "v6c"}:
+    if want_v & {"v6b", "tile"}:
         import v6b_encode
-        import v6c_encode
-    if "fp16" in want_v:
-        import v6_fp16
+
+        from zipccl.kernels import encode
+
+        one_tile = encode._tiles_kernel(fmt.DTYPE_BF16, per_ticket=1)  # the library's loop before v6c
+        variants = {"v6b": ("v6b encode (one barrier)", v6b_encode.launch),
+                    "tile": ("encode, one tile a ticket (v5)",
+                             lambda *a: encode.launch(*a, tiles_kernel=one_tile, per_ticket=1))}
     cb = Codebook.from_sigma(0.02)
     cb16 = Codebook.from_sigma(0.02, dtype="float16")
     stream = cp.cuda.Stream(non_blocking=True)
@@ -162,14 +166,13 @@ def main(argv=None) -> int:
             if decoded("v6a decode", calls, outs, bits, ws):
                 timed("v6a decode (scanned prefixes)", "bf16", calls, mib, n, nbytes, sets, iters, ratio, chk,
                       eager=False)
-        if want_v & {"v6b", "v6c"}:
+        if want_v & {"v6b", "tile"}:
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
-            for name, mod in (("v6b encode (one barrier)", v6b_encode),
-                              ("v6c encode (two tiles a ticket)", v6c_encode)):
-                if name[:3] not in want_v:
+            for key, (name, launcher) in variants.items():
+                if key not in want_v:
                     continue
-                calls = [(lambda b=b, f=f, m=mod, w=ws:
-                          v6b_encode.encode_frame(m.launch, b, cb.exponents, False, w, nstream, f))
+                calls = [(lambda b=b, f=f, m=launcher, w=ws:
+                          v6b_encode.encode_frame(m, b, cb.exponents, False, w, nstream, f))
                          for b, f in zip(bits, vframes, strict=True)]
                 for f in vframes:
                     f.fill(0)
@@ -198,14 +201,13 @@ def main(argv=None) -> int:
         bits = frames = outs = enc = dec = calls = None
         cp.get_default_memory_pool().free_all_blocks()
 
-        # ---- FP16: the library's one-value-per-lane kernels against the table encoder
+        # ---- FP16: the library's encoder (the tile kernel's FP16 build) and decoder
         if "fp16" not in want_v:
             continue
         cap16 = fmt.max_compressed_size(n, fmt.DTYPE_FP16)
         rs = [cp.random.RandomState(100 + s) for s in range(sets)]
         bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
         frames = [cp.zeros(cap16, cp.uint8) for _ in range(sets)]
-        tframes = [cp.zeros(cap16, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
         want = codec.encode(cp.asnumpy(bits[0]), cb16, None, False, dtype="float16")
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16, stream, workspace=w, dtype="float16"))
@@ -214,22 +216,11 @@ def main(argv=None) -> int:
             ratio = want.size / nbytes
             chk = codec.__name__
             timed("library encode", "fp16", enc, mib, n, nbytes, sets, iters, ratio, chk)
-            calls = [(lambda b=b, f=f, w=ws: v6_fp16.encode_frame(v6_fp16.launch, b, cb16.exponents, False, w,
-                                                                   nstream, f))
-                     for b, f in zip(bits, tframes, strict=True)]
-            for c in calls:
-                c()
-            stream.synchronize()
-            if same_frames(cp, fmt, tframes, frames):
-                timed("table encode (v6_fp16)", "fp16", calls, mib, n, nbytes, sets, iters, ratio,
-                      "library frames", eager=False)
-            else:
-                print("  FP16 table encode: frames differ from the library's; not timed", flush=True)
             dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w, dtype="float16"))
                    for f, o in zip(frames, outs, strict=True)]
             if decoded("library FP16 decode", dec, outs, bits, ws):
                 timed("library decode", "fp16", dec, mib, n, nbytes, sets, iters, ratio, chk)
-        bits = frames = tframes = outs = enc = dec = calls = None
+        bits = frames = outs = enc = dec = None
         cp.get_default_memory_pool().free_all_blocks()
 
     print(f"\n{len(recs)} timings; all that was timed was checked first")

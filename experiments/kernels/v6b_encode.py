@@ -1,6 +1,7 @@
 """v6b: the BF16 encoder with one block barrier per tile; tile t's escapes placed during tile t+1.
 
-The library's tile loop (``zipccl/kernels/encode.py``) has two barriers per tile: A (the warps'
+The tile loop (``zipccl/kernels/encode.py``, one tile a ticket; the library's BF16 loop before it
+took pairs of tiles, v6c) has two barriers per tile: A (the warps'
 escape totals) and B, behind which warps 1-3 wait while warp 0 publishes the tile's count, walks
 the look-back and takes the next ticket. Here there is no barrier B. After barrier A every warp
 knows each of its escapes' rank inside the tile and writes the escaped bytes into a
@@ -18,7 +19,8 @@ Deadlock-free as the library's loop is: tiles go out in increasing order to runn
 tile's count is published before its block waits for anything, and a look-back of tile t waits
 only for the counts of tiles below t.
 
-Frames are byte-identical to the library encoder's. Check under the CUDA simulator::
+Frames are byte-identical to the library encoder's. Measured slower than v6c (NOTES.md), so it
+stays here. Check under the CUDA simulator::
 
     NUMBA_ENABLE_CUDASIM=1 python experiments/kernels/v6b_encode.py --sizes-k 9 20 33
 
@@ -180,7 +182,7 @@ encode_tiles_v6b = build()
 def launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, checksum, stream):
     """v6b encode: ``encode.launch``'s arguments."""
     encode.launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, checksum, stream,
-                  tiles_kernel=encode_tiles_v6b)
+                  tiles_kernel=encode_tiles_v6b, per_ticket=1)
 
 
 def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=None):

@@ -53,10 +53,20 @@ the sign-mantissa words and after the counts; ``encode_finish`` (with ``finish_t
 rest. The layout tuple is ``wide_tuple``.
 
 One tile's work is written once for every element type (``_tile_words``, ``_code_tile``,
-``_escapes``, the type a compile-time constant); ``_tiles_kernel(FP16)`` builds the same kernel
-for FP16 (the table indexed by the high byte, a second table for the 3 raw bits of bit planes
-3..5), which ``encode_fp16.launch(..., fp16_tiles=...)`` can launch in place of ``wide_tiles``
-(experiments/kernels/v6_fp16.py compares the two).
+``_escapes``, the type a compile-time constant).
+
+FP16 (``encode_tiles16``, one tile a ticket): the same kernel with FP16's bits, as a 2-byte type
+staged like BF16: an FP16 value's high byte (sign, 5 exponent bits, mantissa bits 9..8) indexes
+the code table (code bits and escape flag of its exponent) and a second table (the 3 raw bits
+of bit planes 3..5, accumulated like the code bits); the byte plane is the low byte, an escape
+byte the 5-bit exponent, and block 0 zeroes the padding runs of the 6 planes. ``launch_wide`` /
+``WidePlan`` launch the FP32 and FP16 builds and ``encode_finish`` (with ``finish_tuple``).
+
+BF16 pairs (``encode_tiles``): a ticket names two escape blocks, tiles 2k and 2k + 1, coded one
+after the other from the two staging buffers; then one barrier A (both tiles' warp totals),
+one status word (the pair's count, its look-back, its inclusive prefix), barrier B, both tiles'
+escapes, and the next pair's copies once a tile's escapes are read. The frame still stores one
+escape count per 4,096-value block; ``encode_finish`` reads the last pair's status word.
 
 Version history and H200 measurements: experiments/kernels/NOTES.md (this is v5: v4's
 code with the shared-memory staging; v4 is in git history, v3 is kept as
@@ -88,6 +98,7 @@ from ._common import (
     advance_epoch,
     block_escapes,
     byte_checksum,
+    count_checksum,
     dev,
     encoder_resolve,
     escape_bases,
@@ -100,6 +111,10 @@ from ._common import (
     popc32,
     prmt,
     quad_checksum,
+    store_count,
+    take_ticket,
+    tile_prefix,
+    warp_offsets,
     warp_sum,
     warp_xor,
     zero_padding,
@@ -117,12 +132,24 @@ from .compat import (
     u32,
     wrap64,
 )
-from .layout import FP16, FP32, LAY_FIELDS, WIDE_FIELDS, lay_lo, lay_no_lo, layout_fields, layout_tuple
+from .layout import (
+    FP16,
+    FP32,
+    LAY_FIELDS,
+    WIDE_FIELDS,
+    finish_tuple,
+    lay_lo,
+    lay_no_lo,
+    layout_fields,
+    layout_tuple,
+    wide_tuple,
+)
 
 U64 = np.uint64
 HDR8 = fmt.HEADER_SIZE // 8  # the sign-mantissa plane starts at this int64 word
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input in one tile
 STAGE_WORDS = 2 * TILE_WORDS  # two staging buffers per block (16 KiB of shared memory)
+PER_TICKET = {fmt.DTYPE_BF16: 2, fmt.DTYPE_FP32: 1, fmt.DTYPE_FP16: 1}  # escape blocks a ticket
 FP16_PLANES = fmt.N_PLANES[FP16]  # code planes and raw bit planes of an FP16 frame
 
 
@@ -561,6 +588,86 @@ def _fill_tables(dt, lut, rlut, tid, cb64):
 
 
 @dev
+def _code_half(t, slot, stage, lut, rlut, pl, x32, x16, out8, out32, out64, lay, warp, lane, do_cs):
+    """BF16, one tile t of a pair, from staging buffer ``slot`` (nothing past the last tile):
+    (``_code_tile``'s escape mask, scan and round totals, its checksum terms, g, full, sb)."""
+    n, planes_off, stride, _, _, _, pwords, n_blocks = layout_fields(lay)
+    g = t * 512 + warp * 128 + lane
+    full = (t + 1) * fmt.BLOCK <= n
+    sb = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+    escm = u32(0)
+    ex = u32(0)
+    w0t = u32(0)
+    w1t = u32(0)
+    w2t = u32(0)
+    w3t = u32(0)
+    tcs = np.int64(0)
+    if t < n_blocks:
+        wd, _ = _tile_words(fmt.DTYPE_BF16, 4, stage, sb, x32, x16, out8, out32, n, t, g, warp, lane,
+                            lay_no_lo(lay), full, do_cs)
+        escm, ex, w0t, w1t, w2t, w3t, tcs = _code_tile(fmt.DTYPE_BF16, wd, lut, rlut, pl, out8, out32, out64,
+                                                       t, g, warp, lane, full, planes_off, stride, pwords,
+                                                       do_cs)
+    return escm, ex, w0t, w1t, w2t, w3t, tcs, g, full, sb
+
+
+@dev
+def _pair_resolve(ws, out32, smem, pair, epoch, lane, c0, c1, counts_off, n_blocks, do_cs, cs):
+    """Warp 0: store both tiles' escape counts, publish the pair's (status word ``pair``),
+    resolve its prefix by the look-back into smem[10], take the next ticket into smem[0]."""
+    t1 = 2 * pair + 1
+    if t1 < n_blocks and lane == 0:
+        out32[(counts_off >> 2) + t1] = c1
+        if do_cs:
+            cs = wrap64(cs + count_checksum(c1, counts_off, t1))
+    cs = store_count(ws, out32, t1 - 1, pair, epoch, lane, c0, c0 + c1, counts_off, do_cs, cs)
+    prefix = tile_prefix(ws, pair, epoch, lane, c0 + c1)
+    if lane == 0:
+        smem[10] = prefix
+        smem[0] = take_ticket(ws)
+    return cs
+
+
+@dev
+def _pair_loop(ws, stage, lut, rlut, pl, smem, x32, x16, out8, out32, out64, lay, pair, epoch, warp, lane,
+               do_cs):
+    """BF16 (module docstring, "pairs"): code pairs of tiles from the ticket counter until none is
+    left, from ``pair`` (the block's first ticket); returns the lane's checksum terms."""
+    n, _, _, counts_off, eo, raw_size, _, n_blocks = layout_fields(lay)
+    n_pairs = (n_blocks + 1) >> 1
+    _issue(stage, 0, x32, n, 2 * pair, n_blocks, warp, lane)
+    _issue(stage, 1, x32, n, 2 * pair + 1, n_blocks, warp, lane)
+    cs = np.int64(0)
+    while pair < n_pairs:
+        cp_wait0()  # this lane's copies of the pair have landed (it reads only those)
+        escm0, ex0, a0, a1, a2, a3, tcs0, g0, full0, sb0 = _code_half(
+            2 * pair, 0, stage, lut, rlut, pl, x32, x16, out8, out32, out64, lay, warp, lane, do_cs)
+        escm1, ex1, b0, b1, b2, b3, tcs1, g1, full1, sb1 = _code_half(
+            2 * pair + 1, 1, stage, lut, rlut, pl, x32, x16, out8, out32, out64, lay, warp, lane, do_cs)
+        if do_cs:
+            cs = wrap64(cs + tcs0 + tcs1)
+        if lane == 0:
+            smem[2 + warp] = np.int64(a0 + a1 + a2 + a3)
+        woff1, btot1 = block_escapes(smem, 6, warp, lane, b0, b1, b2, b3)  # A: both tiles' warp totals
+        woff0, btot0 = warp_offsets(smem, 2, warp)
+        if warp == 0:
+            cs = _pair_resolve(ws, out32, smem, pair, epoch, lane, btot0, btot1, counts_off, n_blocks, do_cs,
+                               cs)
+        cuda.syncthreads()  # B: the pair's prefix, the next ticket
+        prefix = eo + smem[10]
+        nxt = smem[0]
+        cs = _escapes(fmt.DTYPE_BF16, escm0, ex0, a0, a1, a2, prefix + woff0, out8, raw_size, stage, sb0, x32,
+                      x16, g0, full0, do_cs, cs)
+        _issue(stage, 0, x32, n, 2 * nxt, n_blocks, warp, lane)  # the next pair's copies, once read
+        cs = _escapes(fmt.DTYPE_BF16, escm1, ex1, b0, b1, b2, prefix + btot0 + woff1, out8, raw_size, stage,
+                      sb1, x32, x16, g1, full1, do_cs, cs)
+        _issue(stage, 1, x32, n, 2 * nxt + 1, n_blocks, warp, lane)
+        pair = nxt
+    cp_wait0()
+    return cs
+
+
+@dev
 def _type_padding(dt, out8, n, planes_off, stride, pwords, counts_off, n_blocks, eo, lo_off, tid):
     """Block 0 of an FP32 or FP16 tile kernel: the padding runs ``encode_finish`` (given
     ``finish_tuple``) does not zero: FP32 after the sign-mantissa words and after the counts
@@ -573,14 +680,18 @@ def _type_padding(dt, out8, n, planes_off, stride, pwords, counts_off, n_blocks,
                      counts_off + 4 * n_blocks, eo, tid)
 
 
-def _tiles_kernel(dt: int, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM):
+def _tiles_kernel(dt: int, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM, per_ticket: int | None = None):
     """The tile kernel for input of element type ``dt`` (``format.DTYPE_*``: BF16, FP32 (module
     docstring, "FP32") or FP16 (the tables of ``_fp16_entries``)), a compile-time constant, so
     each kernel holds only its own path. ``ahead`` (FP32): 4 = all of a tile's loads before its
     first store, 1 = each round's loads after the stores of the round before;
-    ``blocks_per_sm``: the launch bounds' resident blocks (8: at most 64 registers).
-    experiments/kernels/NOTES.md compares them."""
-    assert ahead in (1, 4) and dt in (fmt.DTYPE_BF16, FP32, FP16)
+    ``blocks_per_sm``: the launch bounds' resident blocks (8: at most 64 registers);
+    ``per_ticket``: escape blocks a ticket (2: BF16's pairs, the default for BF16; 1: one tile a
+    ticket, every type's). experiments/kernels/NOTES.md compares them."""
+    per_ticket = per_ticket or PER_TICKET[dt]
+    assert ahead in (1, 4) and dt in (fmt.DTYPE_BF16, FP32, FP16) and per_ticket in (1, 2)
+    assert per_ticket == 1 or dt == fmt.DTYPE_BF16, "pairs of tiles: BF16 only"
+    pairs = per_ticket == 2
     fp32 = dt == FP32
     stage_words = 4 if fp32 else STAGE_WORDS  # FP32 tiles are not staged
     plane_words = 4 * (192 if dt == FP16 else 96)  # per warp: 3 (FP16: 6) planes x 128 B
@@ -596,7 +707,7 @@ def _tiles_kernel(dt: int, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM):
         rlut = cuda.shared.array(rlut_size, dtype=np.uint32)
         stage = cuda.shared.array(stage_words, dtype=np.uint32, alignment=16)
         pl = cuda.shared.array(plane_words, dtype=np.uint32, alignment=16)
-        smem = cuda.shared.array(8, dtype=np.int64)
+        smem = cuda.shared.array(12, dtype=np.int64)
         tid = np.int64(cuda.threadIdx.x)
         lane = tid & 31
         warp = tid >> 5
@@ -609,10 +720,14 @@ def _tiles_kernel(dt: int, ahead: int = 4, blocks_per_sm: int = BLOCKS_PER_SM):
         cuda.syncthreads()
         tile = smem[0]
         epoch = smem[1]
-        if not fp32:
+        cs = np.int64(0)
+        if pairs:
+            cs = _pair_loop(ws, stage, lut, rlut, pl, smem, x32, x16, out8, out32, out64, lay, tile, epoch,
+                            warp, lane, do_cs)
+            tile = n_blocks  # done
+        elif not fp32:
             _issue(stage, 0, x32, n, tile, n_blocks, warp, lane)
         slot = 0
-        cs = np.int64(0)
         while tile < n_blocks:
             g = tile * 512 + warp * 128 + lane
             full = (tile + 1) * fmt.BLOCK <= n
@@ -778,7 +893,8 @@ FINISH_MAX_BLOCKS = 2 if compat.SIMULATOR else 1024
 
 
 def launch(x32, x16, out8, out32, out64, ws, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int,
-           crc_tab, cb64: int, checksum: bool, stream, tiles_kernel=None, per_ticket: int = 1) -> None:
+           crc_tab, cb64: int, checksum: bool, stream, tiles_kernel=None,
+           per_ticket: int = PER_TICKET[fmt.DTYPE_BF16]) -> None:
     """Enqueue the encoder for the ``lay.n`` values of ``x16`` (``x32``: the first n & ~7 of
     them as uint32) into ``out8`` (``out32`` / ``out64``: the same bytes as uint32 / int64).
 
@@ -840,11 +956,73 @@ class Plan(plans.Plan):
         steps = []
         tiles = 0
         if lay.n_blocks and not force_raw:  # both kernels take (x32, x16, out8, out32, out64, ...)
-            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks), (*bufs, lt, cb64, do_cs),
-                                    (0, 1), (2, 3, 4)))
-            tiles = lay.n_blocks
+            tiles = -(-lay.n_blocks // PER_TICKET[fmt.DTYPE_BF16])  # tickets = status words
+            steps.append(plans.Step(TILES, device, grid_size(tiles), (*bufs, lt, cb64, do_cs), (0, 1),
+                                    (2, 3, 4)))
         finish_grid = max(1, min(FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
         steps.append(plans.Step(FINISH, device, finish_grid, (*bufs, lt, hdr, crc_base, (crc_ptr, crc_count),
                                                               force_raw, do_cs, tiles, 1 if cb64 < 0 else 0),
                                 (0, 1), (2, 3, 4)))
+        super().__init__(device, tuple(steps))
+
+
+# ---------------------------------------------------------------- FP32 and FP16 frames
+# The same two kernels: the tile kernel's FP32 or FP16 build, then ``encode_finish`` with
+# ``finish_tuple`` (the value count in 2-byte units: an FP32 RAW frame copies 4n bytes).
+
+encode_tiles16 = _tiles_kernel(FP16)
+TILES16 = launch_route.Kernel(encode_tiles16, TILES32.argtypes)
+
+
+def finish_blocks(lay: fmt.Layout) -> int:
+    """Blocks of ``encode_finish`` for a frame of any type (its RAW copy at memory speed)."""
+    units = finish_tuple(lay)[0]
+    return max(1, min(FINISH_MAX_BLOCKS, (units + 8 * TPB - 1) // (8 * TPB)))
+
+
+def launch_wide(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, crc_base: int,
+                crc_tab, cb64: int, checksum: bool, stream) -> None:
+    """``launch`` of an FP32 or FP16 frame (``lay.dtype``) through Numba's dispatcher (the
+    simulator's route). ``x32`` / ``x16``: the n values as uint32 (FP32) / uint16 (FP16), the
+    other one empty; ``xu32`` / ``xu16``: the same bytes as uint32 / uint16 (``finish_tuple``'s
+    units: FP16's words, the RAW copy, FP32's tail); ``out*``: the frame buffer as uint8 / 32 / int64.
+    """
+    do_cs = 1 if checksum else 0
+    raw = 1 if lay.static_size > lay.raw_size else 0
+    tiles = 0
+    if lay.n_blocks and not raw:
+        kernel, xa, xb = (encode_tiles32, x32, xu16) if lay.dtype == FP32 else (encode_tiles16, xu32, x16)
+        kernel[grid_size(lay.n_blocks), TPB, stream](xa, xb, out8, out32, out64, ws, wide_tuple(lay), cb64,
+                                                     do_cs)
+        tiles = lay.n_blocks
+    encode_finish[finish_blocks(lay), TPB, stream](xu32, xu16, out8, out32, out64, ws, finish_tuple(lay), hdr,
+                                                   crc_base, crc_tab, raw, do_cs, tiles, 1 if cb64 < 0 else 0)
+
+
+class WidePlan(plans.Plan):
+    """``Plan`` of an FP32 or FP16 frame (``lay.dtype``): the tile kernel's FP32 or FP16 build,
+    then ``encode_finish`` with ``finish_tuple``."""
+
+    __slots__ = ()
+
+    def __init__(self, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int,
+                 ws_count: int, lay: fmt.Layout, hdr: tuple[int, ...], crc_base: int, crc_ptr: int,
+                 crc_count: int, cb64: int, checksum: bool):
+        n = lay.n
+        units = n * fmt.ITEMSIZE[lay.dtype] // 2
+        do_cs = 1 if checksum else 0
+        raw = 1 if lay.static_size > lay.raw_size else 0
+        out = ((out_ptr, out_nbytes), (out_ptr, out_nbytes // 4), (out_ptr, out_nbytes // 8))
+        ws = (ws_ptr, ws_count)
+        words = ((x_ptr, (units & ~7) // 2), (x_ptr, units))  # the values as uint32 / uint16
+        steps = []
+        tiles = 0
+        if lay.n_blocks and not raw:
+            kernel, xs = (TILES32, ((x_ptr, n), (x_ptr, 2 * n))) if lay.dtype == FP32 else (TILES16, words)
+            args = (*xs, *out, ws, wide_tuple(lay), cb64, do_cs)
+            steps.append(plans.Step(kernel, device, grid_size(lay.n_blocks), args, (0, 1), (2, 3, 4)))
+            tiles = lay.n_blocks
+        steps.append(plans.Step(FINISH, device, finish_blocks(lay), (
+            *words, *out, ws, finish_tuple(lay), hdr, crc_base, (crc_ptr, crc_count), raw, do_cs, tiles,
+            1 if cb64 < 0 else 0), (0, 1), (2, 3, 4)))
         super().__init__(device, tuple(steps))
