@@ -66,9 +66,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import cupy as cp
-    from bench_codec import Timer, machine_info
 
     import zipccl
+
+    # zipccl before bench_codec, which puts this checkout's root first on the path: the base run
+    # (v6_round.sh) must time the zipccl that PYTHONPATH names
+    zipccl_dir = str(Path(zipccl.__file__).parent)
+    from bench_codec import Timer, machine_info
+
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
     from zipccl.codec import cpu, gpu, reference
@@ -94,7 +99,8 @@ def main(argv=None) -> int:
     info = machine_info(cp)
     common = {"bench": "kernel_variants_v6", "run_id": time.strftime("%Y%m%dT%H%M%S"), **info,
               "card": "an H200" if "H200" in info["gpu"] else info["gpu"], "tree": args.label,
-              "zipccl": zipccl.__version__}
+              "zipccl": zipccl.__version__, "zipccl_path": zipccl_dir}
+    print(f"zipccl from {common['zipccl_path']}", flush=True)
     recs = []
 
     def record(name, dtype, mib, n, nbytes, sets, secs, ratio, checked, mode):

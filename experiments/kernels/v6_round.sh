@@ -39,7 +39,7 @@ if [ -f .peers/libdietgpu_bf16.so ] && python3 -c "import nvidia.nvcomp" 2>/dev/
 else
   echo "=== peers skipped: no .peers/libdietgpu_bf16.so or no nvCOMP (experiments/README.md, round 2)"
 fi
-grep -h "MiB\|differ\|Error\|error" "$LOG"/tree.txt "$LOG"/base.txt 2>/dev/null | grep -iv warn | head -40
+grep -h "MiB\|differ\|Error\|error\|zipccl from" "$LOG"/tree.txt "$LOG"/base.txt 2>/dev/null | grep -iv warn | head -40
 echo "=== done ($(date +%T)); logs in $LOG"
 python3 - "$OUTFILE" "$ROUND" <<'PY'
 import json, sys
