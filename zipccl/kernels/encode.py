@@ -4,7 +4,8 @@ Two launches, no host synchronisation:
 
 1. ``encode_tiles``: a persistent grid (``_common.grid_size``: 8 blocks of 128
    threads per multiprocessor) whose blocks take tiles (one escape block of 4096
-   elements) from the workspace ticket counter until none is left. Each block
+   elements; two a ticket, "BF16 pairs" below) from the workspace ticket counter until
+   none is left. Each block
    builds the 256-entry code table once: the entry of exponent e holds code bit
    k at bit 8k (code = 1 + codebook index) or the escape flag at bit 24. In a
    tile each warp codes 1024 consecutive elements in 4 rounds; in round r lane j
@@ -68,9 +69,9 @@ one status word (the pair's count, its look-back, its inclusive prefix), barrier
 escapes, and the next pair's copies once a tile's escapes are read. The frame still stores one
 escape count per 4,096-value block; ``encode_finish`` reads the last pair's status word.
 
-Version history and H200 measurements: experiments/kernels/NOTES.md (this is v5: v4's
-code with the shared-memory staging; v4 is in git history, v3 is kept as
-experiments/kernels/v3_encode.py). All offsets come from
+Version history and H200 measurements: experiments/kernels/NOTES.md (BF16 is v6c: v5's code,
+v4's with the shared-memory staging, taking two tiles a ticket; v4 and v6c's experiment copy
+are in git history, v3 is kept as experiments/kernels/v3_encode.py). All offsets come from
 ``zipccl.format.Layout`` through the ``lay`` tuple built by ``layout_tuple``.
 """
 
