@@ -1,4 +1,5 @@
-"""FP32 and FP16 frames on the device: the kernels of ``encode_wide`` / ``decode_wide``.
+"""FP32 and FP16 frames on the device: ``encode.WidePlan`` / ``decode_fp16`` (FP32 on the BF16 tile
+kernels' FP32 builds; FP16 on the encoder's FP16 build and its own decoder).
 
 Each check runs under Numba's CUDA simulator on small sizes (``make test`` the quick
 ones, ``make test-sim`` all: see ``test_gpu_codec.py``) and on a real GPU at full size
@@ -203,9 +204,9 @@ def test_fp16_escape_above_31_without_checksum(dev):
     bad = frame.copy()
     bad[lay.escapes_offset + 3] = 77
     _, err = _decode(dev, bad, bits.size, FP16)
-    from zipccl.kernels import decode_wide
+    from zipccl.kernels import decode_fp16
 
-    assert err == decode_wide.ERR_ESCAPE_VALUE
+    assert err == decode_fp16.ERR_ESCAPE_VALUE
     with pytest.raises(ValueError, match="not a float16 exponent"):
         gpu.decompress(dev.asarray(bad))
 

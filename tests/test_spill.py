@@ -285,9 +285,9 @@ def test_mpi_channel_needs_thread_multiple(monkeypatch):
 
 
 def test_error_bits_do_not_meet_the_decode_bits():
-    from zipccl.kernels import _common, decode_wide
+    from zipccl.kernels import _common, decode_fp16
 
-    decode = [v for k, v in vars(_common).items() if k.startswith("ERR_")] + [decode_wide.ERR_ESCAPE_VALUE]
+    decode = [v for k, v in vars(_common).items() if k.startswith("ERR_")] + [decode_fp16.ERR_ESCAPE_VALUE]
     assert max(decode) < 1 << 16 <= min(kern.ERROR_TEXT)
     assert len(set(kern.ERROR_TEXT)) == len(kern.ERROR_TEXT)
 

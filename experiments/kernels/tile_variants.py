@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     enc_default, dec_default = getattr(encode, slot), getattr(decode, slot)
     enc_set = ((1, 8), (4, 8), (4, 6)) if fp32 else ((4, 8), (4, 6), (4, 4))
     dec_set = [(a, b) for a in (1, 2, 4) for b in (8, 6, 4)] if fp32 else [(2, 8), (2, 6), (2, 4)]
-    enc = {k: launch_route.Kernel(encode._tiles_kernel(fp32, *k), enc_default.argtypes) for k in enc_set}
+    dt = fmt.DTYPE_FP32 if fp32 else fmt.DTYPE_BF16
+    enc = {k: launch_route.Kernel(encode._tiles_kernel(dt, *k), enc_default.argtypes) for k in enc_set}
     dec = {k: launch_route.Kernel(decode._tiles_kernel(fp32, *k), dec_default.argtypes) for k in dec_set}
     lib = {"encode": (4, 8), "decode": (decode.FP32_LO_AHEAD, decode.FP32_BLOCKS_PER_SM) if fp32 else (2, 8)}
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -77,12 +78,12 @@ def main(argv=None) -> int:
             resources[(side, a)] = {"regs": int(c.regs_per_thread),
                                     "local_bytes": int(c.local_mem_per_thread)}
 
-    from zipccl.kernels import _common, decode_wide, encode_wide
+    from zipccl.kernels import _common, decode_fp16
 
     def use(side, a):
         bps = a[1]  # the plan's grid: the variant's resident blocks per multiprocessor
-        module, plans = (encode, encode_wide if fp32 else encode) if side == "encode" else \
-            (decode, decode_wide if fp32 else decode)
+        module, plans = (encode, encode) if side == "encode" else \
+            (decode, decode_fp16 if fp32 else decode)
         setattr(module, slot, (enc if side == "encode" else dec)[a])
         plans.grid_size = lambda tiles: _common.grid_size(tiles, bps)
         gpu._PLANS.clear()  # plans hold the kernel they were built with

@@ -49,7 +49,6 @@ from zipccl.kernels._common import (
     WS_EPOCH,
     WS_TICKET,
     byte_checksum,
-    exclusive_scan8,
     field8,
     lookback,
     popc32,
@@ -60,21 +59,10 @@ from zipccl.kernels.compat import (
     cp_async16,
     cp_commit,
     cp_wait0,
-    lds16,
-    store16,
-    sts8,
-    syncwarp,
     u32,
     wrap64,
 )
-from zipccl.kernels.encode import (
-    U64,
-    _code8,
-    _load_tile,
-    _lut_entry,
-    _round_cs,
-    _store_round,
-)
+from zipccl.kernels.encode import U64, _code_tile, _lut_entry, _tile_words
 from zipccl.kernels.layout import layout_fields
 
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input per tile
@@ -162,68 +150,14 @@ def make_encode_tiles(ahead: int = 2, blocks_per_sm: int = 6, with_lookback: boo
             g = tile * 512 + warp * 128 + lane
             full = (tile + 1) * fmt.BLOCK <= n
             cp_wait(ahead - 1)  # this lane's copies of tile i have landed
-            if full:
-                s = slot * TILE_WORDS + 4 * (warp * 128 + lane)
-                a0, a1, a2, a3 = lds16(stage, s)
-                b0, b1, b2, b3 = lds16(stage, s + 128)
-                c0, c1, c2, c3 = lds16(stage, s + 256)
-                d0, d1, d2, d3 = lds16(stage, s + 384)
-                va = u32(0xFF)
-                vb = va
-                vc = va
-                vd = va
-            else:
-                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
-                 va, vb, vc, vd) = _load_tile(x32, x16, n, tile, warp, lane)
-            acc0, s0, s1 = _code8(a0, a1, a2, a3, lut)
-            acc1, t0, t1 = _code8(b0, b1, b2, b3, lut)
-            acc2, r0, r1 = _code8(c0, c1, c2, c3, lut)
-            acc3, q0, q1 = _code8(d0, d1, d2, d3, lut)
-            if full:
-                b = U64(fmt.HEADER_SIZE // 8 + g)
-                out64[b] = np.int64(s0) | (np.int64(s1) << 32)
-                out64[b + U64(32)] = np.int64(t0) | (np.int64(t1) << 32)
-                out64[b + U64(64)] = np.int64(r0) | (np.int64(r1) << 32)
-                out64[b + U64(96)] = np.int64(q0) | (np.int64(q1) << 32)
-                pb = warp * 384 + lane
-                sts8(pl, pb, acc0)
-                sts8(pl, pb + 32, acc1)
-                sts8(pl, pb + 64, acc2)
-                sts8(pl, pb + 96, acc3)
-                sts8(pl, pb + 128, u32(acc0 >> 8))
-                sts8(pl, pb + 160, u32(acc1 >> 8))
-                sts8(pl, pb + 192, u32(acc2 >> 8))
-                sts8(pl, pb + 224, u32(acc3 >> 8))
-                sts8(pl, pb + 256, u32(acc0 >> 16))
-                sts8(pl, pb + 288, u32(acc1 >> 16))
-                sts8(pl, pb + 320, u32(acc2 >> 16))
-                sts8(pl, pb + 352, u32(acc3 >> 16))
-                syncwarp()
-                if lane < 24:  # plane lane >> 3, 16-byte unit lane & 7 of the warp's 128 bytes
-                    w0, w1, w2, w3 = lds16(pl, warp * 96 + 4 * lane)
-                    q = planes_off + (lane >> 3) * stride + tile * 512 + warp * 128 + 16 * (lane & 7)
-                    store16(out32, q >> 4, w0, w1, w2, w3)
-                syncwarp()
-            else:
-                acc0 = u32(acc0 & u32(va * 0x01010101))
-                acc1 = u32(acc1 & u32(vb * 0x01010101))
-                acc2 = u32(acc2 & u32(vc * 0x01010101))
-                acc3 = u32(acc3 & u32(vd * 0x01010101))
-                _store_round(out8, out64, acc0, s0, s1, va, g, planes_off, stride, pwords)
-                _store_round(out8, out64, acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
-                _store_round(out8, out64, acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
-                _store_round(out8, out64, acc3, q0, q1, vd, g + 96, planes_off, stride, pwords)
+            s = slot * TILE_WORDS + 4 * (warp * 128 + lane)
+            wd, _ = _tile_words(fmt.DTYPE_BF16, 4, stage, s, x32, x16, out8, out32, n, tile, g, warp, lane, 0,
+                                full, do_cs)
+            escm, ex, w0t, w1t, w2t, w3t, tcs = _code_tile(fmt.DTYPE_BF16, wd, lut, lut, pl, out8, out32,
+                                                           out64, tile, g, warp, lane, full, planes_off,
+                                                           stride, pwords, do_cs)
             if do_cs:
-                cs = wrap64(cs + _round_cs(acc0, s0, s1, va, g, planes_off, stride, pwords)
-                            + _round_cs(acc1, t0, t1, vb, g + 32, planes_off, stride, pwords)
-                            + _round_cs(acc2, r0, r1, vc, g + 64, planes_off, stride, pwords)
-                            + _round_cs(acc3, q0, q1, vd, g + 96, planes_off, stride, pwords))
-            escm = u32(u32(acc0 >> 24) | u32(u32(acc1 >> 16) & 0xFF00)
-                       | u32(u32(acc2 >> 8) & 0xFF0000) | u32(acc3 & 0xFF000000))
-            cnt = u32(popc32(u32(escm & 0xFF)) | u32(popc32(u32(escm & 0xFF00)) << 8)
-                      | u32(popc32(u32(escm & 0xFF0000)) << 16)
-                      | u32(popc32(u32(escm & 0xFF000000)) << 24))
-            ex, w0t, w1t, w2t, w3t = exclusive_scan8(cnt, lane)
+                cs = wrap64(cs + tcs)
             if lane == 0:
                 smem[2 + warp] = np.int64(w0t + w1t + w2t + w3t)
             cuda.syncthreads()  # A: warp totals

@@ -19,9 +19,7 @@ graph replay of the library decoder and of v6a, one JSON record each to ``--out`
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +28,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE.parent))
 
+import v6_sim  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from zipccl import format as fmt  # noqa: E402
-from zipccl.kernels import _common, compat, decode, runtime  # noqa: E402
+from zipccl.kernels import _common, decode, runtime  # noqa: E402
 from zipccl.kernels._common import LOW32, STATUS_INC, TPB, WS_EPOCH, WS_STATUS  # noqa: E402
 from zipccl.kernels.layout import layout_fields, layout_tuple  # noqa: E402
 
@@ -111,17 +110,5 @@ def check_sim(sizes_k) -> int:
     return 1 if bad else 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes-k", type=float, nargs="+", default=[9, 20])
-    args = ap.parse_args(argv)
-    if not compat.SIMULATOR:
-        raise SystemExit("on a GPU, v6_bench.py times this variant (see v6_round.sh)")
-    t0 = time.perf_counter()
-    rc = check_sim(args.sizes_k)
-    print(f"{time.perf_counter() - t0:.1f} s")
-    return rc
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(v6_sim.sim_main(check_sim, __doc__))

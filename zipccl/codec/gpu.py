@@ -44,11 +44,11 @@ Collectives use the ``*_into`` functions.
 
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
 and float16 arrays (or 16-bit integers with ``dtype="float16"``) through the same
-plans and workspaces (``kernels/encode_wide.py`` / ``decode_wide.py``): FP32 runs the
-BF16 tile kernels' FP32 build, FP16 its own kernels. ``compress`` chooses the FP32
-codebook on the device, as for BF16 (the choice kernel on the upper halves); the FP16
-codebook comes from the strided sample, gathered on the device and read back (one
-synchronisation more).
+plans and workspaces (``kernels/encode.py``'s ``WidePlan`` / ``kernels/decode_fp16.py``): FP32
+runs the BF16 tile kernels' FP32 builds, FP16 the encoder's FP16 build and its own decoder.
+``compress`` chooses the FP32 codebook on the device, as for BF16 (the choice kernel on the upper
+halves); the FP16 codebook comes from the strided sample, gathered on the device and read back
+(one synchronisation more).
 
 Launching: on a GPU every kernel is launched from a *plan* (``kernels/launch.py``:
 compiled once per signature and device, parameters packed once, one
@@ -88,11 +88,11 @@ _WIDE: list = []
 
 
 def _wide():
-    """(encode_wide, decode_wide), imported on the first FP32 / FP16 call."""
+    """(encode, decode_fp16): the modules of FP32 / FP16 frames, imported on the first call."""
     if not _WIDE:
         _kernels()
-        from ..kernels import decode_wide, encode_wide
-        _WIDE.extend((encode_wide, decode_wide))
+        from ..kernels import decode_fp16, encode
+        _WIDE.extend((encode, decode_fp16))
     return _WIDE
 
 
@@ -652,8 +652,8 @@ def _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, cod
         lay, shp = _wide_lay(n, nbytes, shape, code, ws)
         hdr, crc_base, cb64 = _template(n, shp, exponents, code)
         crc = _kernels()[3].crc_table()
-        plan = _wide()[0].Plan(ws.device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
-                               _launch().device_pointer(crc), crc.size, cb64, checksum)
+        plan = _wide()[0].WidePlan(ws.device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
+                                   _launch().device_pointer(crc), crc.size, cb64, checksum)
         plan.workspace = ws
         plan = _remember(key, plan)
     plan.retarget(x_ptr, o_ptr)
@@ -674,11 +674,11 @@ def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace,
     units = n * fmt.ITEMSIZE[code] // 2
     v = runtime.view
     fp32 = code == fmt.DTYPE_FP32
-    _wide()[0].launch(v(xb, n if fp32 else 0, np.uint32), v(xb, 0 if fp32 else n, np.uint16),
-                      v(xb, (units & ~7) // 2, np.uint32), v(xb, units, np.uint16),
-                      v(ob, nbytes, np.uint8), v(ob, nbytes // 4, np.uint32),
-                      v(ob, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base, runtime.crc_table(), cb64,
-                      checksum, runtime.stream(stream))
+    _wide()[0].launch_wide(v(xb, n if fp32 else 0, np.uint32), v(xb, 0 if fp32 else n, np.uint16),
+                           v(xb, (units & ~7) // 2, np.uint32), v(xb, units, np.uint16),
+                           v(ob, nbytes, np.uint8), v(ob, nbytes // 4, np.uint32),
+                           v(ob, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base, runtime.crc_table(),
+                           cb64, checksum, runtime.stream(stream))
 
 
 def _decode_wide_into(frame, out, stream, workspace, code) -> None:

@@ -1,6 +1,8 @@
 """CUDA kernels of the GPU codec (Numba ``@cuda.jit``): the only package that imports numba.cuda.
 
-``encode`` and ``decode`` hold the codec kernels and their launchers, ``stats`` the
+``encode`` (every element type) and ``decode`` (BF16, FP32; ``decode_fp16`` FP16 and the
+wide types' finishing kernel) hold the codec kernels and their launchers, ``layout`` the
+frame as the kernels see it, ``plan`` the launch plans, ``stats`` the
 sigma estimate and exponent histogram, ``_common`` the look-back scan and header
 CRC they share, ``runtime`` the Numba-side host glue, ``compat`` the fixes that
 must precede any compilation. ``spill`` holds the collectives' spill kernels, in CUDA C

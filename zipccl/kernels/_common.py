@@ -348,6 +348,12 @@ def block_escapes(smem, at, warp, lane, t0, t1, t2, t3):
     if lane == 0:
         smem[at + warp] = np.int64(t0 + t1 + t2 + t3)
     cuda.syncthreads()  # A: warp totals
+    return warp_offsets(smem, at, warp)
+
+
+@dev
+def warp_offsets(smem, at, warp):
+    """(escapes of the warps below ``warp``, the block's) from the warp totals in smem[at..]."""
     woff = np.int64(0)
     btot = np.int64(0)
     for w in range(WARPS):
@@ -368,15 +374,23 @@ def count_checksum(count, counts_off, tile):
 def encoder_resolve(ws, out32, smem, at, tile, epoch, lane, btot, counts_off, do_cs, cs):
     """Warp 0 of an encoder: store and publish the tile's escape count ``btot``, resolve its
     prefix into smem[at] and take the next ticket into smem[0]; returns the checksum."""
-    if lane == 0:
-        out32[(counts_off >> 2) + tile] = btot
-        if do_cs:
-            cs = wrap64(cs + count_checksum(btot, counts_off, tile))
-        publish_count(ws, tile, epoch, btot)
+    cs = store_count(ws, out32, tile, tile, epoch, lane, btot, btot, counts_off, do_cs, cs)
     prefix = tile_prefix(ws, tile, epoch, lane, btot)
     if lane == 0:
         smem[at] = prefix
         smem[0] = take_ticket(ws)
+    return cs
+
+
+@dev
+def store_count(ws, out32, tile, status, epoch, lane, count, published, counts_off, do_cs, cs):
+    """Lane 0 of an encoder's warp 0: store tile's escape count (and its checksum term) and
+    publish ``published`` as status word ``status``'s count; returns the checksum."""
+    if lane == 0:
+        out32[(counts_off >> 2) + tile] = count
+        if do_cs:
+            cs = wrap64(cs + count_checksum(count, counts_off, tile))
+        publish_count(ws, status, epoch, published)
     return cs
 
 

@@ -40,7 +40,7 @@ rewritten as a 2-byte store. The low halves of two rounds are loaded before the 
 their stores (a load cannot move above a store that may alias it), and the FP32 build has
 launch bounds of 6 resident blocks per multiprocessor (``FP32_BLOCKS_PER_SM``): under 64
 registers it spills. The header must name FP32, and a RAW frame copies 4n bytes.
-Its finishing kernel is ``decode_wide.wide_finish`` (the FP32 padding runs).
+Its finishing kernel is ``decode_fp16.wide_finish`` (the FP32 padding runs).
 
 A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores). Version
 history and H200 measurements: experiments/kernels/NOTES.md (this is v4; v3 is

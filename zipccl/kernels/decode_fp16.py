@@ -38,8 +38,7 @@ from . import (
 from . import launch as launch_route
 from . import plan as plans
 from ._common import TPB, dev, grid_size
-from .compat import atomic_read, popc, wrap64
-from .encode_wide import HDR, bcs, store_votes, vote
+from .compat import atomic_read, ballot, popc, wrap64
 from .layout import (
     FP32,
     LAY_DTYPE,
@@ -59,10 +58,38 @@ from .layout import (
 ERR_ESCAPE_VALUE = 64
 ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
 
+HDR = fmt.HEADER_SIZE
+
+
+@dev
+def vote(pred):
+    """``ballot`` as an unsigned 32-bit mask: the vote intrinsic returns an int32, whose
+    widening would copy lane 31's bit into bits 32..63 (a plane word's checksum term and
+    popcounts would then be wrong; the simulator's ballot is never negative)."""
+    return ballot(pred) & 0xFFFFFFFF
+
+
+@dev
+def bcs(byte, q):
+    """``_common.byte_checksum``, inlined (it sits in the per-value path)."""
+    return wrap64((byte << (8 * (q & 3))) * (2 * (q >> 2) + 1))
+
+
+@dev
+def store_votes(votes, at, lane, s0, s1, s2, s3):
+    """Lane 0: 4 consecutive groups' escape votes into votes[at..at + 3]; their escapes."""
+    if lane == 0:
+        votes[at] = s0
+        votes[at + 1] = s1
+        votes[at + 2] = s2
+        votes[at + 3] = s3
+    return popc(s0) + popc(s1) + popc(s2) + popc(s3)
+
 
 @dev
 def _assemble(ex, byte, r8, r9, r15):
-    """One FP16 value's bits from its exponent, low byte and raw bits (see encode_wide)."""
+    """One FP16 value's bits from its exponent, low byte and raw bits (as ``encode._fp16_entries``
+    splits them)."""
     return (r15 << 15) | (ex << 10) | (r9 << 9) | (r8 << 8) | byte
 
 

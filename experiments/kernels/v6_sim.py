@@ -1,0 +1,44 @@
+"""The command line and the frame check that the v6 variants share under the CUDA simulator."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def sim_main(check, doc: str, argv=None) -> int:
+    """``--sizes-k K ...``: run ``check(sizes_k)`` (its exit status) under the simulator only."""
+    from zipccl.kernels import compat
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--sizes-k", type=float, nargs="+", default=[9, 20])
+    args = ap.parse_args(argv)
+    if not compat.SIMULATOR:
+        raise SystemExit("on a GPU, v6_bench.py checks and times this variant (see v6_round.sh)")
+    t0 = time.perf_counter()
+    rc = check(args.sizes_k)
+    print(f"{time.perf_counter() - t0:.1f} s")
+    return rc
+
+
+def check_frames(name: str, inputs, reference, library, variant) -> int:
+    """For each (label, bits) of ``inputs``, with and without a checksum: the ``variant``'s frame
+    equals the ``reference``'s and the ``library``'s byte for byte (each a function of (bits,
+    checksum, workspace); the reference's of (bits, checksum)). Returns 1 if any differs."""
+    from zipccl import format as fmt
+    from zipccl.codec import gpu
+
+    bad = 0
+    for label, x in inputs:
+        for cs in (False, True):
+            want = reference(x, cs)
+            ws = gpu.Workspace(x.size)
+            lib = library(x, cs, ws)
+            got = variant(x, cs, ws)
+            ok = np.array_equal(got[:want.size], want) and np.array_equal(got, lib)
+            bad += not ok
+            print(f"{name} {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
+                  f"(raw: {fmt.parse_header(want).raw})", flush=True)
+    return 1 if bad else 0
