@@ -55,7 +55,8 @@ def run_ranks(n: int, target: str, timeout: float = TIMEOUT_S) -> subprocess.Com
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [1, 2, 4])
+# more than two ranks: the slow tier (CI runs it after make test), for make test's time bound
+@pytest.mark.parametrize("ranks", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_collectives_under_mpiexec(ranks):
     r = run_ranks(ranks, "tests/mpi/mpi_collectives.py")
     assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
@@ -63,7 +64,7 @@ def test_collectives_under_mpiexec(ranks):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_mismatches_raise_everywhere(ranks):
     """Different settings, sizes, dtypes, ops and counts: one CollectiveError on every rank, no hang."""
     r = run_ranks(ranks, "tests/mpi/mpi_mismatch.py", timeout=120)
