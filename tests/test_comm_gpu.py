@@ -2,8 +2,8 @@
 
 The CuPy cases of the one collective suite (its NumPy cases run in ``make test``).
 
-Needs CuPy and at least one CUDA device (two for one GPU per rank); run with
-``make test-gpu`` / ``pytest -m gpu``.
+Needs CuPy and two CUDA devices for the collective suite (NCCL takes one GPU per rank; it
+skips on one); run with ``make test-gpu`` / ``pytest -m gpu``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def gpus() -> int:
 def test_collectives_on_gpus():
     if gpus() == 0:
         pytest.skip("no CUDA device / CuPy")
+    if gpus() < 2:  # the suite's device cases run over NCCL, which refuses two ranks on one GPU
+        pytest.skip("needs 2 GPUs: NCCL takes one GPU per rank (one GPU: test_spill_gpu.py and "
+                    "tests/torchdist/gpu_slots_check.py run the device paths over gloo)")
     cmd = launcher(2) + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                          "-W", "ignore::RuntimeWarning", "tests/mpi/mpi_collectives.py", "-k", "cupy"]
     r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
