@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import format as fmt
+from .args import byte_view
 
 CANONICAL_NAN = 0x7FC0  # BF16's; FP32's and FP16's are CANONICAL_NAN_FP32 / _FP16
 CANONICAL_NAN_FP32 = 0x7FC00000
@@ -267,9 +268,9 @@ def all_gather_values(eng, tr, send, recv, counts: Sequence[int], *, compress: b
                       op="all_gather", uniform=len(set(counts)) == 1, chunk=chunk,
                       max_count=max(counts), shared=True, stream=stream)
     if len(set(counts)) == 1:
-        tr.allgather(_bytes(send), _bytes(recv), stream)
+        tr.allgather(byte_view(send), byte_view(recv), stream)
     else:
-        raw_exchange(tr, _bytes(send), [(0, isz * counts[me])] * tr.size, _bytes(recv),
+        raw_exchange(tr, byte_view(send), [(0, isz * counts[me])] * tr.size, byte_view(recv),
                      [(isz * o, isz * c) for o, c in recvs], stream)
     raw = isz * counts[me] * (tr.size - 1)
     return ExchangeStats(raw, raw)
@@ -297,7 +298,7 @@ def all_to_all_values(eng, tr, send, recv, send_counts: Sequence[int], recv_coun
         return _slots(eng, tr, channel, send, sends, recv, recvs, op="all_to_all",
                       uniform=uniform, chunk=chunk, max_count=max_count, stream=stream)
     isz = fmt.ITEMSIZE[value_code(send)]
-    raw_exchange(tr, _bytes(send), [(isz * o, isz * c) for o, c in sends], _bytes(recv),
+    raw_exchange(tr, byte_view(send), [(isz * o, isz * c) for o, c in sends], byte_view(recv),
                  [(isz * o, isz * c) for o, c in recvs], stream)
     raw = isz * (sum(send_counts) - send_counts[tr.rank])
     return ExchangeStats(raw, raw)
@@ -323,7 +324,7 @@ def reduce_scatter_values(eng, tr, send, recv, counts: Sequence[int], *, compres
         return _slots(eng, tr, channel, send, sends, stage, recvs, op="reduce_scatter",
                       uniform=len(set(counts)) == 1, chunk=chunk, max_count=max(counts),
                       stream=stream, on_chunk=reduce_cols)
-    raw_exchange(tr, _bytes(send), [(isz * o, isz * c) for o, c in sends], _bytes(stage),
+    raw_exchange(tr, byte_view(send), [(isz * o, isz * c) for o, c in sends], byte_view(stage),
                  [(isz * o, isz * c) for o, c in recvs], stream)
     eng.reduce_sum(stage.reshape(p, m), recv)
     raw = isz * (sum(counts) - m)
@@ -348,8 +349,3 @@ def _slots(eng, tr, channel, *args, **kwargs) -> ExchangeStats:
     from .exchange import slot_exchange
 
     return slot_exchange(eng, tr, channel, *args, **kwargs)
-
-
-def _bytes(a):
-    """A uint8 view of a 1-D array of either kind."""
-    return a.view(np.uint8) if isinstance(a, np.ndarray) else a.view("uint8")

@@ -88,14 +88,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import format as fmt
-from ..arrays import BF16
+from .args import (
+    Arr,
+    byte_view,
+    call_key,
+    call_stream,
+    check_pair,
+    int_list,
+    overlap,
+    ptr_range,
+    wrap,
+)
 from .collectives import (
     CollectiveError,
     ExchangeStats,
@@ -108,42 +117,13 @@ from .collectives import (
 )
 from .host import HostEngine
 from .policy import OPS, Decision, Policy, Profile
-from .transport import REDUCE_OPS, MPITransport, Transport, stream_ptr
+from .transport import REDUCE_OPS, MPITransport, Transport
 
 BACKENDS = ("auto", "nccl", "mpi")
 VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
 MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
 MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
-# dtype= values: the element type integer bit patterns hold
-_DTYPE_ARGS = ("bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
-_NATIVE_CODES = {"bfloat16": fmt.DTYPE_BF16, "float32": fmt.DTYPE_FP32, "float16": fmt.DTYPE_FP16}
-_INT_NAMES = {2: ("uint16", "int16"), 4: ("uint32", "int32")}
-_VIEW = {fmt.DTYPE_BF16: np.uint16, fmt.DTYPE_FP32: np.float32, fmt.DTYPE_FP16: np.float16}
-
-
-@dataclass
-class _Arr:
-    """One argument, normalised: a 1-D view of the caller's memory (BF16 as uint16 bits,
-    FP32 as float32, FP16 as float16)."""
-
-    data: object  # numpy.ndarray or cupy.ndarray, 1-D, C-contiguous, shares the caller's memory
-    device: bool
-    code: int | None  # format.DTYPE_* of a type zipccl codes; None: any other (native only)
-    dtype: str  # "bfloat16", "float32", "float16" or the NumPy dtype name
-    torch: bool = False
-
-    @property
-    def bf16(self) -> bool:
-        return self.code == fmt.DTYPE_BF16
-
-    @property
-    def size(self) -> int:
-        return int(self.data.size)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
 
 
 @dataclass(eq=False)
@@ -156,45 +136,6 @@ class _Plan:
     compress: bool  # the compressed exchange (else the native collective)
     run: Callable[[], None] | None = None  # a native call with its arguments packed: the whole call
     stats: ExchangeStats | None = None  # bytes a native call moves
-
-
-# -- plan keys: the arrays' identity (address, shape, strides, dtype) read cheaply per kind --------
-
-def _fp_numpy(a):
-    return (type(a), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype,
-            a.flags.writeable)
-
-
-def _fp_cupy(a):
-    return (type(a), a.data.ptr, a.shape, a.strides, a.dtype)
-
-
-def _fp_torch(t):
-    return (type(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda)
-
-
-def _fp_cai(a):
-    cai = a.__cuda_array_interface__
-    return (type(a), cai["data"][0], cai["shape"], cai["strides"], cai["typestr"])
-
-
-_FINGERPRINTS: dict[type, Callable | None] = {type(None): lambda _: None}  # all_reduce: no recv
-_DEVICE_FP = (_fp_cupy, _fp_cai)
-
-
-def _fingerprinter(t: type):
-    """How to read the identity of arrays of type ``t`` (the kinds ``_wrap`` accepts), or None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and issubclass(t, torch.Tensor):
-        return _fp_torch
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and t is cupy.ndarray:
-        return _fp_cupy
-    if hasattr(t, "__cuda_array_interface__"):
-        return _fp_cai
-    if issubclass(t, np.ndarray):
-        return _fp_numpy
-    return None
 
 
 def _sig_hash(sig: tuple) -> int:
@@ -218,107 +159,6 @@ def _failure_message(info: list, header: str | None = None) -> str:
     calls = [" with ".join(filter(None, [i[2], i[3] if differ else ""])) for i in info]
     return f"{head}: ranks disagree on the call (" + "; ".join(
         f"rank {r}: {c}" for r, c in enumerate(calls)) + ")"
-def _ptr_range(a) -> tuple[int, int]:
-    if isinstance(a, np.ndarray):
-        p = a.__array_interface__["data"][0]
-    else:
-        p = a.data.ptr
-    return p, p + a.nbytes
-
-
-def _overlap(a, b) -> bool:
-    (a0, a1), (b0, b1) = _ptr_range(a), _ptr_range(b)
-    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
-
-
-def _want(dtype) -> int | None:
-    """The element type ``dtype=`` asks 16- or 32-bit integers to be read as (None: none)."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, str) and dtype in _DTYPE_ARGS:
-        return fmt.dtype_code(dtype)
-    raise TypeError(f"dtype= names the element type of integer bit patterns: one of "
-                    f"{', '.join(map(repr, _DTYPE_ARGS))}; got {dtype!r}")
-
-
-def _typed(arr, name: str, want: int | None, role: str):
-    """(1-D view as the collectives take it, element code or None, dtype name) of a flat array
-    whose dtype is called ``name``: BF16 as uint16 bits, FP32 as float32, FP16 as float16."""
-    if want is None:
-        code = _NATIVE_CODES.get(name)
-        if code is None:
-            return arr, None, name
-    else:
-        code = want
-        if name != fmt.DTYPE_NAMES[want] and name not in _INT_NAMES[fmt.ITEMSIZE[want]]:
-            raise TypeError(f"{role}: dtype={fmt.DTYPE_NAMES[want]!r} needs a "
-                            f"{8 * fmt.ITEMSIZE[want]}-bit array, got {name}")
-    return arr.view(_VIEW[code]), code, fmt.DTYPE_NAMES[code]
-
-
-def _wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> _Arr:
-    """Normalise one argument; raises TypeError / ValueError naming ``role`` and the problem."""
-    want = _want(dtype)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        if not x.is_contiguous():
-            raise ValueError(f"{role} is a non-contiguous torch tensor; pass .contiguous()")
-        t = x.detach()
-        name = str(t.dtype).replace("torch.", "")
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)
-        elif want is not None and t.dtype == torch.uint16:
-            t = t.view(torch.int16)  # NumPy has uint16; torch.uint16 may not convert
-        if t.is_cuda:
-            import cupy
-
-            arr = cupy.asarray(t).reshape(-1)
-        else:
-            arr = t.numpy().reshape(-1)
-        if name == "bfloat16":
-            arr = arr.view(np.uint16)
-        flat, code, name = _typed(arr, name, want, role)
-        return _Arr(flat, bool(t.is_cuda), code, name, torch=True)
-    cupy_mod = sys.modules.get("cupy")
-    if (cupy_mod is not None and type(x) is cupy_mod.ndarray) or hasattr(x, "__cuda_array_interface__"):
-        try:
-            import cupy
-        except ImportError as e:
-            raise TypeError(f"{role} is a CUDA array; zipccl needs CuPy to move device arrays") from e
-        arr = x if type(x) is cupy.ndarray else cupy.asarray(x)
-        if not arr.flags.c_contiguous:
-            raise ValueError(f"{role} is a non-contiguous device array")
-        if arr.data.ptr % max(arr.itemsize, 1):
-            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
-        device = True
-    elif isinstance(x, np.ndarray):
-        arr = x
-        if not arr.flags.c_contiguous:
-            raise ValueError(f"{role} is a non-contiguous array (strides {arr.strides}); "
-                             f"pass np.ascontiguousarray(...)")
-        if not arr.flags.aligned:
-            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
-        if writable and not arr.flags.writeable:
-            raise ValueError(f"{role} is read-only")
-        device = False
-    else:
-        raise TypeError(f"{role} must be a NumPy, CuPy, Numba device or torch array, "
-                        f"got {type(x).__name__}")
-    name = np.dtype(arr.dtype).name if arr.dtype != BF16 else "bfloat16"
-    flat = arr.reshape(-1)
-    if name == "bfloat16":
-        flat = flat.view(np.uint16)
-    flat, code, name = _typed(flat, name, want, role)
-    return _Arr(flat, device, code, name)
-
-
-def _int_list(counts, p: int, what: str) -> list[int]:
-    vals = [int(c) for c in counts]
-    if len(vals) != p:
-        raise ValueError(f"{what} has {len(vals)} entries; the communicator has {p} ranks")
-    if any(c < 0 for c in vals):
-        raise ValueError(f"{what} has negative entries: {vals}")
-    return vals
 
 
 class Communicator:
@@ -532,38 +372,6 @@ class Communicator:
             bad = [(r, e) for r, e in enumerate(errs) if e]
             raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
 
-    def _key(self, op: str, a, b, dtype, stream, extra=None):
-        """(plan key, stream handle) of a call: the arrays' identity and the resolved stream.
-
-        The key is None for arguments zipccl cannot read cheaply (the call then takes the
-        checked path, which names the problem).
-        """
-        fa = _FINGERPRINTS.get(type(a), 0)
-        if fa == 0:
-            fa = _FINGERPRINTS[type(a)] = _fingerprinter(type(a))
-        fb = _FINGERPRINTS.get(type(b), 0)
-        if fb == 0:
-            fb = _FINGERPRINTS[type(b)] = _fingerprinter(type(b))
-        if fa is None or fb is None:
-            return None, stream
-        ka, kb = fa(a), fb(b)
-        st = None
-        if fa in _DEVICE_FP or (fa is _fp_torch and ka[-1]):
-            try:
-                st = self._stream_handle(stream, fa is _fp_torch)
-            except (TypeError, AttributeError):
-                return None, stream
-        return (op, ka, kb, dtype, st, extra), st
-
-    @staticmethod
-    def _stream_handle(stream, torch: bool) -> int:
-        """The raw handle of the stream a device call runs on (None: the current one)."""
-        if stream is None:
-            if torch:
-                return sys.modules["torch"].cuda.current_stream().cuda_stream
-            return sys.modules["cupy"].cuda.get_current_stream().ptr
-        return stream_ptr(stream)
-
     def _prepare(self, op: str, key, plan: _Plan | None, check, stream):
         """Run the local ``check`` and agree on the call; returns (plan, arrays, stream).
 
@@ -581,7 +389,7 @@ class Communicator:
             raise AssertionError("unreachable: an error in the control row raises") from e
         a = arrays[0] if isinstance(arrays, tuple) else arrays
         if key is None or stream is None:
-            stream = self._stream(a, stream)
+            stream = call_stream(a, stream)
         if plan is None:
             sig = (op, *common, self._settings_text)
             d = self._decide(op, nbytes, a)
@@ -689,7 +497,7 @@ class Communicator:
             return "nccl"
         return "mpi" if self.mpi.cuda_aware else "mpi-staged"
 
-    def _decide(self, op: str, nbytes: int, arr: _Arr) -> Decision:
+    def _decide(self, op: str, nbytes: int, arr: Arr) -> Decision:
         if self._force is not None and arr.bf16 and self.size > 1:
             d = Decision(op, nbytes, self._force, "calibration")
         else:
@@ -740,25 +548,9 @@ class Communicator:
             print(line, flush=True)
         return line
 
-    @staticmethod
-    def _pair(send: _Arr, recv: _Arr) -> None:
-        if send.device != recv.device:
-            raise TypeError("send and recv must both be host arrays or both device arrays")
-        if send.dtype != recv.dtype:
-            raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
-
-    def _chunk_of(self, a: _Arr) -> int:
+    def _chunk_of(self, a: Arr) -> int:
         """Elements per pipeline round for ``a``'s type (``collectives.chunk_elements``)."""
         return chunk_elements(self._chunk, a.data.itemsize)
-
-    def _stream(self, arr: _Arr, stream):
-        if not arr.device:
-            return None
-        if stream is None and arr.torch:
-            import torch
-
-            return torch.cuda.current_stream().cuda_stream
-        return stream
 
     # -- the collectives --------------------------------------------------------------------
     # Each one: look the call up by its key; an agreed native plan with a bound call is the
@@ -770,15 +562,15 @@ class Communicator:
         ``recv`` holds size x ``send.size`` elements. Like ncclAllGather; ``send``
         may be rank's own slice of ``recv`` (in place).
         """
-        key, st = self._key("all_gather", send, recv, dtype, stream)
+        key, st = call_key("all_gather", send, recv, dtype, stream)
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
 
         def check():
-            s = _wrap(send, dtype, "send")
-            r = _wrap(recv, dtype, "recv", writable=True)
-            self._pair(s, r)
+            s = wrap(send, dtype, "send")
+            r = wrap(recv, dtype, "recv", writable=True)
+            check_pair(s, r)
             if r.size != self.size * s.size:
                 raise ValueError(f"recv holds {r.size} elements; all_gather of {s.size} per rank "
                                  f"on {self.size} ranks needs {self.size * s.size}")
@@ -795,9 +587,9 @@ class Communicator:
         if plan.stats is None:
             raw = s.nbytes * (self.size - 1)
             plan.stats = ExchangeStats(raw, raw)
-        s8, r8 = _bytes(s.data), _bytes(r.data)
-        in_place = _ptr_range(s8)[0] == _ptr_range(r8)[0] + self.rank * s.nbytes
-        if in_place or not _overlap(s8, r8):  # NCCL's own in-place form, or no overlap
+        s8, r8 = byte_view(s.data), byte_view(r.data)
+        in_place = ptr_range(s8)[0] == ptr_range(r8)[0] + self.rank * s.nbytes
+        if in_place or not overlap(s8, r8):  # NCCL's own in-place form, or no overlap
             self._bind(key, plan, tr.bind_allgather(s8, r8, st))
         tr.allgather(self._detached(eng, s8, r8), r8, st)
         self.last_stats = plan.stats
@@ -812,15 +604,15 @@ class Communicator:
         the native MPI path; native NCCL uses NCCL's sum. Other dtypes and other FP32 /
         FP16 ops: the native reduction.
         """
-        key, st = self._key("reduce_scatter", send, recv, dtype, stream, op)
+        key, st = call_key("reduce_scatter", send, recv, dtype, stream, op)
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
 
         def check():
-            s = _wrap(send, dtype, "send")
-            r = _wrap(recv, dtype, "recv", writable=True)
-            self._pair(s, r)
+            s = wrap(send, dtype, "send")
+            r = wrap(recv, dtype, "recv", writable=True)
+            check_pair(s, r)
             if op not in REDUCE_OPS:
                 raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
             if s.bf16 and op != "sum":
@@ -845,8 +637,8 @@ class Communicator:
             raw = s.nbytes - r.nbytes
             plan.stats = ExchangeStats(raw, raw)
         kind = "bfloat16" if s.bf16 else None
-        in_place = _ptr_range(s.data)[0] + self.rank * r.nbytes == _ptr_range(r.data)[0]
-        if in_place or not _overlap(s.data, r.data):  # NCCL's own in-place form, or no overlap
+        in_place = ptr_range(s.data)[0] + self.rank * r.nbytes == ptr_range(r.data)[0]
+        if in_place or not overlap(s.data, r.data):  # NCCL's own in-place form, or no overlap
             self._bind(key, plan, tr.bind_reduce_scatter(s.data, r.data, op, st, dtype=kind))
         tr.reduce_scatter(self._detached(eng, s.data, r.data), r.data, op, st, dtype=kind)
         self.last_stats = plan.stats
@@ -867,15 +659,15 @@ class Communicator:
         if send_counts is not None or recv_counts is not None:
             self._all_to_all_counts(send, recv, send_counts, recv_counts, dtype, stream)
             return
-        key, st = self._key("all_to_all", send, recv, dtype, stream)
+        key, st = call_key("all_to_all", send, recv, dtype, stream)
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
 
         def check():
-            s = _wrap(send, dtype, "send")
-            r = _wrap(recv, dtype, "recv", writable=True)
-            self._pair(s, r)
+            s = wrap(send, dtype, "send")
+            r = wrap(recv, dtype, "recv", writable=True)
+            check_pair(s, r)
             if s.size % p or r.size != s.size:
                 raise ValueError(f"all_to_all without counts needs send and recv of equal size "
                                  f"divisible by {p}; got {s.size} and {r.size}")
@@ -890,9 +682,9 @@ class Communicator:
         if plan.stats is None:
             raw = s.nbytes - s.nbytes // p
             plan.stats = ExchangeStats(raw, raw)
-        s8, r8 = _bytes(s.data), _bytes(r.data)
+        s8, r8 = byte_view(s.data), byte_view(r.data)
         c = [s.nbytes // p] * p
-        if not _overlap(s8, r8):
+        if not overlap(s8, r8):
             self._bind(key, plan, tr.bind_alltoallv(s8, c, offsets(c), r8, c, offsets(c), st))
         tr.alltoallv(self._detached(eng, s8, r8), c, offsets(c), r8, c, offsets(c), st)
         self.last_stats = plan.stats
@@ -904,13 +696,13 @@ class Communicator:
             raise CollectiveError("zipccl all_to_all: the communicator is closed")
         err, extra = None, []
         try:
-            s = _wrap(send, dtype, "send")
-            r = _wrap(recv, dtype, "recv", writable=True)
-            self._pair(s, r)
+            s = wrap(send, dtype, "send")
+            r = wrap(recv, dtype, "recv", writable=True)
+            check_pair(s, r)
             if send_counts is None:
                 raise ValueError("recv_counts given without send_counts")
-            sc = _int_list(send_counts, p, "send_counts")
-            rc = None if recv_counts is None else _int_list(recv_counts, p, "recv_counts")
+            sc = int_list(send_counts, p, "send_counts")
+            rc = None if recv_counts is None else int_list(recv_counts, p, "recv_counts")
             if sum(sc) != s.size:
                 raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
             if rc is not None and sum(rc) != r.size:
@@ -927,7 +719,7 @@ class Communicator:
         if known is not None and self.verify == "first":
             # both count lists given and the decision agreed: no host exchange (module docstring, 5.)
             self.last_decision = known
-            st = self._stream(s, stream)
+            st = call_stream(s, stream)
             if s.code is not None and known.compress:
                 self._run_all_to_all(s, r, sc, rc, None, _Plan(sig, 0, known, True), st, False)
                 return
@@ -959,7 +751,7 @@ class Communicator:
             if len(self._a2a_decisions) >= MAX_AGREED:
                 self._a2a_decisions.clear()
             self._a2a_decisions[sig] = d  # every rank: the same table, the same decision
-        st = self._stream(s, stream)
+        st = call_stream(s, stream)
         if s.code is not None and d.compress:
             largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
             plan = _Plan(sig, 0, d, True)
@@ -967,17 +759,17 @@ class Communicator:
             return
         self._native_all_to_all(s, r, matrix[self.rank], my_recv_counts, st)
 
-    def _native_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, st) -> None:
+    def _native_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, st) -> None:
         eng, tr = self._route(s.device, st)
         itemsize = s.data.itemsize
         sc = [itemsize * c for c in send_counts]
         rc = [itemsize * c for c in recv_counts]
-        s8, r8 = _bytes(s.data), _bytes(r.data)
+        s8, r8 = byte_view(s.data), byte_view(r.data)
         tr.alltoallv(self._detached(eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), st)
         raw = sum(sc) - sc[self.rank]
         self.last_stats = ExchangeStats(raw, raw)
 
-    def _run_all_to_all(self, s: _Arr, r: _Arr, send_counts, recv_counts, largest: int | None,
+    def _run_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, largest: int | None,
                         plan: _Plan, st, uniform: bool) -> None:
         eng, tr = self._route(s.device, st)
         sdata = self._detached(eng, s.data, r.data)
@@ -994,13 +786,13 @@ class Communicator:
         all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
         ncclAllReduce; native MPI is the same two steps uncompressed.
         """
-        key, st = self._key("all_reduce", buf, None, dtype, stream, op)
+        key, st = call_key("all_reduce", buf, None, dtype, stream, op)
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
 
         def check():
-            b = _wrap(buf, dtype, "buf", writable=True)
+            b = wrap(buf, dtype, "buf", writable=True)
             if op not in REDUCE_OPS:
                 raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
             if b.bf16 and op != "sum":
@@ -1027,7 +819,7 @@ class Communicator:
     @staticmethod
     def _detached(eng, send, recv):
         """``send`` itself, or a copy of it if it overlaps ``recv`` (in-place calls)."""
-        if not _overlap(send, recv):
+        if not overlap(send, recv):
             return send
         # an engine buffer, not a temporary: the device work reading it outlives this call's
         # Python frame, and a freed temporary goes back to CuPy's pool unordered with that work
@@ -1035,7 +827,3 @@ class Communicator:
         eng.copy(copy, send)
         return copy
 
-
-def _bytes(a):
-    """A uint8 view of a 1-D array of either kind."""
-    return a.view(np.uint8) if isinstance(a, np.ndarray) else a.view("uint8")

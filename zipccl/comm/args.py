@@ -1,0 +1,291 @@
+"""Arguments in: what every ``Communicator`` collective does to its arguments first.
+
+The Communicator's entry points take NumPy arrays (``ml_dtypes.bfloat16``, float32,
+float16, or integer bit patterns with ``dtype=``), torch tensors, CuPy and Numba device
+arrays. This module turns each argument into one ``Arr``: a flat view of the caller's
+memory as the collectives take it (BF16 as uint16 bits, FP32 as float32, FP16 as
+float16), whether it lives on a device, and its element type. It checks what every call
+needs (dtype, contiguity, alignment, writability, sizes, counts) and raises TypeError /
+ValueError naming the argument, before anything moves; the Communicator reports those in
+the control row (``agreement``).
+
+It also reads an argument's *identity* cheaply (address, shape, strides, dtype: the plan
+key, ``call_key``), so that a call whose arguments were seen before is looked up instead
+of normalised again (``plans``). Like ``zipccl.arrays``, it imports neither torch nor CuPy
+unless the caller's object already comes from them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import format as fmt
+from ..arrays import _INT_NAMES, BF16, _torch_of
+from .transport import stream_ptr
+
+# dtype= values: the element type integer bit patterns hold
+DTYPE_ARGS = ("bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
+_NATIVE_CODES = {name: code for code, name in fmt.DTYPE_NAMES.items()}
+_VIEW = {fmt.DTYPE_BF16: np.uint16, fmt.DTYPE_FP32: np.float32, fmt.DTYPE_FP16: np.float16}
+
+
+@dataclass
+class Arr:
+    """One argument, normalised: a 1-D view of the caller's memory (BF16 as uint16 bits,
+    FP32 as float32, FP16 as float16).
+
+    >>> a = wrap(np.zeros(4, np.float32), None, "send")
+    >>> a.code == fmt.DTYPE_FP32, a.device, a.nbytes
+    (True, False, 16)
+    """
+
+    data: object  # numpy.ndarray or cupy.ndarray, 1-D, C-contiguous, shares the caller's memory
+    device: bool
+    code: int | None  # format.DTYPE_* of a type zipccl codes; None: any other (native only)
+    dtype: str  # "bfloat16", "float32", "float16" or the NumPy dtype name
+    torch: bool = False
+
+    @property
+    def bf16(self) -> bool:
+        return self.code == fmt.DTYPE_BF16
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def _want(dtype) -> int | None:
+    """The element type ``dtype=`` asks 16- or 32-bit integers to be read as (None: none)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str) and dtype in DTYPE_ARGS:
+        return fmt.dtype_code(dtype)
+    raise TypeError(f"dtype= names the element type of integer bit patterns: one of "
+                    f"{', '.join(map(repr, DTYPE_ARGS))}; got {dtype!r}")
+
+
+def _typed(arr, name: str, want: int | None, role: str):
+    """(1-D view as the collectives take it, element code or None, dtype name) of a flat array
+    whose dtype is called ``name``: BF16 as uint16 bits, FP32 as float32, FP16 as float16."""
+    if want is None:
+        code = _NATIVE_CODES.get(name)
+        if code is None:
+            return arr, None, name
+    else:
+        code = want
+        if name != fmt.DTYPE_NAMES[want] and name not in _INT_NAMES[fmt.ITEMSIZE[want]]:
+            raise TypeError(f"{role}: dtype={fmt.DTYPE_NAMES[want]!r} needs a "
+                            f"{8 * fmt.ITEMSIZE[want]}-bit array, got {name}")
+    return arr.view(_VIEW[code]), code, fmt.DTYPE_NAMES[code]
+
+
+def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
+    """Normalise one argument; raises TypeError / ValueError naming ``role`` and the problem.
+
+    >>> wrap(np.zeros(2, np.uint16), "bfloat16", "send").dtype
+    'bfloat16'
+    >>> wrap(np.zeros(2, np.float64), "bfloat16", "recv")
+    Traceback (most recent call last):
+    TypeError: recv: dtype='bfloat16' needs a 16-bit array, got float64
+    """
+    want = _want(dtype)
+    torch = _torch_of(x)
+    if torch is not None:
+        if not x.is_contiguous():
+            raise ValueError(f"{role} is a non-contiguous torch tensor; pass .contiguous()")
+        t = x.detach()
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        elif want is not None and t.dtype == torch.uint16:
+            t = t.view(torch.int16)  # NumPy has uint16; torch.uint16 may not convert
+        if t.is_cuda:
+            import cupy
+
+            arr = cupy.asarray(t).reshape(-1)
+        else:
+            arr = t.numpy().reshape(-1)
+        if name == "bfloat16":
+            arr = arr.view(np.uint16)
+        flat, code, name = _typed(arr, name, want, role)
+        return Arr(flat, bool(t.is_cuda), code, name, torch=True)
+    cupy_mod = sys.modules.get("cupy")
+    if (cupy_mod is not None and type(x) is cupy_mod.ndarray) or hasattr(x, "__cuda_array_interface__"):
+        try:
+            import cupy
+        except ImportError as e:
+            raise TypeError(f"{role} is a CUDA array; zipccl needs CuPy to move device arrays") from e
+        arr = x if type(x) is cupy.ndarray else cupy.asarray(x)
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{role} is a non-contiguous device array")
+        if arr.data.ptr % max(arr.itemsize, 1):
+            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
+        device = True
+    elif isinstance(x, np.ndarray):
+        arr = x
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{role} is a non-contiguous array (strides {arr.strides}); "
+                             f"pass np.ascontiguousarray(...)")
+        if not arr.flags.aligned:
+            raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{role} is read-only")
+        device = False
+    else:
+        raise TypeError(f"{role} must be a NumPy, CuPy, Numba device or torch array, "
+                        f"got {type(x).__name__}")
+    name = np.dtype(arr.dtype).name if arr.dtype != BF16 else "bfloat16"
+    flat = arr.reshape(-1)
+    if name == "bfloat16":
+        flat = flat.view(np.uint16)
+    flat, code, name = _typed(flat, name, want, role)
+    return Arr(flat, device, code, name)
+
+
+def check_pair(send: Arr, recv: Arr) -> None:
+    """``send`` and ``recv`` of one call: both host or both device arrays, of one dtype."""
+    if send.device != recv.device:
+        raise TypeError("send and recv must both be host arrays or both device arrays")
+    if send.dtype != recv.dtype:
+        raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
+
+
+def int_list(counts, p: int, what: str) -> list[int]:
+    """Per-peer counts as ``p`` non-negative ints.
+
+    >>> int_list(np.array([3, 0]), 2, "send_counts")
+    [3, 0]
+    """
+    vals = [int(c) for c in counts]
+    if len(vals) != p:
+        raise ValueError(f"{what} has {len(vals)} entries; the communicator has {p} ranks")
+    if any(c < 0 for c in vals):
+        raise ValueError(f"{what} has negative entries: {vals}")
+    return vals
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+def ptr_range(a) -> tuple[int, int]:
+    """[first, last + 1) byte address of a 1-D NumPy or CuPy array."""
+    if isinstance(a, np.ndarray):
+        p = a.__array_interface__["data"][0]
+    else:
+        p = a.data.ptr
+    return p, p + a.nbytes
+
+
+def overlap(a, b) -> bool:
+    """Whether two non-empty 1-D arrays share memory.
+
+    >>> x = np.zeros(8, np.uint16)
+    >>> overlap(x[:4], x[3:]), overlap(x[:4], x[4:]), overlap(x[:0], x)
+    (True, False, False)
+    """
+    (a0, a1), (b0, b1) = ptr_range(a), ptr_range(b)
+    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
+
+
+def byte_view(a):
+    """A uint8 view of a 1-D array of either kind (NumPy or CuPy)."""
+    return a.view(np.uint8) if isinstance(a, np.ndarray) else a.view("uint8")
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+def call_stream(arr: Arr, stream):
+    """The stream a call on ``arr`` runs on, as the transports take it: None for host arrays,
+    the current torch stream's handle for a torch tensor passed without one."""
+    if not arr.device:
+        return None
+    if stream is None and arr.torch:
+        import torch
+
+        return torch.cuda.current_stream().cuda_stream
+    return stream
+
+
+def stream_handle(stream, torch: bool) -> int:
+    """The raw handle of the stream a device call runs on (None: the current one)."""
+    if stream is None:
+        if torch:
+            return sys.modules["torch"].cuda.current_stream().cuda_stream
+        return sys.modules["cupy"].cuda.get_current_stream().ptr
+    return stream_ptr(stream)
+
+
+# -- plan keys: the arrays' identity (address, shape, strides, dtype) read cheaply per kind ------
+
+def _fp_numpy(a):
+    return (type(a), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype,
+            a.flags.writeable)
+
+
+def _fp_cupy(a):
+    return (type(a), a.data.ptr, a.shape, a.strides, a.dtype)
+
+
+def _fp_torch(t):
+    return (type(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda)
+
+
+def _fp_cai(a):
+    cai = a.__cuda_array_interface__
+    return (type(a), cai["data"][0], cai["shape"], cai["strides"], cai["typestr"])
+
+
+_FINGERPRINTS: dict[type, Callable | None] = {type(None): lambda _: None}  # all_reduce: no recv
+_DEVICE_FP = (_fp_cupy, _fp_cai)
+
+
+def _fingerprinter(t: type):
+    """How to read the identity of arrays of type ``t`` (the kinds ``wrap`` accepts), or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return _fp_torch
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and t is cupy.ndarray:
+        return _fp_cupy
+    if hasattr(t, "__cuda_array_interface__"):
+        return _fp_cai
+    if issubclass(t, np.ndarray):
+        return _fp_numpy
+    return None
+
+
+def call_key(op: str, a, b, dtype, stream, extra=None):
+    """(plan key, stream handle) of a call: the arrays' identity and the resolved stream.
+
+    The key is None for arguments zipccl cannot read cheaply (the call then takes the
+    checked path, which names the problem). ``b`` is None for in-place calls.
+
+    >>> x = np.zeros(4, np.float32)
+    >>> call_key("all_reduce", x, None, None, None)[0] == call_key("all_reduce", x, None, None, None)[0]
+    True
+    >>> call_key("all_reduce", [0.0], None, None, None)
+    (None, None)
+    """
+    fa = _FINGERPRINTS.get(type(a), 0)
+    if fa == 0:
+        fa = _FINGERPRINTS[type(a)] = _fingerprinter(type(a))
+    fb = _FINGERPRINTS.get(type(b), 0)
+    if fb == 0:
+        fb = _FINGERPRINTS[type(b)] = _fingerprinter(type(b))
+    if fa is None or fb is None:
+        return None, stream
+    ka, kb = fa(a), fb(b)
+    st = None
+    if fa in _DEVICE_FP or (fa is _fp_torch and ka[-1]):
+        try:
+            st = stream_handle(stream, fa is _fp_torch)
+        except (TypeError, AttributeError):
+            return None, stream
+    return (op, ka, kb, dtype, st, extra), st
