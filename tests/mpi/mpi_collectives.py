@@ -629,6 +629,32 @@ def test_calibrated_policy_is_shared_and_cached(place, tmp_path):
         comm_.close()
 
 
+
+def test_forcing_overrides_the_policy_and_drops_plans(place):
+    """``Communicator.forcing`` (what calibration times): BF16 calls take the forced path on
+    every rank, entering and leaving drop the plans, a nested block restores the outer one."""
+    c = zipccl.Communicator(WORLD, backend=place.backend, policy="never")
+    n = 4096
+    x, out = place.array(rank_input("gaussian", ME, n)), place.out(P * n)
+    c.all_gather(x, out, **place.kw)
+    assert not c.last_decision.compress and len(c._plans) == 1
+    with c.forcing(True):
+        assert not c._plans
+        c.all_gather(x, out, **place.kw)
+        assert c.last_decision.compress == (P > 1)  # one rank: nothing to compress, not forced
+        with c.forcing(False):
+            c.all_gather(x, out, **place.kw)
+            assert not c.last_decision.compress
+        c.all_gather(x, out, **place.kw)
+        assert c.last_decision.compress == (P > 1)
+        assert np.array_equal(place.bits(out), gathered("gaussian", n))
+    assert not c._plans
+    c.all_gather(x, out, **place.kw)
+    assert not c.last_decision.compress and c.last_decision.reason != "calibration"
+    with pytest.raises(TypeError, match="forcing takes True"), c.forcing(1):
+        pass
+    c.close()
+
 def test_agreed_native_calls_replay_the_bound_call(place):
     """A native call seen before: no control exchange, the transport call from its plan, same bits."""
     c = zipccl.Communicator(WORLD, backend=place.backend, policy="never")

@@ -5,7 +5,7 @@ Run by ``tests/test_comm_mpi.py`` as ``mpiexec -n N python -m pytest tests/mpi/m
 Covers settings that differ at construction (issue 12) and calls that differ in
 size, dtype, op, reduction and counts, on every path (compressed pipelined and
 two-phase, native), both when the call is new and when some rank's call was
-already agreed (the cases ``Communicator``'s module docstring promises to catch),
+already agreed (the cases ``zipccl.comm.agreement``'s module docstring promises to catch),
 plus one rank's local error.
 """
 

@@ -7,7 +7,9 @@ one compressed exchange (fixed-size slots), ``slots`` / ``capacity`` size them a
 ``engine`` declares what the algorithms ask of the memory the data lives in,
 ``host`` and ``pipeline`` implement it for host and device arrays, ``policy``
 decides compressed or native per call, ``calibrate`` measures the profile it
-follows, ``communicator`` is the user-facing class. Importing this package does
+follows, ``args`` normalises the arguments of every entry point, ``agreement``
+checks that the ranks make the same call (the control row), ``plans`` keeps what each
+call signature decided, ``communicator`` is the user-facing class. Importing this package does
 not import mpi4py's MPI module or touch a GPU.
 """
 

@@ -1,7 +1,7 @@
 """Calibration: measure the cost model's components on this machine so that ``"auto"`` follows them.
 
 ``Communicator.calibrate`` delegates here. Calibration times real calls of the
-communicator (native and compressed, forced per call), the codec alone on the
+communicator (native and compressed, forced by ``Communicator.forcing``), the codec alone on the
 engine the calls use, and the compressed path's fixed costs, and packs them into a
 ``policy.Profile`` that every rank holds identically. Profiles can be saved and
 loaded again for the same device / transport / ranks / machine.
@@ -116,8 +116,8 @@ def calibrate(communicator, *, device: bool = False,
             for size in sizes:
                 call = make_call(op, max(1, size // 2))
                 for path_name, force in (("native", False), ("compressed", True)):
-                    communicator._force = force
-                    t = timed(call)
+                    with communicator.forcing(force):
+                        t = timed(call)
                     meas[path_name].append([communicator.last_decision.nbytes, t])
                 del call
             try:
@@ -126,19 +126,18 @@ def calibrate(communicator, *, device: bool = False,
             except ValueError:
                 continue  # not enough signal for this op: the threshold rule stays for it
             # fixed costs of the compressed path: one round vs 16 rounds of one block
-            communicator._force = True
-            communicator.chunk = fmt.BLOCK if saved_chunk else 0
-            per = p if op in ("all_to_all", "all_reduce") else 1
-            t1 = timed(make_call(op, per * fmt.BLOCK))
-            t16 = timed(make_call(op, per * 16 * fmt.BLOCK))
+            with communicator.forcing(True):
+                communicator.chunk = fmt.BLOCK if saved_chunk else 0
+                per = p if op in ("all_to_all", "all_reduce") else 1
+                t1 = timed(make_call(op, per * fmt.BLOCK))
+                t16 = timed(make_call(op, per * 16 * fmt.BLOCK))
+                communicator.chunk = saved_chunk
             exchanges = 2 if op == "all_reduce" else 1
             h = max(0.0, (t16 - t1) / (15 * exchanges)) if saved_chunk else 0.0
             round_s[op] = h
             fixed_s[op] = max(0.0, t1 - exchanges * h)
-            communicator.chunk = saved_chunk
         codec = _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes)
     finally:
-        communicator._force = None
         communicator.chunk = saved_chunk
     prof = Profile(key, p, communicator.chunk, bool(device), native, codec, round_s, fixed_s, measured,
                    best_of=CALIBRATION_BEST_OF)

@@ -56,7 +56,7 @@ REDUCE_CHUNK = 1 << 20  # elements per pass of the host reduction (bounds tempor
 
 
 class CollectiveError(ValueError):
-    """A collective call failed (where and on which ranks it is raised: ``Communicator``'s
+    """A collective call failed (where and on which ranks it is raised: ``agreement``'s
     module docstring and docs/COLLECTIVES.md)."""
 
 

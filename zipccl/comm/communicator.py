@@ -17,93 +17,45 @@ pinned host memory otherwise. The user selects the CUDA device before creating
 the communicator (``cupy.cuda.Device(i).use()``); nothing touches a GPU until a
 device array arrives.
 
-Agreement and plans
--------------------
-Every rank must make the same calls in the same order with matching arguments.
-zipccl checks this without paying for it on every call:
-
-1. **Settings, once, at construction.** The constructor is collective: the
-   ranks exchange every setting that changes the path a call takes (backend,
-   policy and its thresholds and profile, chunk size, capacity, checksum, ``verify``) and
-   raise the same ``CollectiveError`` on every rank if they differ. Changing
-   ``policy`` or ``chunk`` later (``calibrate`` does) must happen on every rank at
-   the same point; a change drops every plan and agreed signature.
-2. **A call's signature** is what all ranks must share: the operation, dtype,
-   host or device memory, the element counts (all-to-all with per-peer counts:
-   the count matrix), the reduction op, and the settings. The policy's decision is
-   a function of it alone, so ranks that agree on the signature take the same
-   path. Its 64-bit hash travels in the *control row*, a fixed-size int64 row
-   every rank all-gathers over MPI: [error flag, signature hash, a few ints].
-   Any error flag or differing hash makes every rank gather the messages and raise
-   the same ``CollectiveError`` (each rank's own problem, or each rank's call).
-   Every agreement exchange of every kind of call is this one control row, so
-   ranks that disagree about the call still meet in the same MPI operation and
-   none can hang there.
-3. **Compressed calls** move fixed-size slots (``exchange.slot_exchange``), on host
-   and device arrays alike. On device arrays they make no host exchange at all once
-   their signature is agreed (the first time it is seen, like a native call; every
-   call with ``verify="always"``); on host arrays, whose exchange blocks anyway, every
-   call sends the control row first (one small all-gather), so a rank whose call
-   differs from its peers' raises there with the others. On device arrays they keep
-   NCCL's contract: they enqueue their work on the stream and return; errors found on the device (a frame that
-   does not decode, a slot header naming another call) land in a sticky error word
-   and raise ``CollectiveError`` at the next compressed call on that rank, or on
-   every rank at ``synchronize()`` (docs/COLLECTIVES.md). On host arrays every step
-   has run when the call returns, so what it found raises at once on the rank that
-   found it (and, through the slot headers, on its peers at their next compressed
-   call).
-4. **Native calls** are agreed the first time their signature is seen on this
-   communicator (one control row), then run from a *plan*: the call's arguments
-   looked up by the arrays' addresses, shapes, dtypes and the stream; on NCCL the
-   plan is the NCCL call with its pointers packed, so an agreed native call costs a
-   few dictionary lookups more than calling NCCL directly and moves the same bytes
-   the same way. Agreed signatures are remembered in the same order on every rank
-   (a correct program adds the same ones at the same calls), so ranks decide "new"
-   or "seen" alike. The price, stated precisely: once a native signature is
-   agreed, a rank that calls it while a peer calls something else is the caller's
-   mistake exactly as it is with NCCL (the peers are not told; NCCL may hang). It
-   is detected when the peer's call is a compressed one or one with a new
-   signature, not when it is another agreed native call. ``verify="always"``
-   sends the control row before every native call too (one small MPI round trip,
-   like torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), turning every mistake into a
-   ``CollectiveError``.
-5. **All-to-all with per-peer counts** exchanges its count matrix in the control
-   row on every call on host arrays, and on device arrays when ``recv_counts`` is
-   left out (this rank's receive counts are the other ranks' send counts). On device
-   arrays with ``recv_counts`` given, as NCCL and MPI's all-to-all-v take them, a
-   call makes no host exchange once its decision is agreed: the first such call of
-   a dtype exchanges the matrix and agrees the decision (the policy's, on the mean
-   message size), later calls keep it, and counts that disagree between ranks are
-   found in the slot headers (a sticky error, as in 3.) or, like NCCL's, not at all
-   (a rank that expects more from itself than it sends raises alone; a native call
-   with mismatched counts is the caller's mistake, as with NCCL).
+Every rank must make the same calls in the same order with matching arguments;
+zipccl checks this without paying for it on every call, and says precisely what it
+catches and when (``agreement``'s module docstring: settings agreed at construction,
+each call's signature in one control row, native calls replayed from plans once
+agreed, compressed device calls without a host exchange, all-to-all counts).
 
 Local argument errors (sizes, dtype, contiguity, alignment, writability) are
 found before anything moves and reported in the control row, so they raise on
 every rank that takes part in the exchange. On a failed call the caller's output
 buffers hold unspecified contents (a rank may have copied its own block).
+
+The pieces, each in its own module: ``args`` normalises and checks the arguments
+(the same for every entry point); ``agreement`` holds the control row and what the
+ranks have agreed; ``plans`` keeps each signature's decision and bound native call;
+``collectives`` says what each collective moves, over the transports of ``transport``.
+This class holds the settings and puts them together: each collective looks its call
+up, checks it, agrees and runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import numpy as np
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from .. import format as fmt
+from .agreement import Agreement, count_matrix, describe, sig_hash
 from .args import (
     Arr,
+    all_gather_args,
+    all_reduce_args,
+    all_to_all_args,
     byte_view,
     call_key,
     call_stream,
-    check_pair,
-    int_list,
+    counts_args,
     overlap,
     ptr_range,
-    wrap,
+    reduce_scatter_args,
 )
 from .collectives import (
     CollectiveError,
@@ -116,49 +68,13 @@ from .collectives import (
     reduce_scatter_values,
 )
 from .host import HostEngine
+from .plans import Plan, Plans
 from .policy import OPS, Decision, Policy, Profile
-from .transport import REDUCE_OPS, MPITransport, Transport
+from .transport import MPITransport, Transport
 
 BACKENDS = ("auto", "nccl", "mpi")
 VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
-MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
-MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)
-
-
-@dataclass(eq=False)
-class _Plan:
-    """What one call signature needs, decided once: the agreed hash, the decision, the bound call."""
-
-    sig: tuple  # what every rank must share (see the module docstring)
-    crc: int  # its 64-bit hash, the one carried in the control row
-    decision: Decision
-    compress: bool  # the compressed exchange (else the native collective)
-    run: Callable[[], None] | None = None  # a native call with its arguments packed: the whole call
-    stats: ExchangeStats | None = None  # bytes a native call moves
-
-
-def _sig_hash(sig: tuple) -> int:
-    """A 64-bit hash of a signature, the same in every process (``hash`` is salted per process).
-
-    >>> _sig_hash(("all_gather", "bfloat16", 8)) == _sig_hash(("all_gather", "bfloat16", 8))
-    True
-    """
-    return int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little",
-                          signed=True)
-
-
-def _failure_message(info: list, header: str | None = None) -> str:
-    """The one message every rank raises, built from every rank's (op, error, call, settings)."""
-    ops = sorted({i[0] for i in info})
-    head = header or (f"zipccl {ops[0]}" if len(ops) == 1 else "zipccl collective")
-    errs = [(r, i[1]) for r, i in enumerate(info) if i[1]]
-    if errs:
-        return f"{head}: " + "; ".join(f"rank {r}: {e}" for r, e in errs)
-    differ = len({i[3] for i in info}) > 1  # name the settings only where they differ
-    calls = [" with ".join(filter(None, [i[2], i[3] if differ else ""])) for i in info]
-    return f"{head}: ranks disagree on the call (" + "; ".join(
-        f"rank {r}: {c}" for r, c in enumerate(calls)) + ")"
 
 
 class Communicator:
@@ -178,7 +94,7 @@ class Communicator:
     (default ``DEFAULT_CHUNK_BYTES``, measured on 2 x H200; 0 = one round); ``policy``: "auto" (a
     size threshold until ``calibrate`` measures a profile), "always" or "never";
     ``verify``: "first" (a native call's signature is checked across ranks the first
-    time it is seen) or "always" (before every call); see the module docstring. All
+    time it is seen) or "always" (before every call); see ``agreement``. All
     ranks must pass the same settings: the constructor raises the same
     ``CollectiveError`` on every rank otherwise. ``capacity``: the escape capacity of the
     compressed calls' slots (``comm.capacity.CapacityConfig`` or a dict of its settings; None: the
@@ -199,13 +115,11 @@ class Communicator:
         from .capacity import as_config
 
         self.capacity = as_config(capacity)
-        self._plans: dict = {}
-        self._agreed: set = set()
-        self._settings_text = ""
+        self._plans = Plans()
         self.backend = backend
         self.verify = verify
         self._checksum = bool(checksum)
-        self._force_value: bool | None = None  # set only while calibrating
+        self._force_value: bool | None = None  # set only inside ``forcing``
         # elements per pipeline round, whole escape blocks (0: one round)
         self._chunk = 0 if chunk_bytes == 0 else max(fmt.BLOCK, chunk_bytes // 2 // fmt.BLOCK * fmt.BLOCK)
         self.policy = policy if isinstance(policy, Policy) else \
@@ -216,22 +130,21 @@ class Communicator:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        # the control row (module docstring): [error flag, signature hash, 2p + 2 ints]
-        self._row = np.zeros(4 + 2 * self.size, dtype=np.int64)
-        self._table = np.zeros((self.size, 4 + 2 * self.size), dtype=np.int64)
         self.mpi = MPITransport(self.comm, cuda_aware=cuda_aware_mpi)
+        self._agreement = Agreement(self.mpi, self.size)
+        self._settings_changed()  # the settings text, now that it has a home
         self._nccl: Transport | None = None
         self._nccl_tried = False
         self._nccl_error: str | None = None
         self._host = HostEngine(checksum=self._checksum)
         self._device_engine = None
         self._slot_channels: dict = {}  # host (False) / device (True): exchange.SlotChannel
-        self._a2a_decisions: dict = {}  # per-peer-count all-to-all with recv_counts: agreed
         self.last_decision: Decision | None = None
         self.last_stats: ExchangeStats | None = None
         try:
-            self._control("Communicator", _sig_hash(("settings", self._settings_text)), None,
-                          header="zipccl Communicator: ranks were created with different settings")
+            self._agreement.control(
+                "Communicator", sig_hash(("settings", self._agreement.settings)), None,
+                header="zipccl Communicator: ranks were created with different settings")
         except CollectiveError:
             self.close()
             raise
@@ -262,39 +175,62 @@ class Communicator:
         self._chunk = value
         self._settings_changed()
 
-    @property
-    def _force(self) -> bool | None:
-        return self._force_value
+    @contextmanager
+    def forcing(self, compress: bool) -> Iterator[Communicator]:
+        """Inside the block, BF16 calls on more than one rank take the compressed path
+        (``compress=True``) or the native one (``False``) whatever the policy decides:
+        what ``calibrate`` times. Other types and one rank follow the policy.
 
-    @_force.setter
-    def _force(self, value: bool | None) -> None:
+        Collective, like a change of settings: every rank must enter it, and leave it, at
+        the same point of its calls. Entering and leaving change the settings text
+        (``calibrating=...``), so every plan and agreed signature is dropped on every rank
+        alike and a forced call never passes for an unforced one between ranks. On leaving,
+        what was forced before (nothing, or an enclosing ``forcing``) holds again.
+
+        >>> from mpi4py import MPI
+        >>> import ml_dtypes, numpy as np, zipccl
+        >>> comm = zipccl.Communicator(MPI.COMM_SELF)
+        >>> with comm.forcing(True):
+        ...     comm.all_gather(np.zeros(8, ml_dtypes.bfloat16), np.zeros(8, ml_dtypes.bfloat16))
+        >>> comm.last_decision.compress  # one rank: nothing to force, the policy decided
+        False
+        >>> comm.close()
+        """
+        if not isinstance(compress, bool):
+            raise TypeError(f"forcing takes True (compressed) or False (native), got {compress!r}")
+        previous = self._force_value
+        self._set_force(compress)
+        try:
+            yield self
+        finally:
+            self._set_force(previous)
+
+    def _set_force(self, value: bool | None) -> None:
         self._force_value = value
         self._settings_changed()
 
     def _settings_changed(self) -> None:
         pol = getattr(self, "_policy", None)
-        if pol is None:
+        agreement = getattr(self, "_agreement", None)
+        if pol is None or agreement is None:  # construction: made once both exist
             return
         fields = {f.name: getattr(pol, f.name) for f in dataclasses.fields(pol) if f.repr}
         prof = fields.pop("profile", None)
-        fields["profile"] = None if prof is None else f"{_sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
+        fields["profile"] = None if prof is None else f"{sig_hash((prof.to_json(),)) & 0xFFFFFFFF:08x}"
         text = (f"backend={self.backend!r}, policy=({', '.join(f'{k}={v!r}' for k, v in fields.items())}), "
                 f"chunk_bytes={2 * self._chunk}, checksum={self._checksum}, "
                 f"capacity={getattr(self, 'capacity', None)!r}, "
                 f"verify={self.verify!r}")
         if self._force_value is not None:
             text += f", calibrating={self._force_value}"
-        self._settings_text = text
+        agreement.reset(text)
         self._plans.clear()
-        self._agreed.clear()
-        if getattr(self, "_a2a_decisions", None):
-            self._a2a_decisions.clear()
 
     # -- plumbing ---------------------------------------------------------------------------
     def close(self) -> None:
         """Free the duplicated MPI communicator and the NCCL communicator, if any."""
         self._plans.clear()
-        self._agreed.clear()
+        self._agreement.agreed.clear()
         for ch in getattr(self, "_slot_channels", {}).values():
             ch.close()
         self._slot_channels = {}
@@ -330,7 +266,7 @@ class Communicator:
         for ch in self._slot_channels.values():
             err = err or ch.failed or ch.error_text()
         try:
-            self._agree(err, "synchronize")
+            self._agreement.agree(err, "synchronize")
         except CollectiveError as e:
             for ch in self._slot_channels.values():
                 ch.fail(str(e))
@@ -342,106 +278,74 @@ class Communicator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _control(self, op: str, crc: int, err: str | None, ints=(), *, describe: str = "",
-                 header: str | None = None) -> np.ndarray:
-        """The control row (module docstring): all-gather [error flag, ``crc``, ``ints``].
-
-        Returns a (size, 2 * size + 2) view of every rank's ints (valid until the next
-        call), or raises the same CollectiveError on every rank if any rank reports an
-        error or the hashes differ. ``describe`` is this rank's call in words.
-        """
-        row, table = self._row, self._table
-        row[:] = 0
-        row[0] = 1 if err else 0
-        row[1] = crc
-        row[2:2 + len(ints)] = ints
-        self.mpi.allgather_ints(row, table)
-        if table[:, 0].any() or (table[:, 1] != table[0, 1]).any():
-            # every rank sees the same table: all take this branch together
-            info = self.mpi.allgather_objects((op, err, describe, self._settings_text))
-            raise CollectiveError(_failure_message(info, header))
-        return table[:, 2:]
-
-    def _agree(self, err: str | None, op: str = "collective") -> None:
-        """Raise the same CollectiveError on every rank if any rank reports ``err``.
-
-        One 8-byte all-reduce when all is well; the messages travel only on failure.
-        """
-        if self.mpi.any_flag(bool(err)):
-            errs = self.mpi.allgather_objects(err)
-            bad = [(r, e) for r, e in enumerate(errs) if e]
-            raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
-
-    def _prepare(self, op: str, key, plan: _Plan | None, check, stream):
+    # -- agreement and plans (``agreement``, ``plans``) -------------------------------------
+    def _prepare(self, op: str, key, plan: Plan | None, check, stream):
         """Run the local ``check`` and agree on the call; returns (plan, arrays, stream).
 
-        ``check()`` -> (common, nbytes, arrays): ``common`` the signature's values (see the
-        module docstring), ``nbytes`` what the policy decides on, ``arrays`` the wrapped
+        ``check()`` -> (common, nbytes, arrays) (``args``' per-collective checks): ``common``
+        the signature's values, ``nbytes`` what the policy decides on, ``arrays`` the wrapped
         arguments (the first one's kind decides host or device). A local error is reported
         in the control row and raises on every rank that takes part.
         """
         if self.comm is None:
             raise CollectiveError(f"zipccl {op}: the communicator is closed")
+        agreement = self._agreement
         try:
             common, nbytes, arrays = check()
         except (TypeError, ValueError) as e:
-            self._control(op, 0, str(e), describe=f"{op}(invalid arguments)")
+            agreement.control(op, 0, str(e), describe=f"{op}(invalid arguments)")
             raise AssertionError("unreachable: an error in the control row raises") from e
         a = arrays[0] if isinstance(arrays, tuple) else arrays
         if key is None or stream is None:
             stream = call_stream(a, stream)
         if plan is None:
-            sig = (op, *common, self._settings_text)
+            sig = (op, *common, agreement.settings)
             d = self._decide(op, nbytes, a)
-            plan = _Plan(sig, _sig_hash(sig), d, bool(a.code is not None and d.compress))
-            if key is not None:
-                if len(self._plans) >= MAX_PLANS:
-                    self._plans.clear()
-                self._plans[key] = plan
+            plan = Plan(sig, sig_hash(sig), d, bool(a.code is not None and d.compress))
+            self._plans.add(key, plan)
         else:
             self.last_decision = plan.decision
         first_device = a.device and not self._nccl_tried and self.backend != "mpi"
-        if first_device or (not plan.compress and (plan.sig not in self._agreed
+        if first_device or (not plan.compress and (plan.sig not in agreement.agreed
                                                    or self.verify == "always")):
             # native: agreed once per signature; the first device call also agrees before
             # the device transport is set up (a collective of its own)
-            self._control(op, plan.crc, None, describe=self._describe(plan))
+            agreement.control(op, plan.crc, None, describe=describe(plan.sig))
             if not plan.compress:
                 self._remember(plan.sig)
         return plan, arrays, stream
 
-    def _replay(self, plan: _Plan) -> None:
+    def _replay(self, plan: Plan) -> None:
         """An agreed native call from its plan: the bound transport call, nothing else."""
         plan.run()
         self.last_decision, self.last_stats = plan.decision, plan.stats
 
     def _remember(self, sig: tuple) -> None:
-        if len(self._agreed) >= MAX_AGREED:  # the same call on every rank: all forget together
-            self._agreed.clear()
+        if self._agreement.remember(sig):  # all agreed signatures forgotten: their plans too
             self._plans.clear()
-        self._agreed.add(sig)
 
-    @staticmethod
-    def _describe(plan: _Plan) -> str:
-        op, *common, _ = plan.sig
-        return f"{op}({', '.join(map(str, common))})"
+    def _native(self, key, plan: Plan, raw: int, bound, run: Callable[[], None]) -> None:
+        """A native call: its bytes counted once, its bound transport call (``bound``; None
+        where the arguments cannot be bound) kept for next time where the signature is agreed
+        and ``verify="first"``, then ``run``."""
+        if plan.stats is None:
+            plan.stats = ExchangeStats(raw, raw)
+        self._plans.bind(key, plan, bound,
+                         agreed=self.verify == "first" and plan.sig in self._agreement.agreed)
+        run()
+        self.last_stats = plan.stats
 
-    def _bind(self, key, plan: _Plan, run) -> None:
-        """Keep a native plan's bound call (agreed signature, verify="first") for the next calls."""
-        if key is not None and run is not None and self.verify == "first" and \
-                self._plans.get(key) is plan and plan.sig in self._agreed:
-            plan.run = run
-
-    def _slots(self, eng, op: str, plan: _Plan):
+    def _slots(self, eng, op: str, plan: Plan):
         """The slot channel of a compressed call on the engine's memory (host or device, one
         each, made at the first such call, which every rank makes at the same point). A
         compressed signature is agreed across ranks the first time it is seen (every call
         with ``verify="always"``, and on host arrays); afterwards a device call makes no
         host exchange at all, as NCCL's do."""
-        if plan.crc and (plan.sig not in self._agreed or self.verify == "always" or not eng.device):
+        if plan.crc and (plan.sig not in self._agreement.agreed or self.verify == "always"
+                         or not eng.device):
             # host arrays: every call (their exchange blocks anyway; a control row costs one
             # small all-gather), so that a mismatch raises the same error on every rank
-            self._control(op, plan.crc, None, describe=self._describe(plan))
+            self._agreement.control(op, plan.crc, None, describe=describe(plan.sig))
             self._remember(plan.sig)
         ch = self._slot_channels.get(eng.device)
         if ch is None:
@@ -498,8 +402,8 @@ class Communicator:
         return "mpi" if self.mpi.cuda_aware else "mpi-staged"
 
     def _decide(self, op: str, nbytes: int, arr: Arr) -> Decision:
-        if self._force is not None and arr.bf16 and self.size > 1:
-            d = Decision(op, nbytes, self._force, "calibration")
+        if self._force_value is not None and arr.bf16 and self.size > 1:
+            d = Decision(op, nbytes, self._force_value, "calibration")
         else:
             d = self.policy.decide(op, nbytes, dtype=None if arr.code is None else arr.dtype,
                                    device=arr.device, world=self.size)
@@ -554,8 +458,8 @@ class Communicator:
 
     # -- the collectives --------------------------------------------------------------------
     # Each one: look the call up by its key; an agreed native plan with a bound call is the
-    # whole call. Otherwise check, agree (``_prepare``) and run, binding the native call for
-    # next time where the transport can.
+    # whole call. Otherwise check (``args``), agree (``_prepare``) and run, binding the native
+    # call for next time where the transport can.
     def all_gather(self, send, recv, *, dtype: str | None = None, stream=None) -> None:
         """recv = concatenation over ranks (rank order) of every rank's ``send``.
 
@@ -566,17 +470,8 @@ class Communicator:
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
-
-        def check():
-            s = wrap(send, dtype, "send")
-            r = wrap(recv, dtype, "recv", writable=True)
-            check_pair(s, r)
-            if r.size != self.size * s.size:
-                raise ValueError(f"recv holds {r.size} elements; all_gather of {s.size} per rank "
-                                 f"on {self.size} ranks needs {self.size * s.size}")
-            return (s.dtype, s.device, s.size), s.nbytes, (s, r)
-
-        plan, (s, r), st = self._prepare("all_gather", key, plan, check, st)
+        plan, (s, r), st = self._prepare("all_gather", key, plan,
+                                         lambda: all_gather_args(send, recv, dtype, self.size), st)
         eng, tr = self._route(s.device, st)
         if plan.compress:
             sdata = self._detached(eng, s.data, r.data)
@@ -584,15 +479,12 @@ class Communicator:
                                                 compress=True, stream=st, chunk=self._chunk_of(s),
                                                 channel=self._slots(eng, "all_gather", plan))
             return
-        if plan.stats is None:
-            raw = s.nbytes * (self.size - 1)
-            plan.stats = ExchangeStats(raw, raw)
         s8, r8 = byte_view(s.data), byte_view(r.data)
         in_place = ptr_range(s8)[0] == ptr_range(r8)[0] + self.rank * s.nbytes
-        if in_place or not overlap(s8, r8):  # NCCL's own in-place form, or no overlap
-            self._bind(key, plan, tr.bind_allgather(s8, r8, st))
-        tr.allgather(self._detached(eng, s8, r8), r8, st)
-        self.last_stats = plan.stats
+        # bound where NCCL's own in-place form applies, or where the buffers do not overlap
+        bound = tr.bind_allgather(s8, r8, st) if in_place or not overlap(s8, r8) else None
+        self._native(key, plan, s.nbytes * (self.size - 1), bound,
+                     lambda: tr.allgather(self._detached(eng, s8, r8), r8, st))
 
     def reduce_scatter(self, send, recv, op: str = "sum", *, dtype: str | None = None,
                        stream=None) -> None:
@@ -608,23 +500,9 @@ class Communicator:
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
-
-        def check():
-            s = wrap(send, dtype, "send")
-            r = wrap(recv, dtype, "recv", writable=True)
-            check_pair(s, r)
-            if op not in REDUCE_OPS:
-                raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-            if s.bf16 and op != "sum":
-                raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
-            if op != "sum":  # zipccl computes sums only: any other op is the native one
-                s.code = r.code = None
-            if s.size != self.size * r.size:
-                raise ValueError(f"send holds {s.size} elements; reduce_scatter into {r.size} "
-                                 f"per rank on {self.size} ranks needs {self.size * r.size}")
-            return (s.dtype, s.device, r.size, op), s.nbytes, (s, r)
-
-        plan, (s, r), st = self._prepare("reduce_scatter", key, plan, check, st)
+        plan, (s, r), st = self._prepare(
+            "reduce_scatter", key, plan,
+            lambda: reduce_scatter_args(send, recv, op, dtype, self.size), st)
         eng, tr = self._route(s.device, st)
         if s.code is not None and (plan.compress or tr.name != "nccl"):
             sdata = self._detached(eng, s.data, r.data)
@@ -633,15 +511,13 @@ class Communicator:
                 stream=st, chunk=self._chunk_of(s),
                 channel=self._slots(eng, "reduce_scatter", plan) if plan.compress else None)
             return
-        if plan.stats is None:
-            raw = s.nbytes - r.nbytes
-            plan.stats = ExchangeStats(raw, raw)
         kind = "bfloat16" if s.bf16 else None
         in_place = ptr_range(s.data)[0] + self.rank * r.nbytes == ptr_range(r.data)[0]
-        if in_place or not overlap(s.data, r.data):  # NCCL's own in-place form, or no overlap
-            self._bind(key, plan, tr.bind_reduce_scatter(s.data, r.data, op, st, dtype=kind))
-        tr.reduce_scatter(self._detached(eng, s.data, r.data), r.data, op, st, dtype=kind)
-        self.last_stats = plan.stats
+        # bound where NCCL's own in-place form applies, or where the buffers do not overlap
+        bound = (tr.bind_reduce_scatter(s.data, r.data, op, st, dtype=kind)
+                 if in_place or not overlap(s.data, r.data) else None)
+        self._native(key, plan, s.nbytes - r.nbytes, bound, lambda: tr.reduce_scatter(
+            self._detached(eng, s.data, r.data), r.data, op, st, dtype=kind))
 
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, *,
                    dtype: str | None = None, stream=None) -> None:
@@ -653,131 +529,28 @@ class Communicator:
         (elements per source) may be given or left for zipccl to derive from the
         other ranks' ``send_counts``. The count matrix is exchanged (one control row)
         on every call, except on device arrays with both counts given: then only the
-        first call of a dtype exchanges it (see the module docstring, 5.).
+        first call of a dtype exchanges it (see ``agreement``'s module docstring, 5.).
         """
         p = self.size
         if send_counts is not None or recv_counts is not None:
-            self._all_to_all_counts(send, recv, send_counts, recv_counts, dtype, stream)
-            return
+            return self._all_to_all_counts(send, recv, send_counts, recv_counts, dtype, stream)
         key, st = call_key("all_to_all", send, recv, dtype, stream)
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
-
-        def check():
-            s = wrap(send, dtype, "send")
-            r = wrap(recv, dtype, "recv", writable=True)
-            check_pair(s, r)
-            if s.size % p or r.size != s.size:
-                raise ValueError(f"all_to_all without counts needs send and recv of equal size "
-                                 f"divisible by {p}; got {s.size} and {r.size}")
-            return (s.dtype, s.device, s.size), s.nbytes, (s, r)
-
-        plan, (s, r), st = self._prepare("all_to_all", key, plan, check, st)
-        b = s.size // p
+        plan, (s, r), st = self._prepare("all_to_all", key, plan,
+                                         lambda: all_to_all_args(send, recv, dtype, p), st)
         if plan.compress:
+            b = s.size // p
             self._run_all_to_all(s, r, [b] * p, [b] * p, b if p > 1 else 0, plan, st, True)
             return
         eng, tr = self._route(s.device, st)
-        if plan.stats is None:
-            raw = s.nbytes - s.nbytes // p
-            plan.stats = ExchangeStats(raw, raw)
         s8, r8 = byte_view(s.data), byte_view(r.data)
         c = [s.nbytes // p] * p
-        if not overlap(s8, r8):
-            self._bind(key, plan, tr.bind_alltoallv(s8, c, offsets(c), r8, c, offsets(c), st))
-        tr.alltoallv(self._detached(eng, s8, r8), c, offsets(c), r8, c, offsets(c), st)
-        self.last_stats = plan.stats
-
-    def _all_to_all_counts(self, send, recv, send_counts, recv_counts, dtype, stream) -> None:
-        """all_to_all with per-peer counts: the count matrix travels in the control row."""
-        p = self.size
-        if self.comm is None:
-            raise CollectiveError("zipccl all_to_all: the communicator is closed")
-        err, extra = None, []
-        try:
-            s = wrap(send, dtype, "send")
-            r = wrap(recv, dtype, "recv", writable=True)
-            check_pair(s, r)
-            if send_counts is None:
-                raise ValueError("recv_counts given without send_counts")
-            sc = int_list(send_counts, p, "send_counts")
-            rc = None if recv_counts is None else int_list(recv_counts, p, "recv_counts")
-            if sum(sc) != s.size:
-                raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
-            if rc is not None and sum(rc) != r.size:
-                raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
-            extra = [*sc, *(rc if rc is not None else [-1] * p), r.size]
-            sig = ("all_to_all", s.dtype, s.device, "per-peer counts", self._settings_text)
-        except (TypeError, ValueError) as e:
-            err, sig = str(e), None
-        if err is not None and self._a2a_decisions and self.verify == "first":
-            # peers may be in a call that makes no host exchange (5.): raise here alone, as
-            # NCCL returns an invalid argument to the rank that passed it
-            raise CollectiveError(f"zipccl all_to_all: {err}")
-        known = self._a2a_decisions.get(sig) if err is None and rc is not None and s.device else None
-        if known is not None and self.verify == "first":
-            # both count lists given and the decision agreed: no host exchange (module docstring, 5.)
-            self.last_decision = known
-            st = call_stream(s, stream)
-            if s.code is not None and known.compress:
-                self._run_all_to_all(s, r, sc, rc, None, _Plan(sig, 0, known, True), st, False)
-                return
-            self._native_all_to_all(s, r, sc, rc, st)
-            return
-        table = self._control("all_to_all", _sig_hash(sig) if sig else 0, err, extra,
-                              describe=f"all_to_all({sig[1]}, {sig[2]}, per-peer counts)"
-                              if sig else "all_to_all(invalid arguments)")
-        extras = table[:, :2 * p + 1].copy()
-        # Cross-rank consistency, computed identically on every rank.
-        matrix = [[int(c) for c in row[:p]] for row in extras]
-        problems = []
-        for i, row in enumerate(extras):
-            rc = None if row[p] < 0 else [int(c) for c in row[p:2 * p]]
-            rsize = int(row[2 * p])
-            column = [matrix[j][i] for j in range(p)]
-            if rc is None:
-                if sum(column) != rsize:
-                    problems.append(f"rank {i}: recv holds {rsize} elements, peers send {sum(column)}")
-            elif rc != column:
-                problems.append(f"rank {i}: recv_counts {rc} but peers send {column}")
-        if problems:
-            raise CollectiveError("zipccl all_to_all: " + "; ".join(problems))
-        my_recv_counts = [matrix[j][self.rank] for j in range(p)]
-        itemsize = s.data.itemsize
-        mean_bytes = itemsize * sum(sum(row) for row in matrix) // p
-        d = self._decide("all_to_all", mean_bytes, s)
-        if rc is not None and s.device:
-            if len(self._a2a_decisions) >= MAX_AGREED:
-                self._a2a_decisions.clear()
-            self._a2a_decisions[sig] = d  # every rank: the same table, the same decision
-        st = call_stream(s, stream)
-        if s.code is not None and d.compress:
-            largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
-            plan = _Plan(sig, 0, d, True)
-            self._run_all_to_all(s, r, matrix[self.rank], my_recv_counts, largest, plan, st, False)
-            return
-        self._native_all_to_all(s, r, matrix[self.rank], my_recv_counts, st)
-
-    def _native_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, st) -> None:
-        eng, tr = self._route(s.device, st)
-        itemsize = s.data.itemsize
-        sc = [itemsize * c for c in send_counts]
-        rc = [itemsize * c for c in recv_counts]
-        s8, r8 = byte_view(s.data), byte_view(r.data)
-        tr.alltoallv(self._detached(eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), st)
-        raw = sum(sc) - sc[self.rank]
-        self.last_stats = ExchangeStats(raw, raw)
-
-    def _run_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, largest: int | None,
-                        plan: _Plan, st, uniform: bool) -> None:
-        eng, tr = self._route(s.device, st)
-        sdata = self._detached(eng, s.data, r.data)
-        ch = self._slots(eng, "all_to_all", plan)
-        self.last_stats = all_to_all_values(eng, tr, sdata, r.data, send_counts, recv_counts,
-                                            compress=True, stream=st,
-                                            chunk=self._chunk_of(s) if largest is not None else 0,
-                                            max_count=largest, channel=ch, uniform=uniform)
+        bound = None if overlap(s8, r8) else tr.bind_alltoallv(s8, c, offsets(c), r8, c,
+                                                                offsets(c), st)
+        self._native(key, plan, s.nbytes - s.nbytes // p, bound, lambda: tr.alltoallv(
+            self._detached(eng, s8, r8), c, offsets(c), r8, c, offsets(c), st))
 
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
@@ -790,31 +563,83 @@ class Communicator:
         plan = self._plans.get(key)
         if plan is not None and plan.run is not None:
             return self._replay(plan)
-
-        def check():
-            b = wrap(buf, dtype, "buf", writable=True)
-            if op not in REDUCE_OPS:
-                raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-            if b.bf16 and op != "sum":
-                raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
-            if op != "sum":
-                b.code = None
-            return (b.dtype, b.device, b.size, op), b.nbytes, b
-
-        plan, b, st = self._prepare("all_reduce", key, plan, check, st)
+        plan, b, st = self._prepare("all_reduce", key, plan,
+                                    lambda: all_reduce_args(buf, op, dtype), st)
         eng, tr = self._route(b.device, st)
         if b.code is not None and (plan.compress or tr.name != "nccl"):
             self.last_stats = all_reduce_values(
                 eng, tr, b.data, compress=plan.compress, stream=st, chunk=self._chunk_of(b),
                 channel=self._slots(eng, "all_reduce", plan) if plan.compress else None)
             return
-        if plan.stats is None:
-            raw = 2 * b.nbytes * (self.size - 1) // self.size
-            plan.stats = ExchangeStats(raw, raw)
         kind = "bfloat16" if b.bf16 else None
-        self._bind(key, plan, tr.bind_allreduce(b.data, op, st, dtype=kind))
-        tr.allreduce(b.data, op, st, dtype=kind)
-        self.last_stats = plan.stats
+        self._native(key, plan, 2 * b.nbytes * (self.size - 1) // self.size,
+                     tr.bind_allreduce(b.data, op, st, dtype=kind),
+                     lambda: tr.allreduce(b.data, op, st, dtype=kind))
+
+    # -- all-to-all with per-peer counts (``agreement``'s module docstring, 5.) -------------
+    def _all_to_all_counts(self, send, recv, send_counts, recv_counts, dtype, stream) -> None:
+        """all_to_all with per-peer counts: the count matrix travels in the control row."""
+        p, agreement = self.size, self._agreement
+        if self.comm is None:
+            raise CollectiveError("zipccl all_to_all: the communicator is closed")
+        err, extra = None, []
+        try:
+            s, r, sc, rc, extra = counts_args(send, recv, send_counts, recv_counts, dtype, p)
+            sig = ("all_to_all", s.dtype, s.device, "per-peer counts", agreement.settings)
+        except (TypeError, ValueError) as e:
+            err, sig = str(e), None
+        if err is not None and agreement.decisions and self.verify == "first":
+            # peers may be in a call that makes no host exchange (5.): raise here alone, as
+            # NCCL returns an invalid argument to the rank that passed it
+            raise CollectiveError(f"zipccl all_to_all: {err}")
+        known = agreement.decisions.get(sig) if err is None and rc is not None and s.device else None
+        if known is not None and self.verify == "first":
+            # both count lists given and the decision agreed: no host exchange (5.)
+            self.last_decision = known
+            return self._counts_call(s, r, sc, rc, None, sig, known, stream)
+        table = agreement.control("all_to_all", sig_hash(sig) if sig else 0, err, extra,
+                                  describe=f"all_to_all({sig[1]}, {sig[2]}, per-peer counts)"
+                                  if sig else "all_to_all(invalid arguments)")
+        matrix = count_matrix(table, p)  # every rank: the same table, the same checks
+        # whether the last rank gave recv_counts: read from the table, the same on every rank
+        last_gave_recv_counts = table[p - 1, p] >= 0
+        d = self._decide("all_to_all", s.data.itemsize * sum(map(sum, matrix)) // p, s)
+        if last_gave_recv_counts and s.device:
+            agreement.keep_decision(sig, d)  # every rank: the same table, the same decision
+        largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
+        self._counts_call(s, r, matrix[self.rank], [matrix[j][self.rank] for j in range(p)],
+                          largest, sig, d, stream)
+
+    def _counts_call(self, s: Arr, r: Arr, send_counts, recv_counts, largest: int | None,
+                     sig: tuple, d: Decision, stream) -> None:
+        """Run a per-peer-count all-to-all as ``d`` decided (``largest``: the largest message
+        between two ranks, None where it is not known)."""
+        st = call_stream(s, stream)
+        if s.code is not None and d.compress:
+            self._run_all_to_all(s, r, send_counts, recv_counts, largest, Plan(sig, 0, d, True),
+                                 st, False)
+        else:
+            self._native_all_to_all(s, r, send_counts, recv_counts, st)
+
+    def _native_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, st) -> None:
+        eng, tr = self._route(s.device, st)
+        itemsize = s.data.itemsize
+        sc = [itemsize * c for c in send_counts]
+        rc = [itemsize * c for c in recv_counts]
+        s8, r8 = byte_view(s.data), byte_view(r.data)
+        tr.alltoallv(self._detached(eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), st)
+        raw = sum(sc) - sc[self.rank]
+        self.last_stats = ExchangeStats(raw, raw)
+
+    def _run_all_to_all(self, s: Arr, r: Arr, send_counts, recv_counts, largest: int | None,
+                        plan: Plan, st, uniform: bool) -> None:
+        eng, tr = self._route(s.device, st)
+        sdata = self._detached(eng, s.data, r.data)
+        ch = self._slots(eng, "all_to_all", plan)
+        self.last_stats = all_to_all_values(eng, tr, sdata, r.data, send_counts, recv_counts,
+                                            compress=True, stream=st,
+                                            chunk=self._chunk_of(s) if largest is not None else 0,
+                                            max_count=largest, channel=ch, uniform=uniform)
 
     @staticmethod
     def _detached(eng, send, recv):
