@@ -54,8 +54,9 @@ zipccl checks this without paying for it on every call:
    left out (this rank's receive counts are the other ranks' send counts). On device
    arrays with ``recv_counts`` given, as NCCL and MPI's all-to-all-v take them, a
    call makes no host exchange once its decision is agreed: the first such call of
-   a dtype exchanges the matrix and agrees the decision (the policy's, on the mean
-   message size), later calls keep it, and counts that disagree between ranks are
+   a dtype, on which every rank gives ``recv_counts``, exchanges the matrix and agrees
+   the decision (the policy's, on the mean message size), later calls keep it (every
+   rank must then keep giving them, or none), and counts that disagree between ranks are
    found in the slot headers (a sticky error, as in 3.) or, like NCCL's, not at all
    (a rank that expects more from itself than it sends raises alone; a native call
    with mismatched counts is the caller's mistake, as with NCCL).

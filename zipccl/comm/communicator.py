@@ -601,10 +601,11 @@ class Communicator:
                                   describe=f"all_to_all({sig[1]}, {sig[2]}, per-peer counts)"
                                   if sig else "all_to_all(invalid arguments)")
         matrix = count_matrix(table, p)  # every rank: the same table, the same checks
-        # whether the last rank gave recv_counts: read from the table, the same on every rank
-        last_gave_recv_counts = table[p - 1, p] >= 0
+        # kept for later calls only if every rank gave recv_counts (read from the table: the
+        # same on every rank); a later call takes the host-free path only where it gives them
+        every_rank_gave = bool((table[:, p] >= 0).all())
         d = self._decide("all_to_all", s.data.itemsize * sum(map(sum, matrix)) // p, s)
-        if last_gave_recv_counts and s.device:
+        if every_rank_gave and s.device:
             agreement.keep_decision(sig, d)  # every rank: the same table, the same decision
         largest = max([matrix[i][j] for i in range(p) for j in range(p) if i != j] + [0])
         self._counts_call(s, r, matrix[self.rank], [matrix[j][self.rank] for j in range(p)],
