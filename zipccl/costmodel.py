@@ -151,7 +151,7 @@ class Exchange:
 
     A call costs ``fixed_s`` once, then ``rounds(message)`` rounds of at most
     ``chunk_bytes`` of every message each (0: one round); every round has a host
-    stage of ``round_s`` (reading frame lengths, posting the transfer) beside the
+    stage of ``round_s`` (planning the round, posting the transfer and spill kernels) beside the
     encode, transfer and decode stages. With ``overlap`` (device streams) the
     rounds' stages overlap (``pipelined``); without (host codec) they run one after
     another.

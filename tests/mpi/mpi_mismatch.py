@@ -219,8 +219,8 @@ def test_counts_that_differ(comm):
 # -- what an agreed call costs ----------------------------------------------------------------
 
 def counting(c):
-    counts = {"control": 0, "lengths": 0, "flags": 0}
-    real = c.mpi.allgather_ints, c.mpi.exchange_lengths, c.mpi.any_flag
+    counts = {"control": 0, "flags": 0}
+    real = c.mpi.allgather_ints, c.mpi.any_flag
 
     def wrap(name, f):
         def g(*a, **k):
@@ -229,8 +229,7 @@ def counting(c):
         return g
 
     c.mpi.allgather_ints = wrap("control", real[0])
-    c.mpi.exchange_lengths = wrap("lengths", real[1])
-    c.mpi.any_flag = wrap("flags", real[2])
+    c.mpi.any_flag = wrap("flags", real[1])
     return counts
 
 
@@ -245,8 +244,8 @@ def test_an_agreed_call_costs_no_extra_exchange(policy):
             counts[k] = 0
         c.all_gather(x, out)
         if policy == "never":
-            assert first == {"control": 1, "lengths": 0, "flags": 0}
-            assert counts == {"control": 0, "lengths": 0, "flags": 0}  # nothing but the payload
-        else:  # host arrays: the control row, then the slots (no lengths, no final agreement)
-            assert counts == first == {"control": 1, "lengths": 0, "flags": 0}
+            assert first == {"control": 1, "flags": 0}
+            assert counts == {"control": 0, "flags": 0}  # nothing but the payload
+        else:  # host arrays: the control row, then the slots (no final agreement)
+            assert counts == first == {"control": 1, "flags": 0}
         assert np.array_equal(out.view(np.uint16), np.concatenate(WORLD.allgather(x.view(np.uint16))))

@@ -169,27 +169,6 @@ class Transport:
         self.comm.Allreduce(mine[:1], mine[1:], op=MPI.MAX)
         return bool(mine[1])
 
-    def exchange_lengths(self, rows, *, reduce: bool) -> np.ndarray:
-        """One round's frame lengths (and error flags), host ints over MPI.
-
-        ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of
-        each. Otherwise ``rows[j]`` is [length of the frame for rank j, flag];
-        returns row i = what rank i sent here. Every rank calls it once per round.
-
-        >>> from mpi4py import MPI
-        >>> Transport(MPI.COMM_SELF).exchange_lengths([[5, 0]], reduce=False).tolist()
-        [[5, 0]]
-        """
-        from mpi4py import MPI
-
-        mine = np.asarray(rows, dtype=np.int64)
-        out = np.empty_like(mine)
-        if reduce:
-            self.comm.Allreduce(mine, out, op=MPI.MAX)
-        else:
-            self.comm.Alltoall(mine, out)
-        return out
-
     def _flag_buffers(self) -> np.ndarray:
         buf = getattr(self, "_flags", None)
         if buf is None:

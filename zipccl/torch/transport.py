@@ -181,21 +181,6 @@ class ProcessGroupTransport(Transport):
     def _ints(self, a) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
 
-    def exchange_lengths(self, rows, *, reduce: bool) -> np.ndarray:
-        """One round's frame lengths and error flags (the pipelined exchange's host exchange).
-
-        ``reduce``: ``rows`` is [length, flag]; returns the maximum over ranks of each.
-        Otherwise ``rows[j]`` is [length of the frame for rank j, flag]; returns row i =
-        what rank i sent here.
-        """
-        t = self._ints(rows)
-        if reduce:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-            return t.cpu().numpy()
-        out = torch.empty_like(t)
-        dist.all_to_all_single(out, t, group=self.group)
-        return out.cpu().numpy()
-
     def allgather_ints(self, row: np.ndarray, table: np.ndarray) -> None:
         """table[i] = rank i's ``row`` (int64; ``table`` is (size, row.size))."""
         out = torch.empty(table.size, dtype=torch.int64, device=self.device)
