@@ -100,6 +100,7 @@ def _gloo_ranks(cmds: list[list[str]], tmp_path) -> list[str]:
     return outs
 
 
+@pytest.mark.slow  # four gloo ranks: the slow tier (CI runs it after make test)
 def test_torch_channel_over_a_subgroup_needs_only_its_ranks(tmp_path):
     """Two channels over the subgroup {0, 1} of 4 gloo ranks, made by ranks 0 and 1 alone."""
     pytest.importorskip("torch")
