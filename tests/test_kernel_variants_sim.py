@@ -1,4 +1,4 @@
-"""Experimental kernel versions (experiments/kernels/v6*.py) under Numba's CUDA simulator.
+"""Experimental kernel versions (experiments/kernels/v6*.py, v7*.py) under Numba's CUDA simulator.
 
 A variant is timed on a GPU only after it decodes every buffer it is timed on bit for bit (an
 encoder: writes the library's frame for it); this module checks the same on small frames without
@@ -41,3 +41,25 @@ def test_v6b_encoder_writes_the_library_frames():
     import v6b_encode
 
     assert v6b_encode.check_sim(v6b_encode.launch, "v6b", [2, 9]) == 0
+
+
+@long_under_simulator
+@simulator_only
+def test_v7a_fp16_tile_decoder_matches_the_library():
+    """v7a (the FP16 decoder on the tile structure) decodes reference FP16 frames bit for bit as
+    the library's decoder does, and sets the library's error bits on corrupted frames."""
+    sys.path.insert(0, str(KERNELS))
+    import v7a_decode16
+
+    assert v7a_decode16.check_sim([2, 9]) == 0
+
+
+@long_under_simulator
+@simulator_only
+def test_v7b_fp32_pair_encoder_writes_the_library_frames():
+    """v7b (FP32, two tiles a ticket): the library's and the reference's FP32 frames, byte for
+    byte, with an odd and an even number of tiles."""
+    sys.path.insert(0, str(KERNELS))
+    import v7b_encode32
+
+    assert v7b_encode32.check_sim([2, 9, 13]) == 0

@@ -56,6 +56,32 @@ def same_frames(cp, fmt, got, want) -> bool:
     return True
 
 
+def first_frame_equal(cp, stream, label, calls, frame, want, codec) -> bool:
+    """Run ``calls`` on ``stream``; the first buffer set's frame equals ``want`` (``codec``'s)."""
+    for c in calls:
+        c()
+    stream.synchronize()
+    ok = bool(np.array_equal(cp.asnumpy(frame[:want.size]), want))
+    said = "equals" if ok else "DIFFERS from"
+    print(f"{label}: library frame {said} the {codec.__name__} frame", flush=True)
+    return ok
+
+
+def decodes_exactly(cp, stream, name, calls, outs, bits, ws) -> bool:
+    """Run the decoder ``calls`` into the zeroed ``outs``: every one equals its ``bits`` bit for bit
+    and the workspace ``ws`` holds no error bits."""
+    for o in outs:
+        o.fill(0)
+    for c in calls:
+        c()
+    stream.synchronize()
+    err = ws.last_error(stream)
+    ok = err == 0 and all(bool(cp.array_equal(o, b)) for o, b in zip(outs, bits, strict=True))
+    said = "bit exact on every buffer set" if ok else f"output differs (error bits {err}); not timed"
+    print(f"  {name}: {said}", flush=True)
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256, 1024])
@@ -119,26 +145,10 @@ def main(argv=None) -> int:
             record(name, dtype, mib, n, nbytes, sets, timer.eager(calls, iters)[0], ratio, checked, "eager")
 
     def first_frame_ok(label, calls, frame, want, codec) -> bool:
-        """Run ``calls``; the first buffer set's frame equals ``want`` (``codec``'s)."""
-        for c in calls:
-            c()
-        stream.synchronize()
-        ok = bool(np.array_equal(cp.asnumpy(frame[:want.size]), want))
-        print(f"{label}: library frame {'equals' if ok else 'DIFFERS from'} the {codec.__name__} frame",
-              flush=True)
-        return ok
+        return first_frame_equal(cp, stream, label, calls, frame, want, codec)
 
     def decoded(name, calls, outs, bits, ws) -> bool:
-        for o in outs:
-            o.fill(0)
-        for c in calls:
-            c()
-        stream.synchronize()
-        err = ws.last_error(stream)
-        ok = err == 0 and all(bool(cp.array_equal(o, b)) for o, b in zip(outs, bits, strict=True))
-        if not ok:
-            print(f"  {name}: output differs (error bits {err}); not timed", flush=True)
-        return ok
+        return decodes_exactly(cp, stream, name, calls, outs, bits, ws)
 
     for mib in args.sizes_mib:
         nbytes = int(mib * MiB)

@@ -42,3 +42,26 @@ def check_frames(name: str, inputs, reference, library, variant) -> int:
             print(f"{name} {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
                   f"(raw: {fmt.parse_header(want).raw})", flush=True)
     return 1 if bad else 0
+
+
+def float_inputs(sizes_k, np_float, edge, every: int, seed: int):
+    """(name, bit patterns) of a variant's simulator checks for FP16 or FP32 (``np_float``): at each
+    size (k * 1024 values, odd k plus a few, so that the last tile is partial) N(0, 0.02) with the
+    ``edge`` patterns (±0, ±inf, NaNs, subnormals, ...) and an escape in every tile; the same with
+    every ``every``-th value random bits (escape-heavy); random bits (a RAW frame) at the first size."""
+    bits = np.uint16 if np_float == np.float16 else np.uint32
+    rng = np.random.default_rng(seed)
+    edge = np.array(edge, bits)
+    inf = 0x7C00 if bits == np.uint16 else 0x7F800000
+    top = 1 << (8 * np.dtype(bits).itemsize)
+    for k in sizes_k:
+        n = int(k * 1024) + (3 if int(k) % 2 else 0)
+        x = rng.normal(0, 0.02, n).astype(np_float).view(bits)
+        x[::613] = inf
+        x[3:3 + edge.size] = edge[: max(0, min(edge.size, n - 3))]
+        yield f"n={n} gaussian", x
+        y = x.copy()
+        y[::every] = rng.integers(0, top, y[::every].size, dtype=np.uint64).astype(bits)
+        yield f"n={n} escape-heavy", y
+        if k == sizes_k[0]:
+            yield f"n={n} random (RAW)", rng.integers(0, top, n, dtype=np.uint64).astype(bits)
