@@ -67,7 +67,8 @@ def main() -> None:
             if verify == "always":
                 row = np.zeros(4 + 2 * p, np.int64)
                 table = np.zeros((p, row.size), np.int64)
-                med, all_t = median_of(args.repeats, lambda c=c: c.mpi.allgather_ints(row, table),
+                med, all_t = median_of(args.repeats,
+                                       lambda c=c, row=row, table=table: c.mpi.allgather_ints(row, table),
                                        args.calls, comm=world)
                 records.append({**base, "what": "control_row", "verify": verify,
                                 "us_per_call": 1e6 * med,
