@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks of one session on a 2-GPU machine, in order of priority;
+# The GPU checks and benchmarks of one run on a 2-GPU machine, in order of priority;
 # every result file goes to $1 (default: experiments/results/new). Each step is bounded.
 set -u
 OUT=${1:?usage: run_gpu_suite.sh OUTDIR}

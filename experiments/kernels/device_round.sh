@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device session of the kernel work (issue 13): Nsight Compute profiles, v5 against v4,
+# One device run of the kernel work (issue 13): Nsight Compute profiles, v5 against v4,
 # zipccl against its peers. Results to $1. Needs the nvCOMP wheels installed (PYTHONPATH)
 # and .peers/ (DietGPU library, checkpoint bits); see experiments/README.md.
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device session of the kernel rounds, on one GPU with CuPy (v6_bench.py and v7_bench.py check
+# One device run of the kernel rounds, on one GPU with CuPy (v6_bench.py and v7_bench.py check
 # every buffer bit for bit before they time it): this tree's library kernels (BF16 and FP16; graph
 # replay and eager; the public compress / decompress), v6a, v6b and the one-tile-a-ticket encoder,
 # then the library's BF16 kernels of a base tree (BASE, a commit, its zipccl/ taken with git
