@@ -289,7 +289,7 @@ class Collectives:
         self.last_decision = None
         self._host: HostEngine | None = None
         self._device: dict[int, object] = {}
-        self._routes: dict[tuple, tuple] = {}
+        self._routes: dict[tuple, ProcessGroupTransport] = {}
         self._channels: dict[tuple, object] = {}
         self._uneven: dict[tuple, object] = {}  # auto's agreed decision for uneven all-to-alls
         _LIVE.add(self)
@@ -480,11 +480,10 @@ class Collectives:
                 raw, async_op)
         eng, tr, stream = self._route(group, input)
         send = input.clone() if _overlaps(input, output) else input
-        largest, chunk = None, self._chunk_of(send)
-        if uneven:
-            chunk = 0  # the slot exchange in one round: no rank needs the others' largest message
+        # uneven: the slot exchange in one round, so no rank needs the others' largest message
+        chunk = 0 if uneven else self._chunk_of(send)
         ex = all_to_all_values(eng, tr, self._bits(send), self._bits(output), sc, rc,
-                             compress=True, stream=stream, chunk=chunk, max_count=largest,
+                             compress=True, stream=stream, chunk=chunk,
                              channel=self._channel(group, send),
                              uniform=not uneven)
         self.stats.add(True, ex, "all_to_all")

@@ -14,9 +14,11 @@ the bytes must follow (the caller's stream, or the pipeline's transfer stream);
 the transport makes it torch's current stream for the duration of the call, so
 encode -> transfer -> decode stay in order without a host synchronisation.
 
-``GroupAgreement`` is the ``agree`` callable the collectives need (every rank
-raises the same ``CollectiveError`` if any rank reports a problem): one small
-MAX all-reduce on the group, the messages travel only on failure.
+``GroupAgreement`` makes every rank raise the same ``CollectiveError`` if any rank
+reports a problem (one small MAX all-reduce on the group; the messages travel only on
+failure). It waits on the host, so zipccl's collectives no longer use it (their errors
+travel in the slot headers and the error word); it stays for callers that want such a
+check at a point of their choosing.
 
 This module imports torch: it is loaded only by ``zipccl.torch``.
 """
