@@ -1,11 +1,12 @@
 """The codec kernels' launches for Nsight Compute: per size, one encode and one decode of
 N(0, 0.02) BF16 data through the library's plans (``codec.gpu.encode_into`` /
 ``decode_into``, no checksum), each twice (the first call compiles and loads; both are
-profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more.
+profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more, with
+``--v7c BLOCKS`` the v7c decoder (its scan and tile kernels) twice on the same frame.
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats --section LaunchStats \\
-        --section MemoryWorkloadAnalysis -k regex:'(en|de)code_' \\
+        --section MemoryWorkloadAnalysis -k regex:'(en|de)code_|scan_counts' \\
         python experiments/kernels/profile_codec.py --sizes-mib 16 256
 
 ``experiments/kernels/profile_ncu.sh`` runs exactly that and writes the text reports.
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256])
     ap.add_argument("--v5", default=None, help="AHEAD:BLOCKS_PER_SM of a v5 encoder to launch too")
+    ap.add_argument("--v7c", type=int, default=None, help="BLOCKS_PER_SM of a v7c decoder to launch too")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -66,6 +68,17 @@ def main(argv=None) -> int:
             stream.synchronize()
             if not cp.array_equal(f2, frame):
                 raise SystemExit(f"{mib} MiB: v5 frame differs from v4's")
+        if args.v7c:
+            import v7c_decode as v7c
+
+            aux = cp.zeros(v7c.AUX_SIZE, cp.int64)
+            dec = v7c.decode_warps if args.v7c == v7c.BLOCKS else v7c.build(args.v7c)
+            o2 = cp.zeros_like(out)
+            for _ in range(2):
+                v7c.decode_frame(frame, n, ws, aux, o2, stream, kernel=dec, blocks_per_sm=args.v7c)
+            stream.synchronize()
+            if not cp.array_equal(o2, x) or ws.last_error(stream):
+                raise SystemExit(f"{mib} MiB: v7c output differs")
         print(f"{mib:g} MiB: {n} values, round trip exact, error bits {ws.last_error(stream)}",
               flush=True)
     return 0

@@ -1,14 +1,21 @@
-"""Check, then time, round 4's variants beside the library on one GPU: v7a and v7b.
+"""Check, then time, round 4's variants beside the library on one GPU: v7a, v7b and v7c.
 
 * **v7a** (``v7a_decode16.py``, FP16 decode on the tile structure), built with 8 and with 6
   resident blocks per multiprocessor: at each size N(0, 0.02²) FP16 data on the device, the
   library's frames (``encode_into``; the first checked byte for byte against the reference's up
   to 8 Mi values, the CPU codec's above); the library decoder and every v7a build must give every
   timed buffer set back bit for bit with no error bits before they are timed.
+* **v7c**'s FP32 build (6 resident blocks, as the library's FP32 decoder) on the library's
+  FP32 frames, beside the library's FP32 decoder, both checked bit for bit first.
 * **v7b** (``v7b_encode32.py``, FP32 encode with two tiles a ticket), built as the library's FP32
   encoder is (8 blocks, all loads of a tile first) and two other ways (``V7B``): the library's
   FP32 frames checked against the reference's / CPU codec's first, then every v7b build's frame
   equal to the library's on every timed buffer set.
+* **v7c** (``v7c_decode.py``, the BF16 decoder with a warp per tile and the escape prefixes from
+  a parallel scan of the stored counts), built with 8 and with 6 resident blocks per
+  multiprocessor: N(0, 0.02²) BF16 data (``harness.gaussian_bits`` on the device), the library's
+  frames (the first checked against the reference's / CPU codec's); the library decoder and
+  every v7c build must give every timed buffer set back bit for bit with no error bits.
 
 "All results match, starting benchmarks": a variant that fails a check is reported and not
 timed. Then device time per call: a replayed CUDA graph (median of ``--repeats``) and eager
@@ -47,6 +54,8 @@ from harness import append_records  # noqa: E402
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v7.jsonl"
 V7A = {"v7a decode (tiles, 8 blocks/SM)": 8, "v7a decode (tiles, 6 blocks/SM)": 6}
+V7C = {"v7c decode (a warp a tile, 8 blocks/SM)": 8, "v7c decode (a warp a tile, 6 blocks/SM)": 6}
+V7C32 = {"v7c decode (a warp a tile, 6 blocks/SM)": 6}
 V7B = {"v7b encode (pairs, 8 blocks, ahead 4)": (8, 4), "v7b encode (pairs, 8 blocks, ahead 1)": (8, 1),
        "v7b encode (pairs, 6 blocks, ahead 4)": (6, 4)}
 
@@ -75,13 +84,14 @@ def table(paths, since: str) -> None:
 
 
 def check_only(sizes_k) -> int:
-    """Both variants' simulator checks (NUMBA_ENABLE_CUDASIM=1)."""
+    """The variants' simulator checks (NUMBA_ENABLE_CUDASIM=1)."""
     import v6_sim
     import v7a_decode16
     import v7b_encode32
+    import v7c_decode
 
-    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s), __doc__,
-                           ["--sizes-k", *map(str, sizes_k)])
+    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s)
+                           | v7c_decode.check_sim(s), __doc__, ["--sizes-k", *map(str, sizes_k)])
 
 
 def _commit() -> str | None:
@@ -98,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="tree")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--check-only", action="store_true", help="the simulator checks of v7a and v7b")
+    ap.add_argument("--check-only", action="store_true", help="the simulator checks of the variants")
     ap.add_argument("--sizes-k", type=float, nargs="+", default=[2, 9], help="--check-only: Ki values")
     ap.add_argument("--table", action="store_true", help="print the table of saved records and stop")
     ap.add_argument("--since", default="", help="--table: first run_id to show")
@@ -119,6 +129,7 @@ def main(argv=None) -> int:
     import v6_bench
     import v7a_decode16 as v7a
     import v7b_encode32 as v7b
+    import v7c_decode as v7c
     from bench_codec import Timer, machine_info
 
     from zipccl import format as fmt
@@ -163,11 +174,43 @@ def main(argv=None) -> int:
     def decoded(name, calls, outs, bits, ws) -> bool:
         return v6_bench.decodes_exactly(cp, stream, name, calls, outs, bits, ws)
 
+    from harness import gaussian_bits
+
+    cb16b = Codebook.from_sigma(0.02)
+    aux = cp.zeros(v7c.AUX_SIZE, cp.int64)
     for mib in args.sizes_mib:
         nbytes = int(mib * MiB)
         sets = max(1, min(16, math.ceil(256 * MiB / nbytes)))  # >= 256 MiB in all: no L2-resident reruns
         iters = max(2 * sets, min(200, int(8 * 1024 * MiB / nbytes)))
         ws = gpu.Workspace(nbytes // 2)
+
+        # ---- BF16 decode: the library's and v7c's, on the library's frames
+        n = nbytes // 2
+        codec = reference if n <= 8 * MiB else cpu
+        lay = fmt.Layout.for_count(n)
+        bits = [gaussian_bits(n, seed=300 + s, xp=cp, stream=stream) for s in range(sets)]
+        frames = [cp.zeros(fmt.max_compressed_size(n), cp.uint8) for _ in range(sets)]
+        outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
+        want = codec.encode(cp.asnumpy(bits[0]), cb16b, None, False)
+        enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16b, stream, workspace=w))
+               for b, f in zip(bits, frames, strict=True)]
+        if first_frame_ok(f"{mib:g} MiB BF16", enc, frames[0], want, codec):
+            ratio, chk = want.size / nbytes, codec.__name__
+            dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w))
+                   for f, o in zip(frames, outs, strict=True)]
+            if decoded("library BF16 decode", dec, outs, bits, ws):
+                timed("library decode", "bf16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
+            for name, bps in V7C.items():
+                handles = v7c.kernels(bps)
+                ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                               aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
+                      for f, o in zip(frames, outs, strict=True)]
+                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+                if decoded(name, calls, outs, bits, ws):
+                    timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                          blocks_per_sm=bps)
+        bits = frames = outs = enc = dec = calls = ps = None
+        cp.get_default_memory_pool().free_all_blocks()
 
         # ---- FP16 decode: the library's and v7a's, on the library's frames
         n = nbytes // 2
@@ -212,6 +255,24 @@ def main(argv=None) -> int:
         if first_frame_ok(f"{mib:g} MiB FP32", enc, frames[0], want, codec):
             ratio, chk = want.size / nbytes, codec.__name__
             timed("library encode", "fp32", "encode", enc, mib, n, nbytes, sets, iters, ratio, chk)
+            # FP32 decode: the library's and v7c's FP32 build, on these frames
+            outs = [cp.zeros(n, cp.float32) for _ in range(sets)]
+            dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w))
+                   for f, o in zip(frames, outs, strict=True)]
+            obits = [o.view(cp.uint32) for o in outs]  # compared as bit patterns
+            vbits = [v.view(cp.uint32) for v in vals]
+            if decoded("library FP32 decode", dec, obits, vbits, ws):
+                timed("library decode", "fp32", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
+            for name, bps in V7C32.items():
+                handles = v7c.kernels(bps, fp32=True)
+                ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                               aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
+                      for f, o in zip(frames, outs, strict=True)]
+                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+                if decoded(name, calls, obits, vbits, ws):
+                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                          blocks_per_sm=bps)
+            outs = obits = vbits = dec = None
             hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
             for name, (bps, ahead) in V7B.items():
