@@ -75,3 +75,14 @@ def test_v7c_warp_tile_decoder_matches_the_library():
     import v7c_decode
 
     assert v7c_decode.check_sim([2, 9]) == 0
+
+
+@long_under_simulator
+@simulator_only
+def test_v7d_register_patch_decoder_matches_the_library():
+    """v7d (v7c with the escapes patched in registers from bytes loaded ahead) decodes as the
+    library's decoder does, BF16 and FP32, and sets its error bits on corrupted frames."""
+    sys.path.insert(0, str(KERNELS))
+    import v7d_decode
+
+    assert v7d_decode.check_sim([2, 9]) == 0

@@ -2,7 +2,8 @@
 N(0, 0.02) BF16 data through the library's plans (``codec.gpu.encode_into`` /
 ``decode_into``, no checksum), each twice (the first call compiles and loads; both are
 profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more, with
-``--v7c BLOCKS`` the v7c decoder (its scan and tile kernels) twice on the same frame.
+``--v7c MODULE:BLOCKS`` (``v7c:8``, ``v7d:6``) that warp-a-tile decoder (its scan and tile
+kernels) twice on the same frame.
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats --section LaunchStats \\
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256])
     ap.add_argument("--v5", default=None, help="AHEAD:BLOCKS_PER_SM of a v5 encoder to launch too")
-    ap.add_argument("--v7c", type=int, default=None, help="BLOCKS_PER_SM of a v7c decoder to launch too")
+    ap.add_argument("--v7c", default=None, help="MODULE:BLOCKS_PER_SM of a v7c / v7d decoder to launch too")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -69,13 +70,16 @@ def main(argv=None) -> int:
             if not cp.array_equal(f2, frame):
                 raise SystemExit(f"{mib} MiB: v5 frame differs from v4's")
         if args.v7c:
+            import importlib
+
             import v7c_decode as v7c
 
+            mod, bps = args.v7c.split(":")
+            dec = importlib.import_module(f"{mod}_decode").build(int(bps))
             aux = cp.zeros(v7c.AUX_SIZE, cp.int64)
-            dec = v7c.decode_warps if args.v7c == v7c.BLOCKS else v7c.build(args.v7c)
             o2 = cp.zeros_like(out)
             for _ in range(2):
-                v7c.decode_frame(frame, n, ws, aux, o2, stream, kernel=dec, blocks_per_sm=args.v7c)
+                v7c.decode_frame(frame, n, ws, aux, o2, stream, kernel=dec, blocks_per_sm=int(bps))
             stream.synchronize()
             if not cp.array_equal(o2, x) or ws.last_error(stream):
                 raise SystemExit(f"{mib} MiB: v7c output differs")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on the codec kernels (profile_codec.py) at 16 and 256 MiB; text reports to $1
-# (the v5 encoder with $2 = AHEAD:BLOCKS, the v7c decoder with $3 = BLOCKS; "" skips v5).
+# (the v5 encoder with $2 = AHEAD:BLOCKS, a warp-a-tile decoder with $3 = MODULE:BLOCKS, e.g. v7d:6; "" skips v5).
 set -u
-OUT=${1:?usage: profile_ncu.sh OUTDIR [v5 AHEAD:BLOCKS] [v7c BLOCKS]}
+OUT=${1:?usage: profile_ncu.sh OUTDIR [v5 AHEAD:BLOCKS] [v7c MODULE:BLOCKS]}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 V5=${2:+--v5 $2}

@@ -1,21 +1,26 @@
-"""Check, then time, round 4's variants beside the library on one GPU: v7a, v7b and v7c.
+"""Check, then time, round 4's variants beside the library on one GPU: v7a, v7b, v7c, v7d.
 
 * **v7a** (``v7a_decode16.py``, FP16 decode on the tile structure), built with 8 and with 6
   resident blocks per multiprocessor: at each size N(0, 0.02²) FP16 data on the device, the
   library's frames (``encode_into``; the first checked byte for byte against the reference's up
   to 8 Mi values, the CPU codec's above); the library decoder and every v7a build must give every
   timed buffer set back bit for bit with no error bits before they are timed.
-* **v7c**'s FP32 build (6 resident blocks, as the library's FP32 decoder) on the library's
-  FP32 frames, beside the library's FP32 decoder, both checked bit for bit first.
 * **v7b** (``v7b_encode32.py``, FP32 encode with two tiles a ticket), built as the library's FP32
   encoder is (8 blocks, all loads of a tile first) and two other ways (``V7B``): the library's
   FP32 frames checked against the reference's / CPU codec's first, then every v7b build's frame
   equal to the library's on every timed buffer set.
-* **v7c** (``v7c_decode.py``, the BF16 decoder with a warp per tile and the escape prefixes from
-  a parallel scan of the stored counts), built with 8 and with 6 resident blocks per
-  multiprocessor: N(0, 0.02²) BF16 data (``harness.gaussian_bits`` on the device), the library's
-  frames (the first checked against the reference's / CPU codec's); the library decoder and
-  every v7c build must give every timed buffer set back bit for bit with no error bits.
+* **v7c** and **v7d** (``v7c_decode.py``, ``v7d_decode.py``: the BF16 decoder with a warp a
+  tile and the escape prefixes from a parallel scan of the stored counts; v7d with the escapes
+  patched in registers and the next quarter loaded round by round), v7c built with 8 and 6,
+  v7d with 8, 6 and 4 resident blocks per multiprocessor: N(0, 0.02²) BF16 data
+  (``harness.gaussian_bits`` on the device), the library's frames (the first compared with the
+  reference's / CPU codec's; if it differs that is said and recorded, and the decoders are still
+  checked against the input bits); the library decoder and every build must give every timed
+  buffer set back bit for bit with no error bits.
+* v7c's and v7d's FP32 builds (6 resident blocks, as the library's FP32 decoder) on the library's
+  FP32 frames, beside the library's FP32 decoder, both checked bit for bit first.
+
+``--skip fp16 v7b`` leaves out the FP16 decoders and the v7b encoders.
 
 "All results match, starting benchmarks": a variant that fails a check is reported and not
 timed. Then device time per call: a replayed CUDA graph (median of ``--repeats``) and eager
@@ -54,8 +59,14 @@ from harness import append_records  # noqa: E402
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v7.jsonl"
 V7A = {"v7a decode (tiles, 8 blocks/SM)": 8, "v7a decode (tiles, 6 blocks/SM)": 6}
-V7C = {"v7c decode (a warp a tile, 8 blocks/SM)": 8, "v7c decode (a warp a tile, 6 blocks/SM)": 6}
-V7C32 = {"v7c decode (a warp a tile, 6 blocks/SM)": 6}
+# warp-a-tile decoders: name -> (module, resident blocks per SM)
+V7C = {"v7c decode (a warp a tile, 8 blocks/SM)": ("v7c", 8),
+       "v7c decode (a warp a tile, 6 blocks/SM)": ("v7c", 6),
+       "v7d decode (escapes in registers, 8 blocks/SM)": ("v7d", 8),
+       "v7d decode (escapes in registers, 6 blocks/SM)": ("v7d", 6),
+       "v7d decode (escapes in registers, 4 blocks/SM)": ("v7d", 4)}
+V7C32 = {"v7c decode (a warp a tile, 6 blocks/SM)": ("v7c", 6),
+         "v7d decode (escapes in registers, 6 blocks/SM)": ("v7d", 6)}
 V7B = {"v7b encode (pairs, 8 blocks, ahead 4)": (8, 4), "v7b encode (pairs, 8 blocks, ahead 1)": (8, 1),
        "v7b encode (pairs, 6 blocks, ahead 4)": (6, 4)}
 
@@ -89,12 +100,20 @@ def check_only(sizes_k) -> int:
     import v7a_decode16
     import v7b_encode32
     import v7c_decode
+    import v7d_decode
 
     return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s)
-                           | v7c_decode.check_sim(s), __doc__, ["--sizes-k", *map(str, sizes_k)])
+                           | v7c_decode.check_sim(s) | v7d_decode.check_sim(s), __doc__,
+                           ["--sizes-k", *map(str, sizes_k)])
 
 
 def _commit() -> str | None:
+    """The commit of the tree that runs: ``ZIPCCL_COMMIT`` where the caller names it (a copied
+    tree's git metadata may be another's), else git's HEAD."""
+    import os
+
+    if os.environ.get("ZIPCCL_COMMIT"):
+        return os.environ["ZIPCCL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=HERE, check=True).stdout.strip() or None
@@ -110,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--check-only", action="store_true", help="the simulator checks of the variants")
     ap.add_argument("--sizes-k", type=float, nargs="+", default=[2, 9], help="--check-only: Ki values")
+    ap.add_argument("--skip", nargs="+", default=[], choices=["fp16", "v7b"],
+                    help="sections not to run: the FP16 decoders, the v7b encoders")
     ap.add_argument("--table", action="store_true", help="print the table of saved records and stop")
     ap.add_argument("--since", default="", help="--table: first run_id to show")
     ap.add_argument("--files", type=Path, nargs="+", default=[RESULTS.with_name("kernel_variants_v6.jsonl"),
@@ -130,6 +151,7 @@ def main(argv=None) -> int:
     import v7a_decode16 as v7a
     import v7b_encode32 as v7b
     import v7c_decode as v7c
+    import v7d_decode as v7d
     from bench_codec import Timer, machine_info
 
     from zipccl import format as fmt
@@ -191,55 +213,62 @@ def main(argv=None) -> int:
         bits = [gaussian_bits(n, seed=300 + s, xp=cp, stream=stream) for s in range(sets)]
         frames = [cp.zeros(fmt.max_compressed_size(n), cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
+        stream.synchronize()
         want = codec.encode(cp.asnumpy(bits[0]), cb16b, None, False)
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16b, stream, workspace=w))
                for b, f in zip(bits, frames, strict=True)]
+        # the decoders are checked against the input bits, so they are timed even if the library's
+        # frame is not the CPU codec's (said, and named in the records' "checked")
         if first_frame_ok(f"{mib:g} MiB BF16", enc, frames[0], want, codec):
-            ratio, chk = want.size / nbytes, codec.__name__
-            dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w))
-                   for f, o in zip(frames, outs, strict=True)]
-            if decoded("library BF16 decode", dec, outs, bits, ws):
-                timed("library decode", "bf16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, bps in V7C.items():
-                handles = v7c.kernels(bps)
-                ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                               aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
-                      for f, o in zip(frames, outs, strict=True)]
-                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                if decoded(name, calls, outs, bits, ws):
-                    timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                          blocks_per_sm=bps)
+            chk = codec.__name__
+        else:
+            chk = f"input bits (the library frame differs from the {codec.__name__} frame)"
+        ratio = v6_bench.frame_len(cp, fmt, frames[0]) / nbytes
+        dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w))
+               for f, o in zip(frames, outs, strict=True)]
+        if decoded("library BF16 decode", dec, outs, bits, ws):
+            timed("library decode", "bf16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
+        for name, (mod, bps) in V7C.items():
+            handles = (v7c if mod == "v7c" else v7d).kernels(bps)
+            ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                           aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
+                  for f, o in zip(frames, outs, strict=True)]
+            calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+            if decoded(name, calls, outs, bits, ws):
+                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                      blocks_per_sm=bps)
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
         # ---- FP16 decode: the library's and v7a's, on the library's frames
-        n = nbytes // 2
-        codec = reference if n <= 8 * MiB else cpu
-        lay = fmt.Layout.for_count(n, fmt.DTYPE_FP16)
-        rs = [cp.random.RandomState(100 + s) for s in range(sets)]
-        bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
-        frames = [cp.zeros(fmt.max_compressed_size(n, fmt.DTYPE_FP16), cp.uint8) for _ in range(sets)]
-        outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
-        want = codec.encode(cp.asnumpy(bits[0]), cb16, None, False, dtype="float16")
-        enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16, stream, workspace=w, dtype="float16"))
-               for b, f in zip(bits, frames, strict=True)]
-        if first_frame_ok(f"{mib:g} MiB FP16", enc, frames[0], want, codec):
-            ratio, chk = want.size / nbytes, codec.__name__
-            dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w, dtype="float16"))
-                   for f, o in zip(frames, outs, strict=True)]
-            if decoded("library FP16 decode", dec, outs, bits, ws):
-                timed("library decode", "fp16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, bps in V7A.items():
-                kern = v7a.kernel(bps)
-                ps = [v7a.plan(kern, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                               _common.CRC_ZERO, crc_ptr, crc.size)
-                      for f, o in zip(frames, outs, strict=True)]
-                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                if decoded(name, calls, outs, bits, ws):
-                    timed(name, "fp16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                          blocks_per_sm=bps)
-        bits = frames = outs = enc = dec = calls = ps = None
-        cp.get_default_memory_pool().free_all_blocks()
+        if "fp16" not in args.skip:
+            n = nbytes // 2
+            codec = reference if n <= 8 * MiB else cpu
+            lay = fmt.Layout.for_count(n, fmt.DTYPE_FP16)
+            rs = [cp.random.RandomState(100 + s) for s in range(sets)]
+            bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
+            frames = [cp.zeros(fmt.max_compressed_size(n, fmt.DTYPE_FP16), cp.uint8) for _ in range(sets)]
+            outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
+            want = codec.encode(cp.asnumpy(bits[0]), cb16, None, False, dtype="float16")
+            enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16, stream, workspace=w, dtype="float16"))
+                   for b, f in zip(bits, frames, strict=True)]
+            if first_frame_ok(f"{mib:g} MiB FP16", enc, frames[0], want, codec):
+                ratio, chk = want.size / nbytes, codec.__name__
+                dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w, dtype="float16"))
+                       for f, o in zip(frames, outs, strict=True)]
+                if decoded("library FP16 decode", dec, outs, bits, ws):
+                    timed("library decode", "fp16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
+                for name, bps in V7A.items():
+                    kern = v7a.kernel(bps)
+                    ps = [v7a.plan(kern, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                                   _common.CRC_ZERO, crc_ptr, crc.size)
+                          for f, o in zip(frames, outs, strict=True)]
+                    calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+                    if decoded(name, calls, outs, bits, ws):
+                        timed(name, "fp16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                              blocks_per_sm=bps)
+            bits = frames = outs = enc = dec = calls = ps = None
+            cp.get_default_memory_pool().free_all_blocks()
 
         # ---- FP32 encode: the library's and v7b's
         n = nbytes // 4
@@ -263,8 +292,8 @@ def main(argv=None) -> int:
             vbits = [v.view(cp.uint32) for v in vals]
             if decoded("library FP32 decode", dec, obits, vbits, ws):
                 timed("library decode", "fp32", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, bps in V7C32.items():
-                handles = v7c.kernels(bps, fp32=True)
+            for name, (mod, bps) in V7C32.items():
+                handles = (v7c if mod == "v7c" else v7d).kernels(bps, fp32=True)
                 ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
                                aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
                       for f, o in zip(frames, outs, strict=True)]
@@ -275,7 +304,7 @@ def main(argv=None) -> int:
             outs = obits = vbits = dec = None
             hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
-            for name, (bps, ahead) in V7B.items():
+            for name, (bps, ahead) in (V7B.items() if "v7b" not in args.skip else ()):
                 kern = v7b.kernel(bps, ahead)
                 ps = [v7b.plan(kern, dev, v.data.ptr, f.data.ptr, f.nbytes, ws.ptr, ws.count, lay, hdr,
                                crc_base, crc_ptr, crc.size, cb64, False)

@@ -6,11 +6,11 @@ decodes a quarter, then the block meets at two barriers (the warps' escape total
 look-back and next ticket) before any warp places its escapes. Here a warp takes a tile alone
 and decodes its 4 quarters one after the other, so no warp ever waits for another:
 
-1. ``scan_counts`` (one block per 4,096 tiles, 128 threads): the block loads its tiles' stored
-   counts (clamped to the tile's values, as the library's decoder clamps them) coalesced into
-   shared memory, each thread sums a contiguous run of 32, one block scan gives every tile's
-   exclusive prefix inside the block's chunk (written to the workspace's status word of the
-   tile), and the chunk's total goes to ``aux``. The last block to finish (a counter in
+1. ``scan_counts`` (one block per 4,096 tiles, 128 threads): each thread loads the stored
+   counts of a contiguous run of 32 tiles with 8 independent 16-byte loads (clamped to the
+   tile's values, as the library's decoder clamps them) and sums them, one block scan gives
+   every tile's exclusive prefix inside the block's chunk (written to the workspace's status
+   word of the tile), and the chunk's total goes to ``aux``. The last block to finish (a counter in
    ``aux``) scans the chunk totals into the chunks' exclusive prefixes. No block waits for
    another. The round-2 scan (``v6_scan.py``: one block, each thread walking 256 counts at
    1 GiB, twice) was the likely cause of v6a's loss, not the scanned prefixes themselves.
@@ -27,7 +27,7 @@ and decodes its 4 quarters one after the other, so no warp ever waits for anothe
 The frame and the output are the library's, bit for bit. Check under the CUDA simulator (the
 decoded values equal the input and the library decoder's; a frame with a wrong escape count or a
 flipped payload bit gets the library's error bits; the scan alone over several chunks, built
-with 1 count a thread, against NumPy)::
+with 4 counts a thread, against NumPy)::
 
     NUMBA_ENABLE_CUDASIM=1 python experiments/kernels/v7c_decode.py --sizes-k 9 20 33
 
@@ -128,18 +128,18 @@ def _block_scan(v, tid, part):
 
 
 def build_scan(rows: int = ROWS, fp32: bool = False):
-    """The chunk scan with ``rows`` counts a thread (a chunk: rows * 128 tiles), for BF16 frames
-    or (``fp32``) FP32 frames."""
+    """The chunk scan with ``rows`` counts a thread (a chunk: rows * 128 tiles; rows a multiple
+    of 4), for BF16 frames or (``fp32``) FP32 frames."""
+    assert rows % 4 == 0
     chunk = rows * TPB
+    quads = rows // 4
     magic = MAGIC_FP32 if fp32 else MAGIC_BF16
-    buf_size = chunk + TPB  # rows + 1 a thread: no bank conflicts
 
     @cuda.jit
     def scan_counts(f8, f32, f64, ws, aux, lay):
         """Status word t := tile t's exclusive escape prefix inside its chunk; aux: the chunks'
         totals, then (the last block) their exclusive prefixes (module docstring, 1.)."""
         n, _, _, counts_off, _, _, _, n_blocks = layout_fields(lay)
-        buf = cuda.shared.array(buf_size, dtype=np.int64)
         part = cuda.shared.array(8, dtype=np.int64)
         tid = np.int64(cuda.threadIdx.x)
         if tid == 0:
@@ -148,31 +148,26 @@ def build_scan(rows: int = ROWS, fp32: bool = False):
         cuda.syncthreads()
         if part[4] == 0:
             return  # the tile kernel writes nothing either; the finishing kernel reports it
-        base = np.int64(cuda.blockIdx.x) * chunk
-        for k in range(rows):
-            j = k * TPB + tid
-            t = base + j
-            v = np.int64(0)
-            if t < n_blocks:
-                lim = min(n - t * fmt.BLOCK, fmt.BLOCK)
-                v = min(np.int64(f32[(counts_off >> 2) + t]), lim)
-            buf[(j // rows) * (rows + 1) + j % rows] = v
-        cuda.syncthreads()
+        first = np.int64(cuda.blockIdx.x) * chunk + tid * rows  # this thread's tiles: first ..
+        last_lim = n - (n_blocks - 1) * fmt.BLOCK  # the values of the last tile
         s = np.int64(0)
-        for m in range(rows):
-            s += buf[tid * (rows + 1) + m]
+        for k in range(quads):  # independent 16-byte loads (the counts section is 128-aligned)
+            t = first + 4 * k
+            if t < n_blocks:
+                c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
+                s += _clamped(c0, t, n_blocks, last_lim) + _clamped(c1, t + 1, n_blocks, last_lim)
+                s += _clamped(c2, t + 2, n_blocks, last_lim) + _clamped(c3, t + 3, n_blocks, last_lim)
         excl, total = _block_scan(u32(s), tid, part)
         run = excl
-        for m in range(rows):
-            v = buf[tid * (rows + 1) + m]
-            buf[tid * (rows + 1) + m] = run
-            run += v
-        cuda.syncthreads()
-        for k in range(rows):
-            j = k * TPB + tid
-            t = base + j
+        for k in range(quads):  # the same words again (L1), now each tile's prefix stored
+            t = first + 4 * k
             if t < n_blocks:
-                ws[WS_STATUS + t] = buf[(j // rows) * (rows + 1) + j % rows]
+                c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
+                for j in range(4):
+                    c = c0 if j == 0 else (c1 if j == 1 else (c2 if j == 2 else c3))
+                    if t + j < n_blocks:
+                        ws[WS_STATUS + t + j] = run
+                        run += _clamped(c, t + j, n_blocks, last_lim)
         if tid == 0:
             aux[1 + cuda.blockIdx.x] = total
             cuda.threadfence()
@@ -198,6 +193,19 @@ def build_scan(rows: int = ROWS, fp32: bool = False):
             aux[0] = 0
 
     return scan_counts
+
+
+@dev
+def _clamped(c, t, n_blocks, last_lim):
+    """Tile t's stored count ``c`` clamped to its values (0 past the last tile)."""
+    v = np.int64(c)
+    if t >= n_blocks:
+        v = np.int64(0)
+    elif t == n_blocks - 1 and v > last_lim:
+        v = last_lim
+    elif v > fmt.BLOCK:
+        v = np.int64(fmt.BLOCK)
+    return v
 
 
 @dev
@@ -418,9 +426,12 @@ _A = launch_route.array
 _FRAME = (_A(np.uint8), _A(np.uint32), _A(np.int64))
 
 
-def kernels(blocks_per_sm: int = BLOCKS, fp32: bool = False):
-    """The lean route's handles (``launch.Kernel``) of the scan and a v7c build, for ``plan``."""
-    if fp32:
+def kernels(blocks_per_sm: int = BLOCKS, fp32: bool = False, dec=None):
+    """The lean route's handles (``launch.Kernel``) of the scan and a v7c build (or the tile
+    kernel ``dec`` with v7c's arguments), for ``plan``."""
+    if dec is not None:
+        pass
+    elif fp32:
         dec = decode_warps32 if blocks_per_sm == FP32_BLOCKS else build(blocks_per_sm, fp32=True,
                                                                         lo_ahead=decode.FP32_LO_AHEAD)
     else:
@@ -473,13 +484,13 @@ def decode_frame(frame, n: int, ws, aux, out=None, stream=None, dtype=fmt.DTYPE_
 
 
 def check_scan_sim() -> int:
-    """The scan alone, built with 1 count a thread (a chunk of 128 tiles), over 3 chunks and a
+    """The scan alone, built with 4 counts a thread (a chunk of 512 tiles), over 3 chunks and a
     part: every tile's prefix (chunk prefix + status word) equals NumPy's cumulative sum of the
     clamped stored counts, and the counter is back at 0."""
     from zipccl.codebook import Codebook
     from zipccl.codec import gpu, reference
 
-    n = 3 * 128 * fmt.BLOCK + 5 * fmt.BLOCK + 77
+    n = 3 * 512 * fmt.BLOCK + 5 * fmt.BLOCK + 77
     rng = np.random.default_rng(11)
     x = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     x[rng.integers(0, n, 2000)] = 0x7F80
@@ -490,18 +501,18 @@ def check_scan_sim() -> int:
     ws = gpu.Workspace(n)
     aux = np.zeros(AUX_SIZE, np.int64)
     nb = frame.size
-    scan1 = build_scan(1)
-    scan1[chunks(lay.n_blocks, 1), TPB](frame, frame[:nb // 4 * 4].view(np.uint32),
+    scan1 = build_scan(4)
+    scan1[chunks(lay.n_blocks, 4), TPB](frame, frame[:nb // 4 * 4].view(np.uint32),
                                         frame[:nb // 8 * 8].view(np.int64), ws.array, aux, layout_tuple(lay))
     t = np.arange(lay.n_blocks)
-    got = aux[1 + MAX_CHUNKS + (t >> 7)] + ws.array[WS_STATUS + t]
+    got = aux[1 + MAX_CHUNKS + (t >> 9)] + ws.array[WS_STATUS + t]
     ok = np.array_equal(got, want) and aux[0] == 0
     said = "ok" if ok else "DIFFERS"
-    print(f"v7c scan over {chunks(lay.n_blocks, 1)} chunks of 128 tiles: {said}", flush=True)
+    print(f"v7c scan over {chunks(lay.n_blocks, 4)} chunks of 512 tiles: {said}", flush=True)
     return 0 if ok else 1
 
 
-def check_sim(sizes_k) -> int:
+def check_sim(sizes_k, name: str = "v7c") -> int:
     """Simulator check: v7c decodes reference BF16 frames (with and without a checksum, an
     escape-heavy one, a RAW one) to the input bit for bit, as the library's decoder does, with no
     error bits; corrupted frames get the library's error bits; then ``check_scan_sim``."""
@@ -513,9 +524,9 @@ def check_sim(sizes_k) -> int:
 
     def both(frame, n):
         out = []
-        for name in ("library", "v7c"):
+        for which in ("library", name):
             ws = gpu.Workspace(max(n, 1))
-            if name == "library":
+            if which == "library":
                 got = np.zeros(n, np.uint16)
                 gpu.decode_into(frame, got, workspace=ws)
             else:
@@ -532,7 +543,7 @@ def check_sim(sizes_k) -> int:
             (lib, lib_err), (got, err) = both(frame, x.size)
             ok = err == 0 and lib_err == 0 and np.array_equal(got, x) and np.array_equal(lib, x)
             bad += not ok
-            print(f"v7c {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
+            print(f"{name} {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
                   f"(raw: {fmt.parse_header(frame).raw}, error bits {err}, library's {lib_err})", flush=True)
     x = inputs[0][1]
     frame = reference.encode(x, cb, None, True)
@@ -548,13 +559,13 @@ def check_sim(sizes_k) -> int:
         (lib, lib_err), (got, err) = both(f, x.size)
         ok = err == lib_err and err != 0
         bad += not ok
-        print(f"v7c corrupted ({label}): error bits {err}, library's {lib_err}: {'ok' if ok else 'DIFFERS'}",
-              flush=True)
-    bad += check_fp32_sim(sizes_k)
+        said = "ok" if ok else "DIFFERS"
+        print(f"{name} corrupted ({label}): error bits {err}, library's {lib_err}: {said}", flush=True)
+    bad += check_fp32_sim(sizes_k, name)
     return (1 if bad else 0) | check_scan_sim()
 
 
-def check_fp32_sim(sizes_k) -> int:
+def check_fp32_sim(sizes_k, name: str = "v7c") -> int:
     """The FP32 build: reference FP32 frames (gaussian with edge patterns, escape-heavy, RAW; with
     and without a checksum) decode to the input bit for bit, as the library's FP32 decoder's do."""
     from zipccl.codebook import Codebook
@@ -576,7 +587,7 @@ def check_fp32_sim(sizes_k) -> int:
             err = ws.last_error()
             ok = err == 0 and lib_err == 0 and np.array_equal(got, x) and np.array_equal(lib, x)
             bad += not ok
-            print(f"v7c FP32 {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
+            print(f"{name} FP32 {label} checksum={cs}: {'ok' if ok else 'DIFFERS'} "
                   f"(raw: {fmt.parse_header(frame).raw}, error bits {err}, library's {lib_err})", flush=True)
     return bad
 
