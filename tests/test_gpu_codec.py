@@ -225,6 +225,64 @@ def test_corrupted_frames_are_rejected_without_stray_writes(dev):
     assert err & c.ERR_HEADER
 
 
+def _decode_by(dev: Device, frame: np.ndarray, n: int, dtype: str, warps: bool) -> tuple[np.ndarray, int]:
+    """(output bits, error bits) of the block decoder (``warps`` False) or the warp-a-tile decoder
+    (``kernels.decode_warps``) forced, through the kernels' own launch functions."""
+    from zipccl.kernels import decode, decode_fp16, runtime
+
+    code = fmt.DTYPE_FP32 if dtype == "float32" else fmt.DTYPE_BF16
+    lay = fmt.Layout.for_count(n, code)
+    fb = dev.asarray(frame)
+    out = dev.full(n, 0, np.uint32 if code == fmt.DTYPE_FP32 else np.uint16)
+    ws = gpu.Workspace(max(n, 1))
+    nb = frame.size
+    v = runtime.view
+    f = (v(fb, nb, np.uint8), v(fb, nb // 4, np.uint32), v(fb, nb // 8, np.int64))
+    if code == fmt.DTYPE_FP32:
+        decode_fp16.launch(f[0], v(fb, nb // 2, np.uint16), f[1], f[2], v(out, n, np.uint32),
+                           v(out, 2 * n, np.uint16), ws.array, lay, _common.CRC_ZERO, runtime.crc_table(), 0,
+                           warps=warps)
+    else:
+        decode.launch(*f, v(out, (n & ~7) // 2, np.uint32), v(out, n, np.uint16), ws.array, lay,
+                      _common.CRC_ZERO, runtime.crc_table(), 0, warps=warps)
+    return dev.to_host(out), ws.last_error()
+
+
+_SLOW_HERE = [pytest.mark.slow] if SIMULATOR else []  # long_under_simulator, for one parameter set
+
+
+@pytest.mark.parametrize("dtype, tiles", [("bfloat16", 3), pytest.param("float32", 3, marks=_SLOW_HERE),
+                                          pytest.param("bfloat16", 9, marks=_SLOW_HERE)])
+def test_block_and_warp_decoders_agree(dev, dtype, tiles):
+    """The warp-a-tile decoder (large frames) and the block decoder (small ones) give the values
+    back bit for bit from several-tile frames (a partial last tile, escapes in every tile, with
+    and without a checksum, a RAW frame), and the same error bits on corrupted frames. Under the
+    simulator (2 blocks, 8 warps) 9 tiles take the ticket counter after the first wave."""
+    code = fmt.DTYPE_FP32 if dtype == "float32" else fmt.DTYPE_BF16
+    n = dev.size((tiles - 1) * fmt.BLOCK + 77, tiles * 1_000_003)
+    rng = np.random.default_rng(17)
+    x = rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32)
+    x[::997] = 0x7F800000  # escapes in every tile
+    bits = x if code == fmt.DTYPE_FP32 else (x >> 16).astype(np.uint16)
+    cb = Codebook.from_sigma(0.02)
+    frames = [reference.encode(bits, cb, None, cs, dtype=code) for cs in (True, False)]
+    noise = rng.integers(0, 1 << 16, n).astype(bits.dtype)
+    frames.append(reference.encode(noise, cb, None, True, dtype=code))
+    assert fmt.parse_header(frames[-1]).raw and not fmt.parse_header(frames[0]).raw
+    for frame in frames:
+        want, _ = reference.decode(frame)
+        for warps in (False, True):
+            got, err = _decode_by(dev, frame, n, dtype, warps)
+            assert err == 0 and np.array_equal(got, want.reshape(-1)), f"warps={warps}"
+    lay = fmt.Layout.for_count(n, code)
+    for at, value in ((lay.counts_offset + 4, 0x33), (lay.counts_offset + 5, 0x20),
+                      (fmt.HEADER_SIZE + 7, 0x01)):
+        f = frames[0].copy()
+        f[at] ^= value
+        errs = [_decode_by(dev, f, n, dtype, warps)[1] for warps in (False, True)]
+        assert errs[0] != 0 and errs[0] == errs[1], f"byte {at}: error bits {errs}"
+
+
 def test_checksum_free_frame_with_bad_counts(dev):
     """Without a checksum the escape counts still catch a flipped code bit."""
     n = 1000

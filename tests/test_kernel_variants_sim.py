@@ -64,25 +64,3 @@ def test_v7b_fp32_pair_encoder_writes_the_library_frames():
 
     assert v7b_encode32.check_sim([2, 9, 13]) == 0
 
-
-@long_under_simulator
-@simulator_only
-def test_v7c_warp_tile_decoder_matches_the_library():
-    """v7c (the BF16 decoder with a warp a tile and scanned prefixes) decodes reference BF16
-    frames bit for bit as the library's decoder does, sets the library's error bits on corrupted
-    frames, and its scan over several chunks equals NumPy's cumulative sum."""
-    sys.path.insert(0, str(KERNELS))
-    import v7c_decode
-
-    assert v7c_decode.check_sim([2, 9]) == 0
-
-
-@long_under_simulator
-@simulator_only
-def test_v7d_register_patch_decoder_matches_the_library():
-    """v7d (v7c with the escapes patched in registers from bytes loaded ahead) decodes as the
-    library's decoder does, BF16 and FP32, and sets its error bits on corrupted frames."""
-    sys.path.insert(0, str(KERNELS))
-    import v7d_decode
-
-    assert v7d_decode.check_sim([2, 9]) == 0

@@ -74,7 +74,8 @@ def main(argv=None) -> int:
             frame = cp.zeros(fmt.max_compressed_size(n), cp.uint8)
             gpu.encode_into(x, frame, cb, stream)
             stream.synchronize()
-            g = cp.asnumpy(frame)[:int(fmt.parse_header(cp.asnumpy(frame[:fmt.HEADER_SIZE])).frame_len)]
+            g = cp.asnumpy(frame)
+            g = g[:int(g[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8].view("<i8")[0])]
             c = cpu.encode(xh, cb, None, False)
             r = reference.encode(xh, cb, None, False)
             xs = cp.asnumpy(x)  # the values again, after the stream's work

@@ -1,9 +1,9 @@
 """The codec kernels' launches for Nsight Compute: per size, one encode and one decode of
 N(0, 0.02) BF16 data through the library's plans (``codec.gpu.encode_into`` /
 ``decode_into``, no checksum), each twice (the first call compiles and loads; both are
-profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more, with
-``--v7c MODULE:BLOCKS`` (``v7c:8``, ``v7d:6``) that warp-a-tile decoder (its scan and tile
-kernels) twice on the same frame.
+profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more; with
+``--decoders`` both of the library's BF16 decoders, forced (``decode.Plan(..., warps=False /
+True)``: the block decoder, the warp-a-tile decoder), twice each on the same frame.
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats --section LaunchStats \\
@@ -19,17 +19,27 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 
+def decoder_views(runtime, frame, out, n: int, lay):
+    """The decoder's views of ``frame`` (uint8 / uint32 / int64) and ``out`` (uint32 / uint16)."""
+    nb = int(frame.size)
+    v = runtime.view
+    return (v(frame, nb, np.uint8), v(frame, nb // 4, np.uint32), v(frame, nb // 8, np.int64),
+            v(out, (n & ~7) // 2, np.uint32), v(out, n, np.uint16))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256])
     ap.add_argument("--v5", default=None, help="AHEAD:BLOCKS_PER_SM of a v5 encoder to launch too")
-    ap.add_argument("--v7c", default=None, help="MODULE:BLOCKS_PER_SM of a v7c / v7d decoder to launch too")
+    ap.add_argument("--decoders", action="store_true", help="both BF16 decoders forced, as well")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -69,20 +79,19 @@ def main(argv=None) -> int:
             stream.synchronize()
             if not cp.array_equal(f2, frame):
                 raise SystemExit(f"{mib} MiB: v5 frame differs from v4's")
-        if args.v7c:
-            import importlib
+        if args.decoders:
+            from zipccl.kernels import _common, decode
 
-            import v7c_decode as v7c
-
-            mod, bps = args.v7c.split(":")
-            dec = importlib.import_module(f"{mod}_decode").build(int(bps))
-            aux = cp.zeros(v7c.AUX_SIZE, cp.int64)
             o2 = cp.zeros_like(out)
-            for _ in range(2):
-                v7c.decode_frame(frame, n, ws, aux, o2, stream, kernel=dec, blocks_per_sm=int(bps))
-            stream.synchronize()
-            if not cp.array_equal(o2, x) or ws.last_error(stream):
-                raise SystemExit(f"{mib} MiB: v7c output differs")
+            for warps in (False, True):
+                for _ in range(2):
+                    o2.fill(0)
+                    decode.launch(*decoder_views(runtime, frame, o2, n, lay), ws.array, lay, _common.CRC_ZERO,
+                                  runtime.crc_table(), runtime.stream(stream.ptr), warps=warps)
+                stream.synchronize()
+                if not cp.array_equal(o2, x) or ws.last_error(stream):
+                    which = "warp" if warps else "block"
+                    raise SystemExit(f"{mib} MiB: the {which} decoder's output differs")
         print(f"{mib:g} MiB: {n} values, round trip exact, error bits {ws.last_error(stream)}",
               flush=True)
     return 0

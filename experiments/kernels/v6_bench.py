@@ -164,6 +164,7 @@ def main(argv=None) -> int:
         frames = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
         ws = gpu.Workspace(n)
+        stream.synchronize()  # the values are made on the stream; the host copy below is not on it
         want = codec.encode(cp.asnumpy(bits[0]), cb, None, False)
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb, stream, workspace=w))
                for b, f in zip(bits, frames, strict=True)]
@@ -225,6 +226,7 @@ def main(argv=None) -> int:
         bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
         frames = [cp.zeros(cap16, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
+        stream.synchronize()
         want = codec.encode(cp.asnumpy(bits[0]), cb16, None, False, dtype="float16")
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16, stream, workspace=w, dtype="float16"))
                for b, f in zip(bits, frames, strict=True)]

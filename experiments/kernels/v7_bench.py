@@ -1,4 +1,5 @@
-"""Check, then time, round 4's variants beside the library on one GPU: v7a, v7b, v7c, v7d.
+"""Check, then time, round 4's variants beside the library on one GPU: v7a and v7b, and the
+library's BF16 / FP32 decoders.
 
 * **v7a** (``v7a_decode16.py``, FP16 decode on the tile structure), built with 8 and with 6
   resident blocks per multiprocessor: at each size N(0, 0.02²) FP16 data on the device, the
@@ -9,18 +10,17 @@
   encoder is (8 blocks, all loads of a tile first) and two other ways (``V7B``): the library's
   FP32 frames checked against the reference's / CPU codec's first, then every v7b build's frame
   equal to the library's on every timed buffer set.
-* **v7c** and **v7d** (``v7c_decode.py``, ``v7d_decode.py``: the BF16 decoder with a warp a
-  tile and the escape prefixes from a parallel scan of the stored counts; v7d with the escapes
-  patched in registers and the next quarter loaded round by round), v7c built with 8 and 6,
-  v7d with 8, 6 and 4 resident blocks per multiprocessor: N(0, 0.02²) BF16 data
-  (``harness.gaussian_bits`` on the device), the library's frames (the first compared with the
-  reference's / CPU codec's; if it differs that is said and recorded, and the decoders are still
-  checked against the input bits); the library decoder and every build must give every timed
-  buffer set back bit for bit with no error bits.
-* v7c's and v7d's FP32 builds (6 resident blocks, as the library's FP32 decoder) on the library's
-  FP32 frames, beside the library's FP32 decoder, both checked bit for bit first.
+* v7c, the warp-a-tile BF16 / FP32 decoder, is the library's ``kernels/decode_warps.py`` since
+  run 2; v7c and v7d (which lost) are in git at 5fd435a (``experiments/kernels/v7c_decode.py``,
+  ``v7d_decode.py``).
 
-``--skip fp16 v7b`` leaves out the FP16 decoders and the v7b encoders.
+Beside the library's decoders as called (``decode_into``, which picks one by size), its two
+BF16 / FP32 decoders are timed forced (``decode.Plan(..., warps=False / True)``: the block
+decoder, the warp-a-tile decoder of ``kernels/decode_warps.py``), on N(0, 0.02²) data
+(``harness.gaussian_bits`` on the device; the library's first frame compared with the
+reference's / CPU codec's: if it differs that is said and recorded, and the decoders are still
+checked against the input bits). ``--skip fp16 v7b`` leaves out the FP16 decoders and the v7b
+encoders.
 
 "All results match, starting benchmarks": a variant that fails a check is reported and not
 timed. Then device time per call: a replayed CUDA graph (median of ``--repeats``) and eager
@@ -59,14 +59,8 @@ from harness import append_records  # noqa: E402
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v7.jsonl"
 V7A = {"v7a decode (tiles, 8 blocks/SM)": 8, "v7a decode (tiles, 6 blocks/SM)": 6}
-# warp-a-tile decoders: name -> (module, resident blocks per SM)
-V7C = {"v7c decode (a warp a tile, 8 blocks/SM)": ("v7c", 8),
-       "v7c decode (a warp a tile, 6 blocks/SM)": ("v7c", 6),
-       "v7d decode (escapes in registers, 8 blocks/SM)": ("v7d", 8),
-       "v7d decode (escapes in registers, 6 blocks/SM)": ("v7d", 6),
-       "v7d decode (escapes in registers, 4 blocks/SM)": ("v7d", 4)}
-V7C32 = {"v7c decode (a warp a tile, 6 blocks/SM)": ("v7c", 6),
-         "v7d decode (escapes in registers, 6 blocks/SM)": ("v7d", 6)}
+# the library's decoders forced (decode.Plan's warps): the block decoder, the warp-a-tile one
+LIBRARY_PATHS = {"library block decoder": False, "library warp decoder": True}
 V7B = {"v7b encode (pairs, 8 blocks, ahead 4)": (8, 4), "v7b encode (pairs, 8 blocks, ahead 1)": (8, 1),
        "v7b encode (pairs, 6 blocks, ahead 4)": (6, 4)}
 
@@ -99,11 +93,8 @@ def check_only(sizes_k) -> int:
     import v6_sim
     import v7a_decode16
     import v7b_encode32
-    import v7c_decode
-    import v7d_decode
 
-    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s)
-                           | v7c_decode.check_sim(s) | v7d_decode.check_sim(s), __doc__,
+    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s), __doc__,
                            ["--sizes-k", *map(str, sizes_k)])
 
 
@@ -150,14 +141,12 @@ def main(argv=None) -> int:
     import v6_bench
     import v7a_decode16 as v7a
     import v7b_encode32 as v7b
-    import v7c_decode as v7c
-    import v7d_decode as v7d
     from bench_codec import Timer, machine_info
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
     from zipccl.codec import cpu, gpu, reference
-    from zipccl.kernels import _common, runtime
+    from zipccl.kernels import _common, decode, decode_fp16, runtime
     from zipccl.kernels.launch import device_pointer
 
     fp32 = fmt.DTYPE_FP32
@@ -199,14 +188,13 @@ def main(argv=None) -> int:
     from harness import gaussian_bits
 
     cb16b = Codebook.from_sigma(0.02)
-    aux = cp.zeros(v7c.AUX_SIZE, cp.int64)
     for mib in args.sizes_mib:
         nbytes = int(mib * MiB)
         sets = max(1, min(16, math.ceil(256 * MiB / nbytes)))  # >= 256 MiB in all: no L2-resident reruns
         iters = max(2 * sets, min(200, int(8 * 1024 * MiB / nbytes)))
         ws = gpu.Workspace(nbytes // 2)
 
-        # ---- BF16 decode: the library's and v7c's, on the library's frames
+        # ---- BF16 decode: the library's, as called and each decoder forced, on the library's frames
         n = nbytes // 2
         codec = reference if n <= 8 * MiB else cpu
         lay = fmt.Layout.for_count(n)
@@ -228,15 +216,12 @@ def main(argv=None) -> int:
                for f, o in zip(frames, outs, strict=True)]
         if decoded("library BF16 decode", dec, outs, bits, ws):
             timed("library decode", "bf16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-        for name, (mod, bps) in V7C.items():
-            handles = (v7c if mod == "v7c" else v7d).kernels(bps)
-            ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                           aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
-                  for f, o in zip(frames, outs, strict=True)]
+        for name, warps in LIBRARY_PATHS.items():  # each of the library's two decoders, forced
+            ps = [decode.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
+                              crc_ptr, crc.size, warps=warps) for f, o in zip(frames, outs, strict=True)]
             calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
             if decoded(name, calls, outs, bits, ws):
-                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                      blocks_per_sm=bps)
+                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
@@ -249,6 +234,7 @@ def main(argv=None) -> int:
             bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
             frames = [cp.zeros(fmt.max_compressed_size(n, fmt.DTYPE_FP16), cp.uint8) for _ in range(sets)]
             outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
+            stream.synchronize()  # the values are made on the stream; the host copy is not on it
             want = codec.encode(cp.asnumpy(bits[0]), cb16, None, False, dtype="float16")
             enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb16, stream, workspace=w, dtype="float16"))
                    for b, f in zip(bits, frames, strict=True)]
@@ -278,13 +264,14 @@ def main(argv=None) -> int:
         rs = [cp.random.RandomState(200 + s) for s in range(sets)]
         vals = [r.normal(0, 0.02, n, dtype=cp.float32) for r in rs]
         frames = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
+        stream.synchronize()
         want = codec.encode(cp.asnumpy(vals[0]).view(np.uint32), cb32, None, False, dtype=fp32)
         enc = [(lambda v=v, f=f, w=ws: gpu.encode_into(v, f, cb32, stream, workspace=w))
                for v, f in zip(vals, frames, strict=True)]
         if first_frame_ok(f"{mib:g} MiB FP32", enc, frames[0], want, codec):
             ratio, chk = want.size / nbytes, codec.__name__
             timed("library encode", "fp32", "encode", enc, mib, n, nbytes, sets, iters, ratio, chk)
-            # FP32 decode: the library's and v7c's FP32 build, on these frames
+            # FP32 decode: the library's, as called and each decoder forced, on these frames
             outs = [cp.zeros(n, cp.float32) for _ in range(sets)]
             dec = [(lambda f=f, o=o, w=ws: gpu.decode_into(f, o, stream, workspace=w))
                    for f, o in zip(frames, outs, strict=True)]
@@ -292,15 +279,13 @@ def main(argv=None) -> int:
             vbits = [v.view(cp.uint32) for v in vals]
             if decoded("library FP32 decode", dec, obits, vbits, ws):
                 timed("library decode", "fp32", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, (mod, bps) in V7C32.items():
-                handles = (v7c if mod == "v7c" else v7d).kernels(bps, fp32=True)
-                ps = [v7c.plan(handles, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                               aux.data.ptr, _common.CRC_ZERO, crc_ptr, crc.size)
+            for name, warps in LIBRARY_PATHS.items():
+                ps = [decode_fp16.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                                       _common.CRC_ZERO, crc_ptr, crc.size, warps=warps)
                       for f, o in zip(frames, outs, strict=True)]
                 calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
                 if decoded(name, calls, obits, vbits, ws):
-                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                          blocks_per_sm=bps)
+                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
             outs = obits = vbits = dec = None
             hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]

@@ -40,7 +40,7 @@ class Workspace:
 
     def __init__(self, max_elements: int):
         self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
-        self.array = np.zeros(_common.WS_SLOTS + self.max_blocks, np.int64)
+        self.array = np.zeros(_common.WS_STATUS + self.max_blocks, np.int64)
 
     def fits(self, n: int) -> bool:
         return -(-int(n) // fmt.BLOCK) <= self.max_blocks

@@ -103,7 +103,8 @@ def _launch():
 
 
 def _common_slots() -> int:
-    return _kernels()[0].WS_SLOTS
+    """The workspace words before its status words (counters and chunk slots)."""
+    return _kernels()[0].WS_STATUS
 
 
 def _torch_of(x):

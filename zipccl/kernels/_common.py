@@ -18,7 +18,8 @@ Persistent grid: the tile kernels launch ``grid_size`` blocks (a few per
 multiprocessor, all resident) that loop over tickets, so per-block set-up (code
 tables) is paid once per block, not once per tile.
 
-The workspace is an int64 device array: WS_SLOTS counters, then one status word
+The workspace is an int64 device array: WS_SLOTS counters, MAX_CHUNKS chunk slots
+(``decode_warps``' scan: each chunk of tiles' escape total), then one status word
 per escape block. Status word = epoch << 34 | flag << 32 | value; a word whose
 epoch is not the current one counts as "not ready", so the status array never
 needs clearing between calls. The finishing kernel of every call resets the
@@ -55,7 +56,9 @@ WS_CSUM = 8  # 8 slots: partial payload checksums (spread to avoid one hot addre
 WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
 WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, when chosen on the device
 WS_SLOTS = 32
-WS_STATUS = WS_SLOTS
+WS_CHUNKS = WS_SLOTS  # decode_warps: escape totals of chunks of decode_warps.CHUNK tiles
+MAX_CHUNKS = 256
+WS_STATUS = WS_CHUNKS + MAX_CHUNKS
 
 STATUS_AGG = 1
 STATUS_INC = 2
@@ -539,6 +542,17 @@ def pick4(i, v0, v1, v2, v3):
 def escape_rank(k0, k1, k2, k3, r, escm, low):
     """Rank (position in the escape section) of the escape bit ``low`` of round r."""
     return pick4(r, k0, k1, k2, k3) + np.int64(popc32(u32(escm & u32(low - 1))))
+
+
+@dev
+def escape_step(ex, w0t, w1t, w2t, escm, base, m):
+    """One step over a lane's remaining escape mask ``m`` (nonzero; ``escm`` the whole mask, the
+    rest ``escape_bases``' arguments, loop-invariant): (m without its lowest escape, that
+    escape's round r, its value s in the round, its rank in the escape section)."""
+    k0, k1, k2, k3 = escape_bases(ex, w0t, w1t, w2t, escm, base)
+    m, low, bit = next_escape(m)  # bit 8r + s: value s of round r
+    r = u32(bit >> 3)
+    return m, r, u32(bit & 7), escape_rank(k0, k1, k2, k3, r, escm, low)
 
 
 _SM_COUNT: dict[int, int] = {}

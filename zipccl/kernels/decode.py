@@ -75,12 +75,10 @@ from ._common import (
     decoder_header,
     decoder_resolve,
     dev,
-    escape_bases,
-    escape_rank,
+    escape_step,
     exclusive_scan8,
     flush_checksum,
     grid_size,
-    next_escape,
     popc32,
     prmt,
     publish_errors,
@@ -331,6 +329,116 @@ def _store32(out32, u, vm, o0, o1, o2, o3, lo, lo_off, do_cs):
     return cs
 
 
+@dev
+def _raw_unit(f8, f32, out32, out16, g, units, do_cs, cs):
+    """RAW frame: copy 16-byte unit g of the payload (``units`` 2-byte units in all; the last,
+    partial unit byte by byte); returns the checksum with its terms added."""
+    e = 8 * g
+    if e + 8 <= units:
+        v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
+        store16(out32, g, v0, v1, v2, v3)
+        if do_cs:
+            cs = wrap64(cs + quad_checksum(v0, v1, v2, v3, 4 * g))
+    elif e < units:
+        for k in range(8):
+            if e + k < units:
+                q = 2 * (e + k)
+                lo = np.int64(f8[fmt.HEADER_SIZE + q])
+                hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
+                out16[e + k] = lo | (hi << 8)
+                if do_cs:
+                    cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
+    return cs
+
+
+def quarter_code(fp32: bool, lo_ahead: int):
+    """The code of a lane's 4 rounds (a warp's quarter of a tile: values from 8g, 8(g + 32), ...)
+    for BF16 or (``fp32``, a constant) FP32 output, shared by the block decoder and
+    ``decode_warps``: decode, store (FP32: the low halves merged in, ``lo_ahead`` rounds' loaded
+    before the first store), checksum terms. The device function returns (escape mask, bit 8r + s
+    for value s of round r; the 4 rounds' escape counts packed a byte each; the checksum)."""
+    assert lo_ahead in (1, 2, 4)
+
+    @dev
+    def code(ra, rb, rc, rd, g, spread, cba, cbb, f8, f32, out32, out16, lo_off, planes_off, stride, pwords,
+             do_cs, cs):
+        a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
+        b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
+        c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
+        d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
+        if fp32:  # with the low halves, lo_ahead rounds' loaded before a store
+            la = _lo32(f8, f32, g, ra[5], lo_off)
+            if lo_ahead >= 2:
+                lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
+            if lo_ahead >= 4:
+                lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
+                ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+            lcs = _store32(out32, g, ra[5], a0, a1, a2, a3, la, lo_off, do_cs)
+            if lo_ahead < 2:
+                lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
+            lcs = wrap64(lcs + _store32(out32, g + 32, rb[5], b0, b1, b2, b3, lb, lo_off, do_cs))
+            if lo_ahead < 4:
+                lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
+                if lo_ahead == 2:
+                    ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+            lcs = wrap64(lcs + _store32(out32, g + 64, rc[5], c0, c1, c2, c3, lc, lo_off, do_cs))
+            if lo_ahead < 2:
+                ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
+            lcs = wrap64(lcs + _store32(out32, g + 96, rd[5], d0, d1, d2, d3, ld, lo_off, do_cs))
+            cs = wrap64(cs + lcs)
+        elif ra[5] == 0xFF and rd[5] == 0xFF:
+            store16(out32, g, a0, a1, a2, a3)
+            store16(out32, g + 32, b0, b1, b2, b3)
+            store16(out32, g + 64, c0, c1, c2, c3)
+            store16(out32, g + 96, d0, d1, d2, d3)
+        else:
+            _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
+            _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
+            _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
+            _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
+        if do_cs:
+            cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
+                        + _round_cs(rb, g + 32, planes_off, stride, pwords)
+                        + _round_cs(rc, g + 64, planes_off, stride, pwords)
+                        + _round_cs(rd, g + 96, planes_off, stride, pwords))
+        escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
+        cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
+                   | u32(popc32(esc3) << 24))
+        return escm, cntp, cs
+
+    return code
+
+
+def escape_patch(fp32: bool):
+    """The rewrite of a quarter's escaped values (stored with exponent 0 by ``quarter_code``),
+    shared by both decoders: the escape of rank pos takes escape byte pos (checked against the
+    header's total ``nesc``), a 2-byte store by the thread that stored the value, so program
+    order makes it the last. ``base``: the escapes before this warp's quarter in the frame."""
+
+    @dev
+    def patch(f8, out16, escm, ex, w0t, w1t, w2t, base, g, eo, nesc, do_cs, cs, err):
+        m = escm
+        while m != 0:
+            m, r, s, pos = escape_step(ex, w0t, w1t, w2t, escm, base, m)
+            e = 8 * g + np.int64(u32(u32(r << 8) + s))
+            smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
+            x = u32(0)
+            if pos >= 0 and pos < nesc:
+                x = u32(f8[U64(eo + pos)])
+                if do_cs:
+                    cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
+            else:
+                err |= ERR_ESCAPE_RANGE
+            hi = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
+            if fp32:
+                out16[U64(2 * e + 1)] = hi  # the upper half of FP32 value e
+            else:
+                out16[U64(e)] = hi
+        return cs, err
+
+    return patch
+
+
 def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER_SM,
                   scanned: bool = False):
     """The tile kernel for BF16 output (``fp32`` False) or FP32 output (True; module
@@ -343,6 +451,8 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
     assert lo_ahead in (1, 2, 4)
     first_tile = block_start(MAGIC_FP32 if fp32 else MAGIC_BF16, scanned)
     lo_of = lay_lo if fp32 else lay_no_lo
+    code = quarter_code(fp32, lo_ahead)
+    patch = escape_patch(fp32)
     per_ticket = 8 if fp32 else 4  # RAW copy: 16-byte units per thread and tile
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
@@ -366,23 +476,7 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
             while tile < n_blocks:
                 g = tile * (TPB * per_ticket) + tid
                 for _ in range(per_ticket):
-                    e = 8 * g
-                    if e + 8 <= units:
-                        v0, v1, v2, v3 = load16(f32, (fmt.HEADER_SIZE >> 4) + g)
-                        store16(out32, g, v0, v1, v2, v3)
-                        if do_cs:
-                            i = 4 * g
-                            cs = wrap64(cs + np.int64(v0) * (2 * i + 1) + np.int64(v1) * (2 * i + 3)
-                                        + np.int64(v2) * (2 * i + 5) + np.int64(v3) * (2 * i + 7))
-                    elif e < units:
-                        for k in range(8):
-                            if e + k < units:
-                                q = 2 * (e + k)
-                                lo = np.int64(f8[fmt.HEADER_SIZE + q])
-                                hi = np.int64(f8[fmt.HEADER_SIZE + q + 1])
-                                out16[e + k] = lo | (hi << 8)
-                                if do_cs:
-                                    cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
+                    cs = _raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
                     g += TPB
                 tile = block_ticket(ws, smem, tid)
             if do_cs:
@@ -399,48 +493,8 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
             cnt = smem[7]
             craw = smem[8]
             g = tile * 512 + warp * 128 + lane
-            a0, a1, a2, a3, esc0 = _decode_round(ra, spread, cba, cbb)
-            b0, b1, b2, b3, esc1 = _decode_round(rb, spread, cba, cbb)
-            c0, c1, c2, c3, esc2 = _decode_round(rc, spread, cba, cbb)
-            d0, d1, d2, d3, esc3 = _decode_round(rd, spread, cba, cbb)
-            if fp32:  # with the low halves, lo_ahead rounds' loaded before a store
-                la = _lo32(f8, f32, g, ra[5], lo_off)
-                if lo_ahead >= 2:
-                    lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
-                if lo_ahead >= 4:
-                    lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
-                    ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
-                lcs = _store32(out32, g, ra[5], a0, a1, a2, a3, la, lo_off, do_cs)
-                if lo_ahead < 2:
-                    lb = _lo32(f8, f32, g + 32, rb[5], lo_off)
-                lcs = wrap64(lcs + _store32(out32, g + 32, rb[5], b0, b1, b2, b3, lb, lo_off, do_cs))
-                if lo_ahead < 4:
-                    lc = _lo32(f8, f32, g + 64, rc[5], lo_off)
-                    if lo_ahead == 2:
-                        ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
-                lcs = wrap64(lcs + _store32(out32, g + 64, rc[5], c0, c1, c2, c3, lc, lo_off, do_cs))
-                if lo_ahead < 2:
-                    ld = _lo32(f8, f32, g + 96, rd[5], lo_off)
-                lcs = wrap64(lcs + _store32(out32, g + 96, rd[5], d0, d1, d2, d3, ld, lo_off, do_cs))
-                cs = wrap64(cs + lcs)
-            elif ra[5] == 0xFF and rd[5] == 0xFF:
-                store16(out32, g, a0, a1, a2, a3)
-                store16(out32, g + 32, b0, b1, b2, b3)
-                store16(out32, g + 64, c0, c1, c2, c3)
-                store16(out32, g + 96, d0, d1, d2, d3)
-            else:
-                _store_round(out32, out16, g, ra[5], a0, a1, a2, a3)
-                _store_round(out32, out16, g + 32, rb[5], b0, b1, b2, b3)
-                _store_round(out32, out16, g + 64, rc[5], c0, c1, c2, c3)
-                _store_round(out32, out16, g + 96, rd[5], d0, d1, d2, d3)
-            if do_cs:
-                cs = wrap64(cs + _round_cs(ra, g, planes_off, stride, pwords)
-                            + _round_cs(rb, g + 32, planes_off, stride, pwords)
-                            + _round_cs(rc, g + 64, planes_off, stride, pwords)
-                            + _round_cs(rd, g + 96, planes_off, stride, pwords))
-            escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
-            cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
-                       | u32(popc32(esc3) << 24))
+            escm, cntp, cs = code(ra, rb, rc, rd, g, spread, cba, cbb, f8, f32, out32, out16, lo_off,
+                                  planes_off, stride, pwords, do_cs, cs)
             ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
             woff, btot = block_escapes(smem, 9, warp, lane, w0t, w1t, w2t, w3t)  # A
             if warp == 0:
@@ -451,28 +505,7 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
             nxt = smem[0]
             if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
                 ra, rb, rc, rd = _load_tile(f8, f64, nxt, warp, lane, n, planes_off, stride, pwords)
-            if escm != 0:
-                k0, k1, k2, k3 = escape_bases(ex, w0t, w1t, w2t, escm, prefix + woff)
-                e0 = 8 * g
-                m = escm
-                while m != 0:
-                    m, low, bit = next_escape(m)  # bit 8r + s: value s of round r
-                    r = u32(bit >> 3)
-                    e = e0 + np.int64(u32(u32(r << 8) + u32(bit & 7)))
-                    smb = u32(f8[U64(fmt.HEADER_SIZE + e)])
-                    pos = escape_rank(k0, k1, k2, k3, r, escm, low)
-                    x = u32(0)
-                    if pos >= 0 and pos < nesc:
-                        x = u32(f8[U64(eo + pos)])
-                        if do_cs:
-                            cs = wrap64(cs + byte_checksum(np.int64(x), eo + pos - fmt.HEADER_SIZE))
-                    else:
-                        err |= ERR_ESCAPE_RANGE
-                    hi = u32(u32(u32(smb & 0x80) << 8) | u32(x << 7) | u32(smb & 0x7F))
-                    if fp32:
-                        out16[U64(2 * e + 1)] = hi  # the upper half of FP32 value e
-                    else:
-                        out16[U64(e)] = hi
+            cs, err = patch(f8, out16, escm, ex, w0t, w1t, w2t, prefix + woff, g, eo, nesc, do_cs, cs, err)
             tile = nxt
         if err != 0:
             cuda.atomic.or_(ws, WS_ERR, err)
@@ -547,15 +580,22 @@ def decode_finish(f8, f32, f64, ws, lay, crc_zero, crc_tab):
     advance_epoch(ws, tid)
 
 
-def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
+def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream,
+           warps: bool | None = None) -> None:
     """Enqueue the decoder of the frame in ``f8`` (``f32`` / ``f64``: its first whole
     uint32 / int64 words) into the ``lay.n`` values of ``out16`` (``out32``: the first
     n & ~7 of them as uint32). Errors land in the workspace (``_common.WS_ERR_LAST``);
-    nothing here synchronises.
+    nothing here synchronises. ``warps``: the warp-a-tile decoder (``decode_warps``) or this
+    module's block decoder; None: ``decode_warps.use_warps`` decides by the tile count.
     """
+    from . import decode_warps as dw
+
     lt = layout_tuple(lay)
     if lay.n_blocks:
-        decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
+        if dw.use_warps(lay.n_blocks) if warps is None else warps:
+            dw.launch(f8, f32, f64, out32, out16, ws, lt, lay.n_blocks, False, stream)
+        else:
+            decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
     decode_finish[1, TPB, stream](f8, f32, f64, ws, lt, crc_zero, crc_tab)
 
 
@@ -574,22 +614,28 @@ FINISH = launch_route.Kernel(decode_finish, (_A(np.uint8), _A(np.uint32), _A(np.
 class Plan(plans.Plan):
     """The launches of one decode with everything but the stream fixed: the frame buffer
     ``f_ptr`` (``f_nbytes``), the n output values at ``out_ptr`` and the workspace. Built
-    once per buffer set; ``launch(stream)`` is two driver calls, ``retarget(f_ptr, out_ptr)``
-    points it at other buffers of the same sizes.
+    once per buffer set; ``launch(stream)`` is two driver calls (three for the warp-a-tile
+    decoder: ``warps`` as in ``launch``), ``retarget(f_ptr, out_ptr)`` points it at other
+    buffers of the same sizes.
     """
 
     __slots__ = ()
 
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
-                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
+                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int,
+                 warps: bool | None = None):
+        from . import decode_warps as dw
+
         n = lay.n
         lt = layout_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
+        outs = ((out_ptr, (n & ~7) // 2), (out_ptr, n))
         steps = []
-        if lay.n_blocks:  # both kernels start with the frame (f8, f32, f64); then (out32, out16)
+        if lay.n_blocks and (dw.use_warps(lay.n_blocks) if warps is None else warps):
+            steps.extend(dw.steps(device, frame, outs, (ws_ptr, ws_count), lt, lay.n_blocks, False))
+        elif lay.n_blocks:  # both kernels start with the frame (f8, f32, f64); then (out32, out16)
             steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks),
-                                    (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n), (ws_ptr, ws_count), lt),
-                                    (0, 1, 2), (3, 4)))
+                                    (*frame, *outs, (ws_ptr, ws_count), lt), (0, 1, 2), (3, 4)))
         steps.append(plans.Step(FINISH, device, 1, (*frame, (ws_ptr, ws_count), lt, crc_zero,
                                                     (crc_ptr, crc_count)), (0, 1, 2), ()))
         super().__init__(device, tuple(steps))

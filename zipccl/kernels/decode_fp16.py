@@ -285,12 +285,19 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
     common.advance_epoch(ws, tid)
 
 
-def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream) -> None:
+def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_tab, stream,
+           warps: bool | None = None) -> None:
     """Enqueue the decoder through Numba's dispatcher (the simulator's route). ``f*``: the
     frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the output as uint32 /
-    uint16 (FP32: n / 2n of them; FP16: out32 empty, n)."""
+    uint16 (FP32: n / 2n of them; FP16: out32 empty, n). ``warps`` (FP32): as in
+    ``decode.launch``."""
+    from . import decode_warps as dw
+
     lt = wide_tuple(lay)
-    if lay.n_blocks and lay.dtype == FP32:
+    fp32_warps = lay.dtype == FP32 and (dw.use_warps(lay.n_blocks, True) if warps is None else warps)
+    if lay.n_blocks and fp32_warps:
+        dw.launch(f8, f32, f64, out32, out16, ws, lt, lay.n_blocks, True, stream)
+    elif lay.n_blocks and lay.dtype == FP32:
         decode.decode_tiles32[grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM), TPB, stream](
             f8, f32, f64, out32, out16, ws, lt)
     elif lay.n_blocks:
@@ -308,19 +315,26 @@ FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int
 
 class Plan(plans.Plan):
     """The launches of one FP32 / FP16 decode with everything but the stream fixed (as
-    ``decode.Plan``): ``decode.decode_tiles32`` (FP32) or ``wide_tiles`` (FP16), then
-    ``wide_finish``."""
+    ``decode.Plan``): ``decode.decode_tiles32`` or ``decode_warps``' scan and tile kernels
+    (FP32, ``warps`` as in ``decode.launch``) or ``wide_tiles`` (FP16), then ``wide_finish``."""
 
     __slots__ = ()
 
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
-                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int):
+                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int,
+                 warps: bool | None = None):
+        from . import decode_warps as dw
+
         n = lay.n
         lt = wide_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
         ws = (ws_ptr, ws_count)
         steps = []
-        if lay.n_blocks and lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
+        fp32_warps = lay.dtype == FP32 and (dw.use_warps(lay.n_blocks, True) if warps is None else warps)
+        if lay.n_blocks and fp32_warps:
+            steps.extend(dw.steps(device, (frame[0], frame[2], frame[3]), ((out_ptr, n), (out_ptr, 2 * n)),
+                                  ws, lt, lay.n_blocks, True))
+        elif lay.n_blocks and lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)
             grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
             args = (frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), ws, lt)
             steps.append(plans.Step(decode.TILES32, device, grid, args, (0, 1, 2), (3, 4)))

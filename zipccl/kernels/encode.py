@@ -102,13 +102,11 @@ from ._common import (
     count_checksum,
     dev,
     encoder_resolve,
-    escape_bases,
-    escape_rank,
+    escape_step,
     exclusive_scan8,
     first_ticket,
     flush_checksum,
     grid_size,
-    next_escape,
     popc32,
     prmt,
     quad_checksum,
@@ -552,27 +550,22 @@ def _escapes(dt, escm, ex, w0t, w1t, w2t, base, dst, lim, stage, sb, x32, x16, g
     """Store this lane's escape bytes at dst[base + rank] (rank: the escape's place among the
     tile's escapes below this warp's, from ``_code_tile``'s scan), those below ``lim``; with
     ``do_cs`` their checksum terms (dst is the frame) are added to cs."""
-    if escm != 0:
-        k0, k1, k2, k3 = escape_bases(ex, w0t, w1t, w2t, escm, base)
-        e0 = 8 * g
-        m = escm
-        while m != 0:
-            m, low, bb = next_escape(m)  # bit 8r + s: value s of round r
-            r = u32(bb >> 3)
-            s = u32(bb & 7)
-            if dt == FP32:  # the upper half, from global memory (still cached)
-                v = u32(x32[U64(e0 + np.int64(u32(u32(r << 8) + s)))] >> 16)
-            elif full:  # the value, from the staging buffer (this lane copied it)
-                wv = stage[sb + np.int64(u32(u32(r << 7) + u32(s >> 1)))]
-                v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
-            else:
-                v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
-            pos = escape_rank(k0, k1, k2, k3, r, escm, low)
-            if pos < lim:  # past raw_size the frame is RAW and encode_finish rewrites it
-                x = u32(u32(v >> 10) & 0x1F) if dt == FP16 else u32(u32(v >> 7) & 0xFF)
-                dst[U64(pos)] = x
-                if do_cs:
-                    cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
+    e0 = 8 * g
+    m = escm
+    while m != 0:
+        m, r, s, pos = escape_step(ex, w0t, w1t, w2t, escm, base, m)
+        if dt == FP32:  # the upper half, from global memory (still cached)
+            v = u32(x32[U64(e0 + np.int64(u32(u32(r << 8) + s)))] >> 16)
+        elif full:  # the value, from the staging buffer (this lane copied it)
+            wv = stage[sb + np.int64(u32(u32(r << 7) + u32(s >> 1)))]
+            v = u32(u32(wv >> u32(16 * u32(s & 1))) & 0xFFFF)
+        else:
+            v = u32(x16[U64(e0 + np.int64(u32(u32(r << 8) + s)))])
+        if pos < lim:  # past raw_size the frame is RAW and encode_finish rewrites it
+            x = u32(u32(v >> 10) & 0x1F) if dt == FP16 else u32(u32(v >> 7) & 0xFF)
+            dst[U64(pos)] = x
+            if do_cs:
+                cs = wrap64(cs + byte_checksum(np.int64(x), pos - fmt.HEADER_SIZE))
     return cs
 
 

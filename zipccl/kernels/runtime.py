@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda  # noqa: I001
 
 from . import compat
-from ._common import CRC_TABLE, WS_SLOTS
+from ._common import CRC_TABLE, WS_STATUS
 
 SIMULATOR = compat.SIMULATOR
 
@@ -194,8 +194,8 @@ def codebook_tables() -> tuple:
 def new_workspace_array(n_blocks: int):
     """Workspace memory for calls of up to ``n_blocks`` escape blocks (zeroed)."""
     if SIMULATOR:
-        return FakeCUDAArray(np.zeros(WS_SLOTS + max(1, n_blocks), dtype=np.int64))
-    return device_zeros(WS_SLOTS + max(1, n_blocks), np.int64)
+        return FakeCUDAArray(np.zeros(WS_STATUS + max(1, n_blocks), dtype=np.int64))
+    return device_zeros(WS_STATUS + max(1, n_blocks), np.int64)
 
 
 def current_device_id() -> int:

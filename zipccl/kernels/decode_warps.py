@@ -1,0 +1,315 @@
+"""The decoder for large BF16 and FP32 frames: a warp a tile, no block barrier, the escape
+prefixes from a scan of the stored counts. Frames, output and error bits are those of the
+block decoder (``decode.py``), which still decodes frames of fewer tiles than the grid has
+warps (``use_warps``): there a block's four warps on one tile have four times the parallelism.
+
+Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
+``decode_fp16.wide_finish``), no host synchronisation:
+
+1. ``scan_counts`` (one 128-thread block per ``CHUNK`` = 4,096 tiles): each thread loads the
+   stored escape counts of 32 consecutive tiles (8 independent 16-byte loads; the counts
+   section is 128-byte aligned), clamped to the tile's values as the block decoder clamps
+   them, one block scan gives each tile's exclusive prefix inside its chunk (stored in the
+   tile's status word, flag bits 0: never taken for a look-back's result), and the chunk's
+   total goes to the workspace's chunk slot (``WS_CHUNKS``). No block waits for another.
+2. ``decode_warps``: a warp takes a tile (the first wave by the warp's number, later tiles from
+   the ticket counter, so no atomics at all when the grid has a warp for every tile); its first
+   escape position is the sum of the earlier chunks' totals plus the tile's status word. The
+   warp decodes the tile's 4 quarters (1,024 values each, 4 rounds of 8 values a lane) one after
+   the other with the block decoder's round code (``decode._decode_round``: spread table,
+   codebook byte permutes, 16-byte stores), ranks the quarter's escapes by one packed warp scan,
+   issues the next quarter's loads (the next tile's first after the fourth), then rewrites the
+   escaped values (2-byte stores). Checks: a stored count above the tile's values, the escapes
+   seen against the stored count, the last tile's prefix plus count against the header's total,
+   every escape position against the total; the checksum terms are the block decoder's.
+
+FP32 (``fp32``): the upper halves are decoded as BF16 values and each round's low halves merged
+in by byte permutes (``decode._lo32`` / ``decode._store32``, two rounds' loaded ahead); 6
+resident blocks per multiprocessor, as the block decoder's FP32 build. A RAW frame is copied
+(4,096 values a ticket and warp). Versions and H200 measurements: experiments/kernels/NOTES.md
+(v7c; v7d, which patched escapes in registers, lost).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .. import format as fmt
+from . import _common as common
+from . import compat, decode
+from . import launch as launch_route
+from . import plan as plans
+from ._common import (
+    ERR_COUNTS,
+    ERR_HEADER,
+    ERR_TOTAL,
+    MAX_CHUNKS,
+    TPB,
+    WARPS,
+    WS_CHUNKS,
+    WS_ERR,
+    WS_STATUS,
+    WS_TICKET,
+    count_checksum,
+    dev,
+    exclusive_scan8,
+    shfl_idx_u32,
+    shfl_up_u32,
+    warp_sum,
+)
+from .compat import load16, u32, wrap64
+from .layout import LAY_FIELDS, MAGIC_BF16, MAGIC_FP32, WIDE_FIELDS, header_ok, layout_fields
+
+U64 = np.uint64
+HDR = fmt.HEADER_SIZE
+ROWS = 32  # counts a scan thread sums
+CHUNK = ROWS * TPB  # tiles a scan block covers
+CHUNK_SHIFT = CHUNK.bit_length() - 1
+BLOCKS = common.BLOCKS_PER_SM  # BF16: 8 resident blocks (64 registers, 16 B of spills)
+FP32_BLOCKS = decode.FP32_BLOCKS_PER_SM  # FP32: 6 (80 registers, no spills)
+
+
+@dev
+def _block_scan(v, tid, part):
+    """(exclusive scan of the uint32 ``v`` over the block's threads, the block's total), through
+    the warps' totals in the shared ``part`` (one barrier)."""
+    lane = tid & 31
+    warp = tid >> 5
+    x = v
+    for d in (1, 2, 4, 8, 16):
+        y = shfl_up_u32(x, d)
+        if lane >= d:
+            x = u32(x + y)
+    if lane == 31:
+        part[warp] = np.int64(x)
+    cuda.syncthreads()
+    below = np.int64(0)
+    total = np.int64(0)
+    for w in range(WARPS):
+        t = part[w]
+        if w < warp:
+            below += t
+        total += t
+    return below + np.int64(u32(x - v)), total
+
+
+@dev
+def _clamped(c, t, n_blocks, last_lim):
+    """Tile t's stored count ``c`` clamped to its values (0 past the last tile)."""
+    v = np.int64(c)
+    if t >= n_blocks:
+        v = np.int64(0)
+    elif t == n_blocks - 1 and v > last_lim:
+        v = last_lim
+    elif v > fmt.BLOCK:
+        v = np.int64(fmt.BLOCK)
+    return v
+
+
+def _scan_kernel(fp32: bool):
+    magic = MAGIC_FP32 if fp32 else MAGIC_BF16
+
+    @cuda.jit
+    def scan_counts(f8, f32, f64, ws, lay):
+        """Status word t := tile t's exclusive escape prefix in its chunk; chunk slot c := the
+        chunk's total (module docstring, 1.)."""
+        n, _, _, counts_off, _, _, _, n_blocks = layout_fields(lay)
+        part = cuda.shared.array(8, dtype=np.int64)
+        tid = np.int64(cuda.threadIdx.x)
+        if tid == 0:
+            ok, raw, _, _ = header_ok(f64, f8.shape[0], lay, magic)
+            part[4] = 1 if ok and raw == 0 else 0
+        cuda.syncthreads()
+        if part[4] == 0:
+            return  # the tile kernel writes nothing either; the finishing kernel reports it
+        first = np.int64(cuda.blockIdx.x) * CHUNK + tid * ROWS
+        last_lim = n - (n_blocks - 1) * fmt.BLOCK  # the values of the last tile
+        s = np.int64(0)
+        for k in range(ROWS // 4):
+            t = first + 4 * k
+            if t < n_blocks:
+                c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
+                s += _clamped(c0, t, n_blocks, last_lim) + _clamped(c1, t + 1, n_blocks, last_lim)
+                s += _clamped(c2, t + 2, n_blocks, last_lim) + _clamped(c3, t + 3, n_blocks, last_lim)
+        run, total = _block_scan(u32(s), tid, part)
+        for k in range(ROWS // 4):  # the same words again, now each tile's prefix stored
+            t = first + 4 * k
+            if t < n_blocks:
+                c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
+                for j in range(4):
+                    c = c0 if j == 0 else (c1 if j == 1 else (c2 if j == 2 else c3))
+                    if t + j < n_blocks:
+                        ws[WS_STATUS + t + j] = run
+                        run += _clamped(c, t + j, n_blocks, last_lim)
+        if tid == 0:
+            ws[WS_CHUNKS + cuda.blockIdx.x] = total
+
+    return scan_counts
+
+
+@dev
+def _warp_tile(ws, lane, warps, n_blocks):
+    """The warp's next tile after its first: from the ticket counter (lane 0's atomic, shared
+    by a shuffle), past the first wave's ``warps`` tiles; none (``n_blocks``) without an
+    atomic when the first wave covered every tile."""
+    if warps >= n_blocks:
+        return n_blocks
+    t = u32(0)
+    if lane == 0:
+        t = u32(cuda.atomic.add(ws, WS_TICKET, 1))
+    return warps + np.int64(shfl_idx_u32(t, 0))
+
+
+@dev
+def _tile_prefix(ws, tile, lane):
+    """Tile's first escape position: the earlier chunks' totals (summed by the warp) plus the
+    tile's status word."""
+    c = tile >> CHUNK_SHIFT
+    s = np.int64(0)
+    i = lane
+    while i < c:
+        s += ws[WS_CHUNKS + i]
+        i += 32
+    return warp_sum(s) + ws[WS_STATUS + tile]
+
+
+def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD):
+    """The warp-a-tile decoder for BF16 output or (``fp32``, a constant) FP32 output."""
+    assert lo_ahead in (1, 2, 4)
+    magic = MAGIC_FP32 if fp32 else MAGIC_BF16
+    lo_of = decode.lay_lo if fp32 else decode.lay_no_lo
+    code = decode.quarter_code(fp32, lo_ahead)
+    patch = decode.escape_patch(fp32)
+    raw_rounds = 32 if fp32 else 16  # RAW copy: 16-byte units a lane and ticket
+
+    @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
+    def decode_warps(f8, f32, f64, out32, out16, ws, lay):
+        """Decode tiles, a warp each, or copy a RAW frame (module docstring, 2.)."""
+        tid = np.int64(cuda.threadIdx.x)
+        hdr = cuda.shared.array(8, dtype=np.int64)  # the header check's results
+        spread = cuda.shared.array(256, dtype=np.uint32)
+        spread[tid] = decode._spread_entry(tid)
+        spread[tid + TPB] = decode._spread_entry(tid + TPB)
+        if tid == 0:
+            ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, magic)
+            hdr[0] = 1 if ok else 0
+            hdr[1] = raw
+            hdr[2] = nesc
+            hdr[3] = has_cs
+            hdr[4] = f64[5]
+            if not ok and cuda.blockIdx.x == 0:
+                cuda.atomic.or_(ws, WS_ERR, ERR_HEADER)
+        cuda.syncthreads()  # the kernel's only barrier: the table and the header
+        if hdr[0] == 0:
+            return
+        n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
+        lo_off = lo_of(lay)
+        units = 2 * n if fp32 else n  # the RAW payload in 2-byte units
+        lane = tid & 31
+        nesc = hdr[2]
+        do_cs = hdr[3] != 0
+        cs = np.int64(0)
+        warps = np.int64(cuda.gridDim.x) * WARPS
+        tile = np.int64(cuda.blockIdx.x) * WARPS + (tid >> 5)  # the first wave: one tile a warp
+        if hdr[1] != 0:  # RAW frame: a warp copies 4,096 values a tile
+            while tile < n_blocks:
+                g = tile * (32 * raw_rounds) + lane
+                for _ in range(raw_rounds):
+                    cs = decode._raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
+                    g += 32
+                tile = _warp_tile(ws, lane, warps, n_blocks)
+            if do_cs:
+                common.flush_checksum(ws, cs, lane)
+            return
+
+        cb64 = hdr[4]
+        cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
+        cbb = u32(cb64 >> 24)  # entries 3-6
+        err = np.int64(0)
+        ra, rb, rc, rd = decode._load_tile(f8, f64, tile if tile < n_blocks else 0, 0, lane, n, planes_off,
+                                           stride, pwords)
+        while tile < n_blocks:
+            nxt = _warp_tile(ws, lane, warps, n_blocks)
+            craw = np.int64(f32[(counts_off >> 2) + tile])
+            prefix = _tile_prefix(ws, tile, lane)
+            run = np.int64(0)  # escapes of the tile's earlier quarters
+            for q in range(4):
+                g = tile * 512 + q * 128 + lane
+                escm, cntp, cs = code(ra, rb, rc, rd, g, spread, cba, cbb, f8, f32, out32, out16, lo_off,
+                                      planes_off, stride, pwords, do_cs, cs)
+                ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
+                if q < 3:  # the next quarter's loads go out before this quarter's escapes
+                    ra, rb, rc, rd = decode._load_tile(f8, f64, tile, q + 1, lane, n, planes_off, stride,
+                                                       pwords)
+                elif nxt < n_blocks:
+                    ra, rb, rc, rd = decode._load_tile(f8, f64, nxt, 0, lane, n, planes_off, stride, pwords)
+                cs, err = patch(f8, out16, escm, ex, w0t, w1t, w2t, prefix + run, g, eo, nesc, do_cs, cs, err)
+                run += np.int64(w0t + w1t + w2t + w3t)
+            if lane == 0:
+                lim = min(n - tile * fmt.BLOCK, fmt.BLOCK)
+                cnt = min(craw, lim)
+                if craw > lim or run != craw:
+                    err |= ERR_COUNTS
+                if tile == n_blocks - 1 and prefix + cnt != nesc:
+                    err |= ERR_TOTAL
+                if do_cs:
+                    cs = wrap64(cs + count_checksum(craw, counts_off, tile))
+            tile = nxt
+        if err != 0:
+            cuda.atomic.or_(ws, WS_ERR, err)
+        if do_cs:
+            common.flush_checksum(ws, cs, lane)
+
+    return decode_warps
+
+
+scan_counts = _scan_kernel(False)
+scan_counts32 = _scan_kernel(True)
+decode_warps = _tiles_kernel(False, BLOCKS)
+decode_warps32 = _tiles_kernel(True, FP32_BLOCKS)
+
+
+def use_warps(n_blocks: int, fp32: bool = False) -> bool:
+    """Whether a frame of ``n_blocks`` tiles takes this decoder (else the block decoder): when the
+    grid's warps are no more than its tiles (each warp then has a tile and the block decoder's
+    four-warps-a-tile parallelism is not needed), and its chunks fit the workspace's slots."""
+    bps = FP32_BLOCKS if fp32 else BLOCKS
+    return n_blocks <= MAX_CHUNKS * CHUNK and n_blocks >= WARPS * common.grid_size(1 << 30, bps)
+
+
+def grid(n_blocks: int, fp32: bool = False) -> int:
+    """Blocks of ``decode_warps``: a warp a tile, at most the launch bounds' blocks a multiprocessor."""
+    return common.grid_size(-(-n_blocks // WARPS), FP32_BLOCKS if fp32 else BLOCKS)
+
+
+def chunks(n_blocks: int) -> int:
+    return -(-n_blocks // CHUNK)
+
+
+def launch(f8, f32, f64, out32, out16, ws, lt, n_blocks: int, fp32: bool, stream) -> None:
+    """Enqueue the scan and the tile kernel (module docstring) of a frame of ``n_blocks`` tiles
+    (``lt``: its layout tuple); the caller enqueues the finishing kernel after them."""
+    (scan_counts32 if fp32 else scan_counts)[chunks(n_blocks), TPB, stream](f8, f32, f64, ws, lt)
+    (decode_warps32 if fp32 else decode_warps)[grid(n_blocks, fp32), TPB, stream](
+        f8, f32, f64, out32, out16, ws, lt)
+
+
+# -- the lean route (launch.py): compiled once per device, launched from packed parameters --
+_A = launch_route.array
+_FRAME = (_A(np.uint8), _A(np.uint32), _A(np.int64))
+SCAN = launch_route.Kernel(scan_counts, (*_FRAME, _A(np.int64), launch_route.int_tuple(LAY_FIELDS)))
+SCAN32 = launch_route.Kernel(scan_counts32, (*_FRAME, _A(np.int64), launch_route.int_tuple(WIDE_FIELDS)))
+TILES = launch_route.Kernel(decode_warps, (*_FRAME, _A(np.uint32), _A(np.uint16), _A(np.int64),
+                                           launch_route.int_tuple(LAY_FIELDS)))
+TILES32 = launch_route.Kernel(decode_warps32, (*_FRAME, _A(np.uint32), _A(np.uint16), _A(np.int64),
+                                               launch_route.int_tuple(WIDE_FIELDS)))
+
+
+def steps(device: int, frame, outs, ws, lt, n_blocks: int, fp32: bool) -> tuple[plans.Step, plans.Step]:
+    """The plan steps of the scan and the tile kernel: ``frame`` the (f8, f32, f64) buffers,
+    ``outs`` (out32, out16), ``ws`` the workspace, each as (pointer, count)."""
+    scan = plans.Step(SCAN32 if fp32 else SCAN, device, chunks(n_blocks), (*frame, ws, lt), (0, 1, 2), ())
+    tiles = plans.Step(TILES32 if fp32 else TILES, device, grid(n_blocks, fp32), (*frame, *outs, ws, lt),
+                       (0, 1, 2), (3, 4))
+    return scan, tiles
