@@ -1,10 +1,10 @@
-"""Check, then time, round 4's variants beside the library on one GPU: v7a, v7b and v7c.
+"""Check, then time, round 4's variants beside the library on one GPU: v7b and v7c (v7a, FP16
+decode on the tile structure, is the library's FP16 decoder now).
 
-* **v7a** (``v7a_decode16.py``, FP16 decode on the tile structure), built with 8 and with 6
-  resident blocks per multiprocessor: at each size N(0, 0.02²) FP16 data on the device, the
-  library's frames (``encode_into``; the first checked byte for byte against the reference's up
-  to 8 Mi values, the CPU codec's above); the library decoder and every v7a build must give every
-  timed buffer set back bit for bit with no error bits before they are timed.
+* **FP16 decode**, the library's (``decode_fp16.decode_tiles16``, round 4's v7a): at each size
+  N(0, 0.02²) FP16 data on the device, the library's frames (``encode_into``; the first checked
+  byte for byte against the reference's up to 8 Mi values, the CPU codec's above); the decoder
+  must give every timed buffer set back bit for bit with no error bits before it is timed.
 * **v7c**'s FP32 build (6 resident blocks, as the library's FP32 decoder) on the library's
   FP32 frames, beside the library's FP32 decoder, both checked bit for bit first.
 * **v7b** (``v7b_encode32.py``, FP32 encode with two tiles a ticket), built as the library's FP32
@@ -29,7 +29,7 @@ short table last (``--table`` prints it again from the saved records)::
     NUMBA_ENABLE_CUDASIM=1 python experiments/kernels/v7_bench.py --check-only --sizes-k 2 9
     python experiments/kernels/v7_bench.py --table --since 20261202T000000
 
-``--check-only`` needs no GPU: it runs both variants' simulator checks (the same as
+``--check-only`` needs no GPU: it runs the variants' simulator checks (the same as
 ``tests/test_kernel_variants_sim.py``). ``v6_round.sh`` runs this after the v6 bench.
 """
 
@@ -53,7 +53,6 @@ from harness import append_records  # noqa: E402
 
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v7.jsonl"
-V7A = {"v7a decode (tiles, 8 blocks/SM)": 8, "v7a decode (tiles, 6 blocks/SM)": 6}
 V7C = {"v7c decode (a warp a tile, 8 blocks/SM)": 8, "v7c decode (a warp a tile, 6 blocks/SM)": 6}
 V7C32 = {"v7c decode (a warp a tile, 6 blocks/SM)": 6}
 V7B = {"v7b encode (pairs, 8 blocks, ahead 4)": (8, 4), "v7b encode (pairs, 8 blocks, ahead 1)": (8, 1),
@@ -86,12 +85,11 @@ def table(paths, since: str) -> None:
 def check_only(sizes_k) -> int:
     """The variants' simulator checks (NUMBA_ENABLE_CUDASIM=1)."""
     import v6_sim
-    import v7a_decode16
     import v7b_encode32
     import v7c_decode
 
-    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s)
-                           | v7c_decode.check_sim(s), __doc__, ["--sizes-k", *map(str, sizes_k)])
+    return v6_sim.sim_main(lambda s: v7b_encode32.check_sim(s) | v7c_decode.check_sim(s), __doc__,
+                           ["--sizes-k", *map(str, sizes_k)])
 
 
 def _commit() -> str | None:
@@ -127,7 +125,6 @@ def main(argv=None) -> int:
 
     zipccl_dir = str(Path(zipccl.__file__).parent)  # before bench_codec, which puts the checkout first
     import v6_bench
-    import v7a_decode16 as v7a
     import v7b_encode32 as v7b
     import v7c_decode as v7c
     from bench_codec import Timer, machine_info
@@ -212,10 +209,9 @@ def main(argv=None) -> int:
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
-        # ---- FP16 decode: the library's and v7a's, on the library's frames
+        # ---- FP16 decode: the library's, on the library's frames
         n = nbytes // 2
         codec = reference if n <= 8 * MiB else cpu
-        lay = fmt.Layout.for_count(n, fmt.DTYPE_FP16)
         rs = [cp.random.RandomState(100 + s) for s in range(sets)]
         bits = [r.normal(0, 0.02, n, dtype=cp.float32).astype(cp.float16).view(cp.uint16) for r in rs]
         frames = [cp.zeros(fmt.max_compressed_size(n, fmt.DTYPE_FP16), cp.uint8) for _ in range(sets)]
@@ -229,16 +225,7 @@ def main(argv=None) -> int:
                    for f, o in zip(frames, outs, strict=True)]
             if decoded("library FP16 decode", dec, outs, bits, ws):
                 timed("library decode", "fp16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, bps in V7A.items():
-                kern = v7a.kernel(bps)
-                ps = [v7a.plan(kern, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                               _common.CRC_ZERO, crc_ptr, crc.size)
-                      for f, o in zip(frames, outs, strict=True)]
-                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                if decoded(name, calls, outs, bits, ws):
-                    timed(name, "fp16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                          blocks_per_sm=bps)
-        bits = frames = outs = enc = dec = calls = ps = None
+        bits = frames = outs = enc = dec = None
         cp.get_default_memory_pool().free_all_blocks()
 
         # ---- FP32 encode: the library's and v7b's
