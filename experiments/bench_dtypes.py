@@ -49,7 +49,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # the kernels being measured (experiments/kernels/NOTES.md; the wide v2 records of FP32 are
 # results/dtypes_gpu_wide_v2.jsonl)
 KERNEL = ("FP32: the BF16 tile kernels' FP32 build (encode v5 / decode v4 bodies); "
-          "FP16: encode the tile kernel's FP16 build (encode.py), decode one value per lane (decode_fp16.py)")
+          "FP16: encode the tile kernel's FP16 build (encode.py), decode on the BF16 decoder's tile "
+          "structure, 8 values a lane a round (decode_fp16.py, round 4's v7a)")
 SIGMAS = (1e-5, 1e-4, 1e-3, 0.02, 1.0, 100.0)
 GAUSS_N = 1 << 20
 

@@ -211,6 +211,83 @@ def test_fp16_escape_above_31_without_checksum(dev):
         gpu.decompress(dev.asarray(bad))
 
 
+def _implied_error_bits(frame: np.ndarray, n: int) -> int:
+    """The device decoder's error bits for an FP16 ``frame`` whose header is intact, from the
+    checks ``reference.decode`` makes: the payload checksum, each block's stored escape count
+    against the escape codes in its planes, the counts' sum against the header's total, and
+    every escape byte the decoder reads (a block's escapes at its stored counts' prefix: one
+    outside the escape section is a range error, one above 31 not an FP16 exponent)."""
+    from zipccl.kernels import _common, decode_fp16
+
+    h = fmt.parse_header(frame)
+    lay = fmt.Layout.for_count(n, FP16)
+    err = 0
+    if h.has_checksum and fmt.payload_checksum(frame, h.frame_len) != h.checksum:
+        err |= _common.ERR_CHECKSUM
+    planes = [reference.unpack_plane(frame[lay.plane_offset(k):lay.plane_offset(k) + 4 * lay.plane_words], n)
+              for k in range(3)]
+    escaped = (planes[0] | planes[1] | planes[2]) == 0
+    seen = np.add.reduceat(escaped.astype(np.int64), np.arange(0, n, BLOCK))
+    counts = frame[lay.counts_offset:lay.counts_offset + 4 * lay.n_blocks].view("<u4").astype(np.int64)
+    assert np.all(counts <= BLOCK), "a case for counts the decoder clamps"
+    if not np.array_equal(seen, counts):
+        err |= _common.ERR_COUNTS
+    if counts.sum() != h.n_escapes:
+        err |= _common.ERR_TOTAL
+    starts = np.cumsum(counts) - counts
+    pos = np.concatenate([starts[b] + np.arange(seen[b]) for b in range(lay.n_blocks)])
+    if np.any(pos >= h.n_escapes):
+        err |= _common.ERR_ESCAPE_RANGE
+    read = frame[lay.escapes_offset + pos[pos < h.n_escapes]]
+    if np.any(read > fmt.EXPONENT_MAX[FP16]):
+        err |= decode_fp16.ERR_ESCAPE_VALUE
+    return err
+
+
+@long_under_simulator
+def test_fp16_corrupted_frames_error_bits(dev):
+    """Each corruption sets exactly the error bits the reference's checks imply; a frame that
+    stays valid (no checksum to catch a changed payload byte) decodes as the reference decodes
+    it. Two blocks or more (full ones and a tail), escapes in each; without a checksum every
+    case, with one those that add its bit."""
+    from zipccl.kernels import _common, decode_fp16
+
+    n = dev.size(5000, 300_001)
+    bits = _gauss(n, FP16, seed=11)
+    bits[np.random.default_rng(12).choice(n, n // 30, replace=False)] ^= np.uint16(0x4000)
+    cb = Codebook.from_sample(bits, dtype=FP16)
+    lay = fmt.Layout.for_count(n, FP16)
+    last = lay.counts_offset + 4 * (lay.n_blocks - 1)
+    sm, raw_plane, esc = lay.sm_offset + 7, lay.plane_offset(5) + 9, lay.escapes_offset
+    for checksum in (False, True):
+        frame = reference.encode(bits, cb, checksum=checksum, dtype=FP16)
+        h = fmt.parse_header(frame)
+        counts = frame[lay.counts_offset:lay.counts_offset + 4 * lay.n_blocks].view("<u4")
+        assert not h.raw and lay.n_blocks >= 2 and np.all(counts > 0)
+        cases = {"clean": (), "escape byte above 31": (esc, 40),
+                 "first count + 1": (lay.counts_offset, frame[lay.counts_offset] + 1),
+                 "payload bit": (sm, frame[sm] ^ 1)}
+        if not checksum:
+            cases.update({"last escape byte above 31": (esc + h.n_escapes - 1, 200),
+                          "first count - 1": (lay.counts_offset, frame[lay.counts_offset] - 1),
+                          "last count + 1": (last, frame[last] + 1),
+                          "raw plane bit": (raw_plane, frame[raw_plane] ^ 4),
+                          "escape byte, still an exponent": (esc + 2, (frame[esc + 2] + 1) & 31)})
+        implied = 0
+        for what, edit in cases.items():
+            bad = frame.copy()
+            if edit:
+                bad[edit[0]] = edit[1]
+            want = _implied_error_bits(bad, n)
+            implied |= want
+            got, err = _decode(dev, bad, n, FP16)
+            assert err == want, (checksum, what, err, want)
+            if want == 0:
+                assert np.array_equal(got, reference.decode(bad)[0]), (checksum, what)
+        assert implied == (_common.ERR_COUNTS | _common.ERR_TOTAL | _common.ERR_ESCAPE_RANGE
+                           | decode_fp16.ERR_ESCAPE_VALUE | (_common.ERR_CHECKSUM if checksum else 0))
+
+
 @long_under_simulator
 @pytest.mark.parametrize("code", [FP32, FP16])
 def test_compress_and_decompress(dev, code):

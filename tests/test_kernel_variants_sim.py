@@ -45,17 +45,6 @@ def test_v6b_encoder_writes_the_library_frames():
 
 @long_under_simulator
 @simulator_only
-def test_v7a_fp16_tile_decoder_matches_the_library():
-    """v7a (the FP16 decoder on the tile structure) decodes reference FP16 frames bit for bit as
-    the library's decoder does, and sets the library's error bits on corrupted frames."""
-    sys.path.insert(0, str(KERNELS))
-    import v7a_decode16
-
-    assert v7a_decode16.check_sim([2, 9]) == 0
-
-
-@long_under_simulator
-@simulator_only
 def test_v7b_fp32_pair_encoder_writes_the_library_frames():
     """v7b (FP32, two tiles a ticket): the library's and the reference's FP32 frames, byte for
     byte, with an odd and an even number of tiles."""

@@ -4,8 +4,8 @@
 # replay and eager; the public compress / decompress), v6a, v6b and the one-tile-a-ticket encoder,
 # then the library's BF16 kernels of a base tree (BASE, a commit, its zipccl/ taken with git
 # archive, or BASE_DIR, a folder holding a copy of it), then round 4's variants beside the library
-# (v7_bench.py: v7a, the FP16 decoder on the tile structure; v7b, the FP32 encoder on pairs of
-# tiles), then the peers (bench_peers.py) where their builds are there (.peers/, and nvCOMP
+# (v7_bench.py: the library's FP16 decoder, which is round 4's v7a; v7b, the FP32 encoder on
+# pairs of tiles), then the peers (bench_peers.py) where their builds are there (.peers/, and nvCOMP
 # importable), at 16 MiB, 256 MiB and 1 GiB. V6=0 skips the v6 runs (tree and base), V7=0 round 4's.
 # Records are appended to experiments/results/kernel_variants_v6.jsonl and kernel_variants_v7.jsonl
 # (peers: codec_peers.jsonl); the last lines printed are one table of every timing of this round.
@@ -37,7 +37,7 @@ else
 fi
 fi
 if [ "${V7:-1}" != 0 ]; then
-  echo "=== round 4: v7a (FP16 decode on tiles), v7b (FP32 encode on pairs) beside the library ($(date +%T))"
+  echo "=== round 4: v7b (FP32 encode on pairs) beside the library, the library FP16 decoder (v7a) ($(date +%T))"
   PYTHONPATH=$PWD timeout "${V7_S:-240}" python3 experiments/kernels/v7_bench.py --sizes-mib $SIZES --label tree \
     --out "$OUT7" > "$LOG/v7.txt" 2>&1 || echo "v7 run failed or cut short: see $LOG/v7.txt"
 fi

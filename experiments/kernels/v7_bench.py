@@ -1,11 +1,12 @@
-"""Check, then time, round 4's variants beside the library on one GPU: v7a and v7b, and the
-library's BF16 / FP32 decoders.
+"""Check, then time, round 4's variant v7b beside the library on one GPU, and the library's
+BF16, FP32 and FP16 decoders.
 
-* **v7a** (``v7a_decode16.py``, FP16 decode on the tile structure), built with 8 and with 6
-  resident blocks per multiprocessor: at each size N(0, 0.02²) FP16 data on the device, the
-  library's frames (``encode_into``; the first checked byte for byte against the reference's up
-  to 8 Mi values, the CPU codec's above); the library decoder and every v7a build must give every
-  timed buffer set back bit for bit with no error bits before they are timed.
+* **FP16 decode**, the library's (``decode_fp16.decode_tiles16``, round 4's v7a; before its
+  promotion v7a was timed here beside the one-value-per-lane decoder, ``262b87a^``): at each
+  size N(0, 0.02²) FP16 data on the device, the library's frames (``encode_into``; the first
+  checked byte for byte against the reference's up to 8 Mi values, the CPU codec's above); the
+  decoder must give every timed buffer set back bit for bit with no error bits before it is
+  timed.
 * **v7b** (``v7b_encode32.py``, FP32 encode with two tiles a ticket), built as the library's FP32
   encoder is (8 blocks, all loads of a tile first) and two other ways (``V7B``): the library's
   FP32 frames checked against the reference's / CPU codec's first, then every v7b build's frame
@@ -58,7 +59,6 @@ from harness import append_records  # noqa: E402
 
 MiB = 1 << 20
 RESULTS = HERE.parent / "results" / "kernel_variants_v7.jsonl"
-V7A = {"v7a decode (tiles, 8 blocks/SM)": 8, "v7a decode (tiles, 6 blocks/SM)": 6}
 # the library's decoders forced (decode.Plan's warps): the block decoder, the warp-a-tile one
 LIBRARY_PATHS = {"library block decoder": False, "library warp decoder": True}
 V7B = {"v7b encode (pairs, 8 blocks, ahead 4)": (8, 4), "v7b encode (pairs, 8 blocks, ahead 1)": (8, 1),
@@ -91,11 +91,9 @@ def table(paths, since: str) -> None:
 def check_only(sizes_k) -> int:
     """The variants' simulator checks (NUMBA_ENABLE_CUDASIM=1)."""
     import v6_sim
-    import v7a_decode16
     import v7b_encode32
 
-    return v6_sim.sim_main(lambda s: v7a_decode16.check_sim(s) | v7b_encode32.check_sim(s), __doc__,
-                           ["--sizes-k", *map(str, sizes_k)])
+    return v6_sim.sim_main(v7b_encode32.check_sim, __doc__, ["--sizes-k", *map(str, sizes_k)])
 
 
 def _commit() -> str | None:
@@ -139,7 +137,6 @@ def main(argv=None) -> int:
 
     zipccl_dir = str(Path(zipccl.__file__).parent)  # before bench_codec, which puts the checkout first
     import v6_bench
-    import v7a_decode16 as v7a
     import v7b_encode32 as v7b
     from bench_codec import Timer, machine_info
 
@@ -225,7 +222,7 @@ def main(argv=None) -> int:
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
-        # ---- FP16 decode: the library's and v7a's, on the library's frames
+        # ---- FP16 decode: the library's, on the library's frames
         if "fp16" not in args.skip:
             n = nbytes // 2
             codec = reference if n <= 8 * MiB else cpu
@@ -244,15 +241,6 @@ def main(argv=None) -> int:
                        for f, o in zip(frames, outs, strict=True)]
                 if decoded("library FP16 decode", dec, outs, bits, ws):
                     timed("library decode", "fp16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-                for name, bps in V7A.items():
-                    kern = v7a.kernel(bps)
-                    ps = [v7a.plan(kern, bps, dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                                   _common.CRC_ZERO, crc_ptr, crc.size)
-                          for f, o in zip(frames, outs, strict=True)]
-                    calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                    if decoded(name, calls, outs, bits, ws):
-                        timed(name, "fp16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                              blocks_per_sm=bps)
             bits = frames = outs = enc = dec = calls = ps = None
             cp.get_default_memory_pool().free_all_blocks()
 

@@ -45,7 +45,8 @@ Collectives use the ``*_into`` functions.
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
 and float16 arrays (or 16-bit integers with ``dtype="float16"``) through the same
 plans and workspaces (``kernels/encode.py``'s ``WidePlan`` / ``kernels/decode_fp16.py``): FP32
-runs the BF16 tile kernels' FP32 builds, FP16 the encoder's FP16 build and its own decoder.
+runs the BF16 tile kernels' FP32 builds, FP16 the encoder's FP16 build and a decoder on the BF16
+decoder's tile structure.
 ``compress`` chooses the FP32 codebook on the device, as for BF16 (the choice kernel on the upper
 halves); the FP16 codebook comes from the strided sample, gathered on the device and read back
 (one synchronisation more).
@@ -724,7 +725,7 @@ def _decode_wide_numba(frame, out, stream, workspace, code) -> None:
     v = runtime.view
     fp32 = code == fmt.DTYPE_FP32
     _wide()[1].launch(v(fb, nbytes, np.uint8), v(fb, nbytes // 2, np.uint16), v(fb, nbytes // 4, np.uint32),
-                      v(fb, nbytes // 8, np.int64), v(ob, n if fp32 else 0, np.uint32),
+                      v(fb, nbytes // 8, np.int64), v(ob, n if fp32 else (n & ~7) // 2, np.uint32),
                       v(ob, 2 * n if fp32 else n, np.uint16), ws.array, lay, _common.CRC_ZERO,
                       runtime.crc_table(), runtime.stream(stream))
 

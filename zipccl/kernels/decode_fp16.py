@@ -6,22 +6,36 @@ FP32 frames are decoded by the BF16 tile kernel's FP32 build (``decode.decode_ti
 then ``wide_finish``. FP16 takes two launches, no host synchronisation, as BF16 does
 (``decode.py``):
 
-1. ``wide_tiles``: a persistent grid whose blocks take tiles from the ticket counter.
-   Thread 0 of every block checks the header fields it relies on (magic, version,
-   element type, flags, n = the output's, lengths, codebook entries <= 31); if they do
-   not fit, the block writes nothing. A RAW frame is copied. Otherwise a warp decodes
-   1024 values as 32 groups of 32: every lane reads the group's plane words (one
-   broadcast load each; the loads of 4 groups go out together), takes its code and raw
-   bits from bit j, its low byte, and writes its value; escaped values are written once
-   the look-back (``_common.lookback``, over the stored counts) has given the tile's
-   first escape, each at its rank among the group's escape votes. Each tile compares
-   the escape codes it saw with its stored count; escape reads are checked against the
-   header's total, and escape bytes against 31.
+1. ``decode_tiles16``: the BF16 tile kernel's structure (``decode.decode_tiles``) with FP16's
+   bits. A persistent grid whose blocks take tiles from the ticket counter; thread 0 of every
+   block checks the header fields it relies on (magic, version, element type, flags, n = the
+   output's, lengths, codebook entries <= 31) and if they do not fit the block writes
+   nothing. A RAW frame is copied. Otherwise in round r lane j decodes values 256r + 8j ..
+   +7 of its warp's 1024: it loads their 8 low bytes (one 8-byte load) and its byte of each
+   of the 6 bit planes (a warp reads 32 contiguous bytes a plane). Decoding inverts the FP16
+   encoder's table (``encode._fp16_entries``: high byte -> code bits, raw bits). The shared
+   table spreads a plane byte's bit i to bit 4i, so
+   * the 3 code planes give 8 codes as nibbles, and a byte permute (PRMT) whose source is
+     the codebook (byte 0 = 0 for the escape, bytes 1..7 the exponents) turns 4 of them into
+     4 exponent bytes, shifted by 2 into place in the high byte (an FP16 exponent is at most
+     31: no carry);
+   * the 3 raw planes (mantissa bits 8, 9 and the sign) give 8 3-bit nibbles likewise, and
+     a byte permute of a constant (byte k = the high-byte bits of raw nibble k) turns 4 of
+     them into the rest of 4 high bytes.
+   Two more permutes interleave low and high bytes into 4 FP16 values; a full round leaves in
+   one 16-byte store. Escaped values are stored with exponent 0 and rewritten once the
+   look-back (``_common``, over the stored counts) has given the tile's first escape, each at
+   its rank from one packed exclusive warp scan (their low byte and raw bits re-read; the
+   position checked against the header's escape total, the escape byte against 31). Each
+   tile compares the escape codes it saw with its stored count; the next tile's loads are
+   issued before the current tile patches its escapes. Launch bounds of 6 resident blocks per
+   multiprocessor (``FP16_BLOCKS_PER_SM``), as the FP32 build's.
 2. ``wide_finish`` (one block, FP32 and FP16): header CRC, escape total, payload
    checksum (the tiles' sums plus the padding bytes it reads), then the call's error
    bits, counter reset and the next epoch, as ``decode.decode_finish`` does for BF16.
 
 Error bits are ``_common``'s, plus ``ERR_ESCAPE_VALUE`` (an FP16 escape byte above 31).
+Version history and H200 measurements: experiments/kernels/NOTES.md (this is round 4's v7a).
 """
 
 from __future__ import annotations
@@ -37,18 +51,14 @@ from . import (
 )
 from . import launch as launch_route
 from . import plan as plans
-from ._common import TPB, dev, grid_size
-from .compat import atomic_read, ballot, popc, wrap64
+from ._common import TPB, byte_checksum, dev, grid_size, popc32, prmt
+from .compat import atomic_read, u32, wrap64
 from .layout import (
     FP32,
     LAY_DTYPE,
     LAY_LO,
-    LAY_N,
     LAY_NBLOCKS,
     LAY_NPLANES,
-    LAY_PLANES,
-    LAY_PWORDS,
-    LAY_STRIDE,
     WIDE_FIELDS,
     layout_fields,
     wide_header_ok,
@@ -59,31 +69,13 @@ ERR_ESCAPE_VALUE = 64
 ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
 
 HDR = fmt.HEADER_SIZE
-
-
-@dev
-def vote(pred):
-    """``ballot`` as an unsigned 32-bit mask: the vote intrinsic returns an int32, whose
-    widening would copy lane 31's bit into bits 32..63 (a plane word's checksum term and
-    popcounts would then be wrong; the simulator's ballot is never negative)."""
-    return ballot(pred) & 0xFFFFFFFF
-
-
-@dev
-def bcs(byte, q):
-    """``_common.byte_checksum``, inlined (it sits in the per-value path)."""
-    return wrap64((byte << (8 * (q & 3))) * (2 * (q >> 2) + 1))
-
-
-@dev
-def store_votes(votes, at, lane, s0, s1, s2, s3):
-    """Lane 0: 4 consecutive groups' escape votes into votes[at..at + 3]; their escapes."""
-    if lane == 0:
-        votes[at] = s0
-        votes[at + 1] = s1
-        votes[at + 2] = s2
-        votes[at + 3] = s3
-    return popc(s0) + popc(s1) + popc(s2) + popc(s3)
+U64 = np.uint64
+HDR8 = HDR // 8
+RAW_A = 0x03020100  # high-byte bits of raw nibbles 0..3 (bit 0: mantissa bit 8, bit 1: bit 9)
+RAW_B = 0x83828180  # raw nibbles 4..7: the sign (bit 7) as well
+# launch bounds of the FP16 tile kernel: 6 resident blocks per multiprocessor (<= 80 registers),
+# measured against 8 (<= 64) in experiments/kernels/NOTES.md
+FP16_BLOCKS_PER_SM = 6
 
 
 @dev
@@ -94,46 +86,113 @@ def _assemble(ex, byte, r8, r9, r15):
 
 
 @dev
-def _bits3(f32, at, stride, word, lane):
-    """Bit ``lane`` of word ``word`` of the 3 bit planes at ``at``, ``at + stride``, ``at + 2
-    stride``, as bits 0, 1, 2."""
-    b = (np.int64(f32[(at >> 2) + word]) >> lane) & 1
-    b |= ((np.int64(f32[((at + stride) >> 2) + word]) >> lane) & 1) << 1
-    return b | (((np.int64(f32[((at + 2 * stride) >> 2) + word]) >> lane) & 1) << 2)
+def _planes3(f8, q, stride):
+    """The bytes at q, q + stride, q + 2 stride (one byte of 3 consecutive planes)."""
+    return u32(f8[U64(q)]), u32(f8[U64(q + stride)]), u32(f8[U64(q + 2 * stride)])
 
 
 @dev
-def _dload(f8, f32, e, word, lane, lay):
-    """(code | raw bits << 3, low byte) of lane's value e of a group (zeros past the
-    sections)."""
-    c = np.int64(0)
-    if word < lay[LAY_PWORDS]:
-        c = _bits3(f32, lay[LAY_PLANES], lay[LAY_STRIDE], word, lane)
-        c |= _bits3(f32, lay[LAY_PLANES] + 3 * lay[LAY_STRIDE], lay[LAY_STRIDE], word, lane) << 3
-    b = np.int64(0)
-    if e < lay[LAY_N]:
-        b = np.int64(f8[HDR + e])
-    return c, b
+def _round16(f8, f64, u, n, planes_off, raw_off, stride, pwords):
+    """(low bytes 0-3, 4-7, 3 code plane bytes, 3 raw plane bytes, valid mask) of the 8 values
+    from 8u; bytes outside their sections read as 0 (the tail tile's path)."""
+    sm0, sm1, p0, p1, p2, vm = decode._load_round(f8, f64, u, n, planes_off, stride, pwords)
+    q0 = u32(0)
+    q1 = q0
+    q2 = q0
+    if u < 4 * pwords:
+        q0, q1, q2 = _planes3(f8, raw_off + u, stride)
+    return sm0, sm1, p0, p1, p2, q0, q1, q2, vm
 
 
 @dev
-def _dgroup(c, byte, e, word, lane, cb, f32, out16, lay, do_cs, cs):
-    """Write lane's value e of one group (an escaped one with exponent 0 for now); returns
-    (checksum, the group's escape vote)."""
-    valid = e < lay[LAY_N]
-    code = c & 7
-    if do_cs and word < lay[LAY_PWORDS] and lane < lay[LAY_NPLANES]:
-        at = lay[LAY_PLANES] + lane * lay[LAY_STRIDE]
-        cs = wrap64(cs + np.int64(f32[(at >> 2) + word]) * (2 * (((at - HDR) >> 2) + word) + 1))
-    esc = vote(valid and code == 0)
-    if valid:
+def _full16(f8, f64, u, planes_off, raw_off, stride):
+    """``_round16`` of a round whose 8 values are all < n."""
+    sm = f64[U64(HDR8 + u)]
+    p0, p1, p2 = _planes3(f8, planes_off + u, stride)
+    q0, q1, q2 = _planes3(f8, raw_off + u, stride)
+    return u32(sm), u32(sm >> 32), p0, p1, p2, q0, q1, q2, u32(0xFF)
+
+
+@dev
+def _tile16(f8, f64, tile, warp, lane, n, planes_off, raw_off, stride, pwords):
+    """The lane's bytes of a tile: its 4 rounds' ``_round16`` tuples."""
+    g = tile * 512 + warp * 128 + lane
+    if (tile + 1) * fmt.BLOCK <= n:
+        return (_full16(f8, f64, g, planes_off, raw_off, stride),
+                _full16(f8, f64, g + 32, planes_off, raw_off, stride),
+                _full16(f8, f64, g + 64, planes_off, raw_off, stride),
+                _full16(f8, f64, g + 96, planes_off, raw_off, stride))
+    return (_round16(f8, f64, g, n, planes_off, raw_off, stride, pwords),
+            _round16(f8, f64, g + 32, n, planes_off, raw_off, stride, pwords),
+            _round16(f8, f64, g + 64, n, planes_off, raw_off, stride, pwords),
+            _round16(f8, f64, g + 96, n, planes_off, raw_off, stride, pwords))
+
+
+@dev
+def _nibbles(spread, p0, p1, p2):
+    """Bits i of the 3 plane bytes as nibble i (bits 0, 1, 2)."""
+    return u32(spread[p0] + u32(spread[p1] << 1) + u32(spread[p2] << 2))
+
+
+@dev
+def _high4(cba, cbb, nib, rn):
+    """4 FP16 high bytes from 4 code nibbles and 4 raw nibbles (the low 16 bits of each)."""
+    return u32(u32(prmt(cba, cbb, nib) << 2) | prmt(RAW_A, RAW_B, rn))
+
+
+@dev
+def _values16(rd, spread, cba, cbb):
+    """(4 output words, escape mask) of one round's bytes ``rd`` (escaped values: exponent 0)."""
+    sm0, sm1, p0, p1, p2, q0, q1, q2, vm = rd
+    nib = _nibbles(spread, p0, p1, p2)
+    rn = _nibbles(spread, q0, q1, q2)
+    h0 = _high4(cba, cbb, nib, rn)
+    h1 = _high4(cba, cbb, u32(nib >> 16), u32(rn >> 16))
+    return (prmt(sm0, h0, 0x5140), prmt(sm0, h0, 0x7362), prmt(sm1, h1, 0x5140), prmt(sm1, h1, 0x7362),
+            u32(u32(~u32(p0 | p1 | p2)) & vm))
+
+
+@dev
+def _cs16(rd, u, planes_off, raw_off, stride, pwords):
+    """Payload checksum terms of one round's low bytes below n and its 6 plane bytes (the low
+    bytes past n are padding: ``wide_finish`` counts those)."""
+    sm0, sm1, p0, p1, p2, q0, q1, q2, vm = rd
+    cs = np.int64(0)
+    if vm != 0:
+        keep = np.int64(-1)
+        if vm != 0xFF:
+            keep = (np.int64(1) << (8 * np.int64(popc32(vm)))) - 1
+        i = 2 * u
+        cs = wrap64(np.int64(u32(sm0 & u32(keep))) * (2 * i + 1)
+                    + np.int64(u32(sm1 & u32(keep >> 32))) * (2 * i + 3))
+    if u < 4 * pwords:
+        q = planes_off + u - HDR
+        r = raw_off + u - HDR
+        cs = wrap64(cs + byte_checksum(np.int64(p0), q) + byte_checksum(np.int64(p1), q + stride)
+                    + byte_checksum(np.int64(p2), q + 2 * stride) + byte_checksum(np.int64(q0), r)
+                    + byte_checksum(np.int64(q1), r + stride) + byte_checksum(np.int64(q2), r + 2 * stride))
+    return cs
+
+
+@dev
+def _patch(f8, out16, e, pos, nesc, eo, raw_off, stride, do_cs, cs, err):
+    """Rewrite escaped value e with the exponent at escape position ``pos``; (checksum, error
+    bits)."""
+    if pos >= 0 and pos < nesc:
+        x = np.int64(f8[U64(eo + pos)])
         if do_cs:
-            cs = wrap64(cs + bcs(byte, e))
-        ex = np.int64(0)
-        if code != 0:
-            ex = (cb >> (8 * (code - 1))) & 0xFF
-        out16[e] = _assemble(ex, byte, (c >> 3) & 1, (c >> 4) & 1, (c >> 5) & 1)
-    return cs, esc
+            cs = wrap64(cs + byte_checksum(x, eo + pos - HDR))
+        if x > 31:
+            err |= ERR_ESCAPE_VALUE
+        q = raw_off + (e >> 3)
+        b = e & 7
+        r8 = (np.int64(f8[U64(q)]) >> b) & 1
+        r9 = (np.int64(f8[U64(q + stride)]) >> b) & 1
+        r15 = (np.int64(f8[U64(q + 2 * stride)]) >> b) & 1
+        out16[U64(e)] = _assemble(x & 0x1F, np.int64(f8[U64(HDR + e)]), r8, r9, r15)
+    else:
+        err |= common.ERR_ESCAPE_RANGE
+    return cs, err
 
 
 @cuda.jit(device=True)
@@ -146,7 +205,7 @@ def _copy_raw(f16, out16, n, tile, tid, do_cs):
             v = np.int64(f16[(HDR >> 1) + e])
             out16[e] = v
             if do_cs:
-                cs = wrap64(cs + common.byte_checksum(v, 2 * e))
+                cs = wrap64(cs + byte_checksum(v, 2 * e))
         e += TPB
     return cs
 
@@ -154,72 +213,73 @@ def _copy_raw(f16, out16, n, tile, tid, do_cs):
 _first_tile = decode.block_start(None)
 
 
-@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, common.BLOCKS_PER_SM)}))
-def wide_tiles(f8, f16, f32, f64, out16, ws, lay):
-    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
-    n, planes_off, stride, counts_off, eo, _, _, n_blocks = layout_fields(lay)
-    votes = cuda.shared.array(128, dtype=np.int64)
+@cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, FP16_BLOCKS_PER_SM)}))
+def decode_tiles16(f8, f16, f32, f64, out32, out16, ws, lay):
+    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring).
+    ``out32``: the first n & ~7 output values as uint32, ``out16`` all n."""
+    n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
+    raw_off = planes_off + 3 * stride
+    spread = cuda.shared.array(256, dtype=np.uint32)
     smem = cuda.shared.array(16, dtype=np.int64)
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
-    below = (np.int64(1) << lane) - 1
+    spread[tid] = decode._spread_entry(tid)
+    spread[tid + TPB] = decode._spread_entry(tid + TPB)
     if not _first_tile(f8, f32, f64, ws, lay, smem, tid):
         return  # the header does not fit: write nothing
     tile, epoch, nesc, do_cs = decode.block_state(smem)
-    cb = smem[6]
     cs = np.int64(0)
-    err = np.int64(0)
-    if smem[3] != 0:
+    if smem[3] != 0:  # RAW frame: copy; the coded sections' offsets lie past its end
         while tile < n_blocks:
             cs = wrap64(cs + _copy_raw(f16, out16, n, tile, tid, do_cs))
             tile = common.block_ticket(ws, smem, tid)
-    while smem[3] == 0 and tile < n_blocks:
-        cnt = smem[7]  # this tile's stored escape count (clamped; published), and as stored
-        craw = smem[8]
-        wbase = tile * fmt.BLOCK + warp * 1024
-        seen = np.int64(0)
-        for q0 in range(0, 32, 4):  # the loads of 4 groups go out together
-            e0 = wbase + 32 * q0 + lane
-            w0 = tile * 128 + warp * 32 + q0
-            c0, b0 = _dload(f8, f32, e0, w0, lane, lay)
-            c1, b1 = _dload(f8, f32, e0 + 32, w0 + 1, lane, lay)
-            c2, b2 = _dload(f8, f32, e0 + 64, w0 + 2, lane, lay)
-            c3, b3 = _dload(f8, f32, e0 + 96, w0 + 3, lane, lay)
-            cs, s0 = _dgroup(c0, b0, e0, w0, lane, cb, f32, out16, lay, do_cs, cs)
-            cs, s1 = _dgroup(c1, b1, e0 + 32, w0 + 1, lane, cb, f32, out16, lay, do_cs, cs)
-            cs, s2 = _dgroup(c2, b2, e0 + 64, w0 + 2, lane, cb, f32, out16, lay, do_cs, cs)
-            cs, s3 = _dgroup(c3, b3, e0 + 96, w0 + 3, lane, cb, f32, out16, lay, do_cs, cs)
-            seen += store_votes(votes, warp * 32 + q0, lane, s0, s1, s2, s3)
-        woff, btot = common.block_escapes(smem, 9, warp, lane, seen, 0, 0, 0)  # A: totals, votes
+        if do_cs:
+            common.flush_checksum(ws, cs, lane)
+        return
+    err = np.int64(0)
+    cba = u32(smem[6] << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
+    cbb = u32(smem[6] >> 24)  # entries 3-6
+    ra, rb, rc, rd = _tile16(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off, raw_off,
+                             stride, pwords)
+    while tile < n_blocks:
+        g = tile * 512 + warp * 128 + lane
+        a0, a1, a2, a3, esc0 = _values16(ra, spread, cba, cbb)
+        b0, b1, b2, b3, esc1 = _values16(rb, spread, cba, cbb)
+        c0, c1, c2, c3, esc2 = _values16(rc, spread, cba, cbb)
+        d0, d1, d2, d3, esc3 = _values16(rd, spread, cba, cbb)
+        decode._store_round(out32, out16, g, ra[8], a0, a1, a2, a3)  # a 16-byte store when full
+        decode._store_round(out32, out16, g + 32, rb[8], b0, b1, b2, b3)
+        decode._store_round(out32, out16, g + 64, rc[8], c0, c1, c2, c3)
+        decode._store_round(out32, out16, g + 96, rd[8], d0, d1, d2, d3)
+        if do_cs:
+            cs = wrap64(cs + _cs16(ra, g, planes_off, raw_off, stride, pwords)
+                        + _cs16(rb, g + 32, planes_off, raw_off, stride, pwords)
+                        + _cs16(rc, g + 64, planes_off, raw_off, stride, pwords)
+                        + _cs16(rd, g + 96, planes_off, raw_off, stride, pwords))
+        escm = u32(esc0 | u32(esc1 << 8) | u32(esc2 << 16) | u32(esc3 << 24))
+        cntp = u32(popc32(esc0) | u32(popc32(esc1) << 8) | u32(popc32(esc2) << 16)
+                   | u32(popc32(esc3) << 24))
+        ex, w0t, w1t, w2t, w3t = common.exclusive_scan8(cntp, lane)
+        woff, btot = common.block_escapes(smem, 9, warp, lane, w0t, w1t, w2t, w3t)  # A
         if warp == 0:
-            err, cs = common.decoder_resolve(f32, ws, smem, 13, tile, epoch, lane, btot, cnt, craw, nesc, n,
-                                      n_blocks, counts_off, do_cs, cs, err, False)
+            err, cs = common.decoder_resolve(f32, ws, smem, 13, tile, epoch, lane, btot, smem[7], smem[8],
+                                             nesc, n, n_blocks, counts_off, do_cs, cs, err, False)
         cuda.syncthreads()  # B: this tile's prefix; the next tile's ticket and count
-        if btot != 0:
-            run = smem[13] + woff
-            for q in range(32):
-                esc = votes[warp * 32 + q]
-                if (esc >> lane) & 1:
-                    pos = run + popc(esc & below)
-                    e = wbase + 32 * q + lane
-                    if pos < 0 or pos >= nesc:
-                        err |= common.ERR_ESCAPE_RANGE
-                    else:
-                        ex = np.int64(f8[eo + pos])
-                        if do_cs:
-                            cs = wrap64(cs + common.byte_checksum(ex, eo + pos - HDR))
-                        if ex > 31:
-                            err |= ERR_ESCAPE_VALUE
-                        word = tile * 128 + warp * 32 + q
-                        byte = np.int64(f8[HDR + e])
-                        r8 = (np.int64(f32[((planes_off + 3 * stride) >> 2) + word]) >> lane) & 1
-                        r9 = (np.int64(f32[((planes_off + 4 * stride) >> 2) + word]) >> lane) & 1
-                        r15 = (np.int64(f32[((planes_off + 5 * stride) >> 2) + word]) >> lane) & 1
-                        out16[e] = _assemble(ex & 0x1F, byte, r8, r9, r15)
-                run += popc(esc)
-        tile = smem[0]
-        cuda.syncthreads()  # C: smem and votes are reused by the next tile
+        prefix = smem[13]
+        nxt = smem[0]
+        if nxt < n_blocks:  # the next tile's loads go out before this tile's escapes
+            ra, rb, rc, rd = _tile16(f8, f64, nxt, warp, lane, n, planes_off, raw_off, stride, pwords)
+        if escm != 0:
+            k0, k1, k2, k3 = common.escape_bases(ex, w0t, w1t, w2t, escm, prefix + woff)
+            m = escm
+            while m != 0:
+                m, low, bit = common.next_escape(m)  # bit 8r + s: value s of round r
+                r = u32(bit >> 3)
+                e = 8 * g + np.int64(u32(u32(r << 8) + u32(bit & 7)))
+                pos = common.escape_rank(k0, k1, k2, k3, r, escm, low)
+                cs, err = _patch(f8, out16, e, pos, nesc, eo, raw_off, stride, do_cs, cs, err)
+        tile = nxt
     if err != 0:
         cuda.atomic.or_(ws, common.WS_ERR, err)
     if do_cs:
@@ -289,8 +349,8 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
            warps: bool | None = None) -> None:
     """Enqueue the decoder through Numba's dispatcher (the simulator's route). ``f*``: the
     frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the output as uint32 /
-    uint16 (FP32: n / 2n of them; FP16: out32 empty, n). ``warps`` (FP32): as in
-    ``decode.launch``."""
+    uint16 (FP32: n / 2n of them; FP16: the first n & ~7 values as (n & ~7) / 2 words, and n).
+    ``warps`` (FP32): as in ``decode.launch``."""
     from . import decode_warps as dw
 
     lt = wide_tuple(lay)
@@ -301,13 +361,15 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
         decode.decode_tiles32[grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM), TPB, stream](
             f8, f32, f64, out32, out16, ws, lt)
     elif lay.n_blocks:
-        wide_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f16, f32, f64, out16, ws, lt)
+        decode_tiles16[grid_size(lay.n_blocks, FP16_BLOCKS_PER_SM), TPB, stream](
+            f8, f16, f32, f64, out32, out16, ws, lt)
     wide_finish[1, TPB, stream](f8, f64, ws, lt, crc_zero, crc_tab)
 
 
 _A = launch_route.array
-TILES = launch_route.Kernel(wide_tiles, (_A(np.uint8), _A(np.uint16), _A(np.uint32), _A(np.int64),
-                                         _A(np.uint16), _A(np.int64), launch_route.int_tuple(WIDE_FIELDS)))
+TILES = launch_route.Kernel(decode_tiles16, (_A(np.uint8), _A(np.uint16), _A(np.uint32), _A(np.int64),
+                                             _A(np.uint32), _A(np.uint16), _A(np.int64),
+                                             launch_route.int_tuple(WIDE_FIELDS)))
 FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int64),
                                            launch_route.int_tuple(WIDE_FIELDS), launch_route.I64,
                                            _A(np.int64)))
@@ -316,7 +378,7 @@ FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int
 class Plan(plans.Plan):
     """The launches of one FP32 / FP16 decode with everything but the stream fixed (as
     ``decode.Plan``): ``decode.decode_tiles32`` or ``decode_warps``' scan and tile kernels
-    (FP32, ``warps`` as in ``decode.launch``) or ``wide_tiles`` (FP16), then ``wide_finish``."""
+    (FP32, ``warps`` as in ``decode.launch``) or ``decode_tiles16`` (FP16), then ``wide_finish``."""
 
     __slots__ = ()
 
@@ -338,9 +400,10 @@ class Plan(plans.Plan):
             grid = grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM)
             args = (frame[0], frame[2], frame[3], (out_ptr, n), (out_ptr, 2 * n), ws, lt)
             steps.append(plans.Step(decode.TILES32, device, grid, args, (0, 1, 2), (3, 4)))
-        elif lay.n_blocks:
-            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks), (*frame, (out_ptr, n), ws, lt),
-                                    (0, 1, 2, 3), (4,)))
+        elif lay.n_blocks:  # out32: the first n & ~7 values as uint32, out16: all n
+            grid = grid_size(lay.n_blocks, FP16_BLOCKS_PER_SM)
+            args = (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n), ws, lt)
+            steps.append(plans.Step(TILES, device, grid, args, (0, 1, 2, 3), (4, 5)))
         steps.append(plans.Step(FINISH, device, 1, (frame[0], frame[3], ws, lt, crc_zero,
                                                     (crc_ptr, crc_count)), (0, 1), ()))
         super().__init__(device, tuple(steps))
