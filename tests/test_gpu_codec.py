@@ -283,6 +283,38 @@ def test_block_and_warp_decoders_agree(dev, dtype, tiles):
         assert errs[0] != 0 and errs[0] == errs[1], f"byte {at}: error bits {errs}"
 
 
+@simulator_only
+def test_warp_decoder_scan_over_several_chunks():
+    """The warp decoder's scan of the stored counts, built with 4 counts a thread (chunks of 512
+    tiles) over 3 chunks and a part, with one tile's count above its values: every tile's prefix
+    (its chunk's prefix + its status word) is NumPy's cumulative sum of the clamped counts, and
+    the finished-blocks counter is back at 0 for the next call."""
+    from zipccl.kernels import decode_warps as dw
+    from zipccl.kernels import runtime
+    from zipccl.kernels.layout import layout_tuple
+
+    n = 3 * 512 * fmt.BLOCK + 5 * fmt.BLOCK + 77
+    x = gaussian_bits(n, seed=23)
+    x[::1013] = 0x7F80
+    frame = reference.encode(x, Codebook.from_sigma(0.02), None, False)
+    lay = fmt.Layout.for_count(n)
+    counts = frame[lay.counts_offset:lay.counts_offset + 4 * lay.n_blocks].view("<u4").astype(np.int64)
+    frame[lay.counts_offset + 4 * 600:lay.counts_offset + 4 * 601] = np.frombuffer(
+        np.uint32(9999).tobytes(), np.uint8)  # tile 600 claims more escapes than it has values
+    counts[600] = fmt.BLOCK
+    want = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    ws = gpu.Workspace(n)
+    nb = frame.size
+    v = runtime.view
+    chunks = -(-lay.n_blocks // 512)
+    dw._scan_kernel(False, 4)[chunks, _common.TPB](v(frame, nb, np.uint8), v(frame, nb // 4, np.uint32),
+                                                   v(frame, nb // 8, np.int64), ws.array, layout_tuple(lay))
+    a = ws.array
+    t = np.arange(lay.n_blocks)
+    got = a[_common.WS_CHUNKS + 1 + _common.MAX_CHUNKS + (t >> 9)] + a[_common.WS_STATUS + t]
+    assert chunks == 4 and np.array_equal(got, want) and a[_common.WS_CHUNKS] == 0
+
+
 def test_checksum_free_frame_with_bad_counts(dev):
     """Without a checksum the escape counts still catch a flipped code bit."""
     n = 1000

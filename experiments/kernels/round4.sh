@@ -16,7 +16,7 @@ LOG=$OUT/log.txt
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 step() { echo "=== $* ($(date +%T))"; }
 step "v7_bench"
-timeout "${BENCH_S:-200}" python3 experiments/kernels/v7_bench.py --skip v7b v7c \
+timeout "${BENCH_S:-200}" python3 experiments/kernels/v7_bench.py --skip v7b \
   --sizes-mib ${SIZES:-16 32 64 128 256 1024} --out "$OUT/kernel_variants_v7.jsonl" > "$LOG" 2>&1
 echo "v7_bench: exit $?"; grep -v Warn "$LOG" | grep -i "differ\|error\|traceback" | head
 step "pytest -m gpu"

@@ -18,9 +18,10 @@ Persistent grid: the tile kernels launch ``grid_size`` blocks (a few per
 multiprocessor, all resident) that loop over tickets, so per-block set-up (code
 tables) is paid once per block, not once per tile.
 
-The workspace is an int64 device array: WS_SLOTS counters, MAX_CHUNKS chunk slots
-(``decode_warps``' scan: each chunk of tiles' escape total), then one status word
-per escape block. Status word = epoch << 34 | flag << 32 | value; a word whose
+The workspace is an int64 device array: WS_SLOTS counters, the chunk slots of
+``decode_warps``' scan (a finished-blocks counter, then MAX_CHUNKS chunk totals and
+MAX_CHUNKS chunk prefixes), then one status word per escape block.
+Status word = epoch << 34 | flag << 32 | value; a word whose
 epoch is not the current one counts as "not ready", so the status array never
 needs clearing between calls. The finishing kernel of every call resets the
 counters and advances the epoch, so a call leaves the workspace ready for the
@@ -56,9 +57,9 @@ WS_CSUM = 8  # 8 slots: partial payload checksums (spread to avoid one hot addre
 WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
 WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, when chosen on the device
 WS_SLOTS = 32
-WS_CHUNKS = WS_SLOTS  # decode_warps: escape totals of chunks of decode_warps.CHUNK tiles
-MAX_CHUNKS = 256
-WS_STATUS = WS_CHUNKS + MAX_CHUNKS
+WS_CHUNKS = WS_SLOTS  # decode_warps: [0] the scan's finished blocks, [1 + c] chunk c's escapes,
+MAX_CHUNKS = 128  # [1 + MAX_CHUNKS + c] the escapes of the chunks before c (a chunk: 4,096 tiles)
+WS_STATUS = WS_CHUNKS + 2 * MAX_CHUNKS + 8
 
 STATUS_AGG = 1
 STATUS_INC = 2

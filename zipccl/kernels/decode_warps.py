@@ -11,10 +11,11 @@ Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
    section is 128-byte aligned), clamped to the tile's values as the block decoder clamps
    them, one block scan gives each tile's exclusive prefix inside its chunk (stored in the
    tile's status word, flag bits 0: never taken for a look-back's result), and the chunk's
-   total goes to the workspace's chunk slot (``WS_CHUNKS``). No block waits for another.
+   total goes to the workspace's chunk slots (``WS_CHUNKS``); the last block to finish (a
+   counter there) scans the totals into the chunks' prefixes. No block waits for another.
 2. ``decode_warps``: a warp takes a tile (the first wave by the warp's number, later tiles from
    the ticket counter, so no atomics at all when the grid has a warp for every tile); its first
-   escape position is the sum of the earlier chunks' totals plus the tile's status word. The
+   escape position is its chunk's prefix plus the tile's status word. The
    warp decodes the tile's 4 quarters (1,024 values each, 4 rounds of 8 values a lane) one after
    the other with the block decoder's round code (``decode._decode_round``: spread table,
    codebook byte permutes, 16-byte stores), ranks the quarter's escapes by one packed warp scan,
@@ -56,9 +57,8 @@ from ._common import (
     exclusive_scan8,
     shfl_idx_u32,
     shfl_up_u32,
-    warp_sum,
 )
-from .compat import load16, u32, wrap64
+from .compat import atomic_read, load16, u32, wrap64
 from .layout import LAY_FIELDS, MAGIC_BF16, MAGIC_FP32, WIDE_FIELDS, header_ok, layout_fields
 
 U64 = np.uint64
@@ -107,7 +107,11 @@ def _clamped(c, t, n_blocks, last_lim):
     return v
 
 
-def _scan_kernel(fp32: bool):
+def _scan_kernel(fp32: bool, rows: int = ROWS):
+    """The scan for BF16 or (``fp32``) FP32 frames, ``rows`` counts a thread (a multiple of 4;
+    a chunk is rows * 128 tiles: the library's ``ROWS``, smaller in a test of many chunks)."""
+    assert rows % 4 == 0
+    chunk = rows * TPB
     magic = MAGIC_FP32 if fp32 else MAGIC_BF16
 
     @cuda.jit
@@ -123,17 +127,17 @@ def _scan_kernel(fp32: bool):
         cuda.syncthreads()
         if part[4] == 0:
             return  # the tile kernel writes nothing either; the finishing kernel reports it
-        first = np.int64(cuda.blockIdx.x) * CHUNK + tid * ROWS
+        first = np.int64(cuda.blockIdx.x) * chunk + tid * rows
         last_lim = n - (n_blocks - 1) * fmt.BLOCK  # the values of the last tile
         s = np.int64(0)
-        for k in range(ROWS // 4):
+        for k in range(rows // 4):
             t = first + 4 * k
             if t < n_blocks:
                 c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
                 s += _clamped(c0, t, n_blocks, last_lim) + _clamped(c1, t + 1, n_blocks, last_lim)
                 s += _clamped(c2, t + 2, n_blocks, last_lim) + _clamped(c3, t + 3, n_blocks, last_lim)
         run, total = _block_scan(u32(s), tid, part)
-        for k in range(ROWS // 4):  # the same words again, now each tile's prefix stored
+        for k in range(rows // 4):  # the same words again, now each tile's prefix stored
             t = first + 4 * k
             if t < n_blocks:
                 c0, c1, c2, c3 = load16(f32, (counts_off >> 4) + (t >> 2))
@@ -142,8 +146,27 @@ def _scan_kernel(fp32: bool):
                     if t + j < n_blocks:
                         ws[WS_STATUS + t + j] = run
                         run += _clamped(c, t + j, n_blocks, last_lim)
+        if cuda.gridDim.x == 1:  # one chunk: its prefix is 0, no block to wait for
+            if tid == 0:
+                ws[WS_CHUNKS + 1 + MAX_CHUNKS] = 0
+            return
         if tid == 0:
-            ws[WS_CHUNKS + cuda.blockIdx.x] = total
+            ws[WS_CHUNKS + 1 + cuda.blockIdx.x] = total
+            cuda.threadfence()
+            part[5] = cuda.atomic.add(ws, WS_CHUNKS, 1)
+        cuda.syncthreads()
+        if part[5] != cuda.gridDim.x - 1:
+            return
+        # the last block to finish: the chunks' exclusive prefixes (one a thread; none waits)
+        t = np.int64(0)
+        if tid < cuda.gridDim.x:
+            t = atomic_read(ws, WS_CHUNKS + 1 + tid)
+        cuda.syncthreads()  # part is reused
+        e, _ = _block_scan(u32(t), tid, part)
+        if tid < cuda.gridDim.x:
+            ws[WS_CHUNKS + 1 + MAX_CHUNKS + tid] = e
+        if tid == 0:
+            ws[WS_CHUNKS] = 0
 
     return scan_counts
 
@@ -162,16 +185,10 @@ def _warp_tile(ws, lane, warps, n_blocks):
 
 
 @dev
-def _tile_prefix(ws, tile, lane):
-    """Tile's first escape position: the earlier chunks' totals (summed by the warp) plus the
-    tile's status word."""
-    c = tile >> CHUNK_SHIFT
-    s = np.int64(0)
-    i = lane
-    while i < c:
-        s += ws[WS_CHUNKS + i]
-        i += 32
-    return warp_sum(s) + ws[WS_STATUS + tile]
+def _tile_prefix(ws, tile):
+    """Tile's first escape position: its chunk's prefix (the scan's last block) plus the tile's
+    status word (two independent loads)."""
+    return ws[WS_CHUNKS + 1 + MAX_CHUNKS + (tile >> CHUNK_SHIFT)] + ws[WS_STATUS + tile]
 
 
 def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD):
@@ -232,7 +249,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
         while tile < n_blocks:
             nxt = _warp_tile(ws, lane, warps, n_blocks)
             craw = np.int64(f32[(counts_off >> 2) + tile])
-            prefix = _tile_prefix(ws, tile, lane)
+            prefix = _tile_prefix(ws, tile)
             run = np.int64(0)  # escapes of the tile's earlier quarters
             for q in range(4):
                 g = tile * 512 + q * 128 + lane
