@@ -96,6 +96,24 @@ def check_only(sizes_k) -> int:
     return v6_sim.sim_main(v7b_encode32.check_sim, __doc__, ["--sizes-k", *map(str, sizes_k)])
 
 
+def warp_build_plan(plan, fp32: bool, bps: int, wave: str, n_blocks: int):
+    """``plan`` (a library decode plan with the warp decoder) with its tile step's kernel
+    replaced by the warp decoder built with ``bps`` resident blocks per multiprocessor and its
+    first tiles by warp number (``wave`` "static") or all from the counter ("tickets")."""
+    from zipccl.kernels import _common, decode_warps, launch
+    from zipccl.kernels import plan as plans
+
+    kern = launch.Kernel(decode_warps._tiles_kernel(fp32, bps, first_wave=wave == "static"),
+                         (decode_warps.TILES32 if fp32 else decode_warps.TILES).argtypes)
+    old = plan.steps[1]
+    step = plans.Step.__new__(plans.Step)
+    step.function = kern.function(plan.device)
+    step.grid = _common.grid_size(-(-n_blocks // _common.WARPS), bps)
+    step.params, step.first, step.second = old.params, old.first, old.second
+    plan.steps = (plan.steps[0], step, *plan.steps[2:])
+    return plan
+
+
 def _commit() -> str | None:
     """The commit of the tree that runs: ``ZIPCCL_COMMIT`` where the caller names it (a copied
     tree's git metadata may be another's), else git's HEAD."""
@@ -120,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes-k", type=float, nargs="+", default=[2, 9], help="--check-only: Ki values")
     ap.add_argument("--skip", nargs="+", default=[], choices=["fp16", "v7b"],
                     help="sections not to run: the FP16 decoders, the v7b encoders")
+    ap.add_argument("--warp-builds", nargs="+", default=[],
+                    help="TYPE:BLOCKS:WAVE builds of the warp decoder to time too, e.g. bf16:6:static "
+                         "fp32:6:tickets")
     ap.add_argument("--table", action="store_true", help="print the table of saved records and stop")
     ap.add_argument("--since", default="", help="--table: first run_id to show")
     ap.add_argument("--files", type=Path, nargs="+", default=[RESULTS.with_name("kernel_variants_v6.jsonl"),
@@ -219,6 +240,19 @@ def main(argv=None) -> int:
             calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
             if decoded(name, calls, outs, bits, ws):
                 timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
+        for spec in args.warp_builds:  # other builds of the warp decoder, in the library's plan
+            kind, bps, wave = spec.split(":")
+            if kind != "bf16":
+                continue
+            ps = [warp_build_plan(decode.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
+                                              _common.CRC_ZERO, crc_ptr, crc.size, warps=True),
+                                  False, int(bps), wave, lay.n_blocks)
+                  for f, o in zip(frames, outs, strict=True)]
+            calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+            name = f"warp decoder, {bps} blocks/SM, {wave}"
+            if decoded(name, calls, outs, bits, ws):
+                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                      blocks_per_sm=int(bps))
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
@@ -274,6 +308,19 @@ def main(argv=None) -> int:
                 calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
                 if decoded(name, calls, obits, vbits, ws):
                     timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
+            for spec in args.warp_builds:
+                kind, bps, wave = spec.split(":")
+                if kind != "fp32":
+                    continue
+                ps = [warp_build_plan(decode_fp16.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr,
+                                                       ws.count, _common.CRC_ZERO, crc_ptr, crc.size,
+                                                       warps=True), True, int(bps), wave, lay.n_blocks)
+                      for f, o in zip(frames, outs, strict=True)]
+                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+                name = f"warp decoder, {bps} blocks/SM, {wave}"
+                if decoded(name, calls, obits, vbits, ws):
+                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                          blocks_per_sm=int(bps))
             outs = obits = vbits = dec = None
             hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]

@@ -25,8 +25,9 @@ Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
    every escape position against the total; the checksum terms are the block decoder's.
 
 FP32 (``fp32``): the upper halves are decoded as BF16 values and each round's low halves merged
-in by byte permutes (``decode._lo32`` / ``decode._store32``, two rounds' loaded ahead); 6
-resident blocks per multiprocessor, as the block decoder's FP32 build. A RAW frame is copied
+in by byte permutes (``decode._lo32`` / ``decode._store32``, two rounds' loaded ahead), every
+tile from the ticket counter. Both builds have launch bounds of 6 resident blocks per
+multiprocessor (``BLOCKS``, ``FP32_BLOCKS``). A RAW frame is copied
 (4,096 values a ticket and warp). Versions and H200 measurements: experiments/kernels/NOTES.md
 (v7c; v7d, which patched escapes in registers, lost).
 """
@@ -66,8 +67,12 @@ HDR = fmt.HEADER_SIZE
 ROWS = 32  # counts a scan thread sums
 CHUNK = ROWS * TPB  # tiles a scan block covers
 CHUNK_SHIFT = CHUNK.bit_length() - 1
-BLOCKS = common.BLOCKS_PER_SM  # BF16: 8 resident blocks (64 registers, 16 B of spills)
-FP32_BLOCKS = decode.FP32_BLOCKS_PER_SM  # FP32: 6 (80 registers, no spills)
+# resident blocks a multiprocessor (launch bounds) and how the first tiles are taken: the builds
+# without register spills (cc 9.0; with 64 registers the BF16 build spills 192 B taking its first
+# tiles by warp number, and the FP32 build at 6 blocks 236 B)
+BLOCKS = 6  # BF16: 80 registers, first wave by warp number
+FP32_BLOCKS = decode.FP32_BLOCKS_PER_SM  # FP32: 6, every tile from the counter
+FP32_FIRST_WAVE = False
 
 
 @dev
@@ -172,10 +177,12 @@ def _scan_kernel(fp32: bool, rows: int = ROWS):
 
 
 @dev
-def _warp_tile(ws, lane, warps, n_blocks):
+def _warp_tile(ws, lane, n_blocks, first_wave):
     """The warp's next tile after its first: from the ticket counter (lane 0's atomic, shared
-    by a shuffle), past the first wave's ``warps`` tiles; none (``n_blocks``) without an
-    atomic when the first wave covered every tile."""
+    by a shuffle), past the first wave's tiles (one a warp of the grid); none (``n_blocks``)
+    without an atomic when the first wave covered every tile. (The grid's warp count is read
+    here, not kept: a register held across the tile loop costs the kernel spills.)"""
+    warps = np.int64(cuda.gridDim.x) * WARPS if first_wave else np.int64(0)
     if warps >= n_blocks:
         return n_blocks
     t = u32(0)
@@ -191,8 +198,10 @@ def _tile_prefix(ws, tile):
     return ws[WS_CHUNKS + 1 + MAX_CHUNKS + (tile >> CHUNK_SHIFT)] + ws[WS_STATUS + tile]
 
 
-def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD):
-    """The warp-a-tile decoder for BF16 output or (``fp32``, a constant) FP32 output."""
+def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD,
+                  first_wave: bool = True):
+    """The warp-a-tile decoder for BF16 output or (``fp32``, a constant) FP32 output;
+    ``first_wave``: the first tiles by warp number (else every tile from the counter)."""
     assert lo_ahead in (1, 2, 4)
     magic = MAGIC_FP32 if fp32 else MAGIC_BF16
     lo_of = decode.lay_lo if fp32 else decode.lay_no_lo
@@ -227,15 +236,17 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
         nesc = hdr[2]
         do_cs = hdr[3] != 0
         cs = np.int64(0)
-        warps = np.int64(cuda.gridDim.x) * WARPS
-        tile = np.int64(cuda.blockIdx.x) * WARPS + (tid >> 5)  # the first wave: one tile a warp
+        if first_wave:  # one tile a warp, by its number
+            tile = np.int64(cuda.blockIdx.x) * WARPS + (tid >> 5)
+        else:
+            tile = _warp_tile(ws, lane, n_blocks, False)
         if hdr[1] != 0:  # RAW frame: a warp copies 4,096 values a tile
             while tile < n_blocks:
                 g = tile * (32 * raw_rounds) + lane
                 for _ in range(raw_rounds):
                     cs = decode._raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
                     g += 32
-                tile = _warp_tile(ws, lane, warps, n_blocks)
+                tile = _warp_tile(ws, lane, n_blocks, first_wave)
             if do_cs:
                 common.flush_checksum(ws, cs, lane)
             return
@@ -247,7 +258,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
         ra, rb, rc, rd = decode._load_tile(f8, f64, tile if tile < n_blocks else 0, 0, lane, n, planes_off,
                                            stride, pwords)
         while tile < n_blocks:
-            nxt = _warp_tile(ws, lane, warps, n_blocks)
+            nxt = _warp_tile(ws, lane, n_blocks, first_wave)
             craw = np.int64(f32[(counts_off >> 2) + tile])
             prefix = _tile_prefix(ws, tile)
             run = np.int64(0)  # escapes of the tile's earlier quarters
@@ -284,7 +295,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
 scan_counts = _scan_kernel(False)
 scan_counts32 = _scan_kernel(True)
 decode_warps = _tiles_kernel(False, BLOCKS)
-decode_warps32 = _tiles_kernel(True, FP32_BLOCKS)
+decode_warps32 = _tiles_kernel(True, FP32_BLOCKS, first_wave=FP32_FIRST_WAVE)
 
 
 def use_warps(n_blocks: int, fp32: bool = False) -> bool:
