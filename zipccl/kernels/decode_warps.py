@@ -1,7 +1,8 @@
 """The decoder for large BF16 and FP32 frames: a warp a tile, no block barrier, the escape
 prefixes from a scan of the stored counts. Frames, output and error bits are those of the
-block decoder (``decode.py``), which still decodes frames of fewer tiles than the grid has
-warps (``use_warps``): there a block's four warps on one tile have four times the parallelism.
+block decoder (``decode.py``), which still decodes frames of fewer than ``TILES_PER_WARP`` tiles
+a warp of the grid (``use_warps``): there a block's four warps on one tile have more
+parallelism than the frame gives the warps.
 
 Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
 ``decode_fp16.wide_finish``), no host synchronisation:
@@ -298,12 +299,19 @@ decode_warps = _tiles_kernel(False, BLOCKS)
 decode_warps32 = _tiles_kernel(True, FP32_BLOCKS, first_wave=FP32_FIRST_WAVE)
 
 
+# a frame takes the warp decoder from this many tiles per warp of its grid on: where the two
+# decoders, each forced, cross (experiments/kernels/NOTES.md, round 4, "the size rule")
+TILES_PER_WARP = 4
+
+
 def use_warps(n_blocks: int, fp32: bool = False) -> bool:
-    """Whether a frame of ``n_blocks`` tiles takes this decoder (else the block decoder): when the
-    grid's warps are no more than its tiles (each warp then has a tile and the block decoder's
-    four-warps-a-tile parallelism is not needed), and its chunks fit the workspace's slots."""
+    """Whether a frame of ``n_blocks`` tiles takes this decoder (else the block decoder): from
+    ``TILES_PER_WARP`` tiles per warp of its grid on (below that the block decoder's four warps
+    a tile have more parallelism than the frame gives the warps), when its chunks fit the
+    workspace's slots."""
     bps = FP32_BLOCKS if fp32 else BLOCKS
-    return n_blocks <= MAX_CHUNKS * CHUNK and n_blocks >= WARPS * common.grid_size(1 << 30, bps)
+    slots = WARPS * common.grid_size(1 << 30, bps)
+    return n_blocks <= MAX_CHUNKS * CHUNK and n_blocks >= TILES_PER_WARP * slots
 
 
 def grid(n_blocks: int, fp32: bool = False) -> int:
