@@ -78,14 +78,17 @@ def main(argv=None) -> int:
             resources[(side, a)] = {"regs": int(c.regs_per_thread),
                                     "local_bytes": int(c.local_mem_per_thread)}
 
-    from zipccl.kernels import _common, decode_fp16
+    from zipccl.kernels import _common, decode_fp16, decode_warps
+
+    # the variants are builds of the block decoder, so no frame takes the warp decoder here
+    decode_warps.TILES_PER_WARP = 1 << 40
 
     def use(side, a):
         bps = a[1]  # the plan's grid: the variant's resident blocks per multiprocessor
         module, plans = (encode, encode) if side == "encode" else \
             (decode, decode_fp16 if fp32 else decode)
         setattr(module, slot, (enc if side == "encode" else dec)[a])
-        plans.grid_size = lambda tiles: _common.grid_size(tiles, bps)
+        plans.grid_size = lambda tiles, _bps=None: _common.grid_size(tiles, bps)
         gpu._PLANS.clear()  # plans hold the kernel they were built with
 
     stream = cp.cuda.Stream(non_blocking=True)
