@@ -51,6 +51,11 @@ FULL_MASK = 0xFFFFFFFF
 if SIMULATOR:
     _LOCK = threading.Lock()
     _M64 = (1 << 64) - 1
+    # how long a lane waits for the rest of its warp at a shuffle before the kernel fails: only
+    # lanes that take different paths wait forever, but on a loaded machine the simulator's 128
+    # threads a block can leave a lane unscheduled for minutes (a fresh-clone test run once
+    # failed a case here after 300 s that passes in 10 s on its own)
+    EXCHANGE_TIMEOUT_S = 1200
 
     class _Warp:
         """Rendezvous of the 32 simulated threads of one warp.
@@ -93,7 +98,7 @@ if SIMULATOR:
                 w.cv.notify_all()
             else:
                 while w.gen == g:
-                    if not w.cv.wait(timeout=300):
+                    if not w.cv.wait(timeout=EXCHANGE_TIMEOUT_S):
                         raise RuntimeError("warp exchange timed out: not all 32 lanes arrived")
         return list(buf), lane
 
