@@ -311,7 +311,7 @@ def test_warp_decoder_scan_over_several_chunks():
                                                    v(frame, nb // 8, np.int64), ws.array, layout_tuple(lay))
     a = ws.array
     t = np.arange(lay.n_blocks)
-    got = a[_common.WS_CHUNKS + 1 + _common.MAX_CHUNKS + (t >> 9)] + a[_common.WS_STATUS + t]
+    got = a[_common.WS_CHUNK_PREFIXES + (t >> 9)] + a[_common.WS_STATUS + t]
     assert chunks == 4 and np.array_equal(got, want) and a[_common.WS_CHUNKS] == 0
 
 

@@ -206,6 +206,22 @@ def main(argv=None) -> int:
     from harness import gaussian_bits
 
     cb16b = Codebook.from_sigma(0.02)
+    def forced(kind, plan_cls, frames, outs, want, lay, mib, n, nbytes, sets, iters, ratio, chk, ws):
+        """The library's two decoders forced (``LIBRARY_PATHS``), then the ``--warp-builds`` of
+        type ``kind``, each checked (``outs`` against ``want``, bit patterns) and timed."""
+        builds = [(name, warps, None) for name, warps in LIBRARY_PATHS.items()]
+        builds += [(f"warp decoder, {bps} blocks/SM, {wave}", True, (int(bps), wave))
+                   for t, bps, wave in (spec.split(":") for spec in args.warp_builds) if t == kind]
+        for name, warps, build in builds:
+            ps = [plan_cls(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
+                           crc_ptr, crc.size, warps=warps) for f, o in zip(frames, outs, strict=True)]
+            if build is not None:
+                ps = [warp_build_plan(p, kind == "fp32", *build, lay.n_blocks) for p in ps]
+            calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
+            if decoded(name, calls, outs, want, ws):
+                timed(name, kind, "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
+                      **({} if build is None else {"blocks_per_sm": build[0]}))
+
     for mib in args.sizes_mib:
         nbytes = int(mib * MiB)
         sets = max(1, min(16, math.ceil(256 * MiB / nbytes)))  # >= 256 MiB in all: no L2-resident reruns
@@ -234,25 +250,7 @@ def main(argv=None) -> int:
                for f, o in zip(frames, outs, strict=True)]
         if decoded("library BF16 decode", dec, outs, bits, ws):
             timed("library decode", "bf16", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-        for name, warps in LIBRARY_PATHS.items():  # each of the library's two decoders, forced
-            ps = [decode.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
-                              crc_ptr, crc.size, warps=warps) for f, o in zip(frames, outs, strict=True)]
-            calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-            if decoded(name, calls, outs, bits, ws):
-                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
-        for spec in args.warp_builds:  # other builds of the warp decoder, in the library's plan
-            kind, bps, wave = spec.split(":")
-            if kind != "bf16":
-                continue
-            ps = [warp_build_plan(decode.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                                              _common.CRC_ZERO, crc_ptr, crc.size, warps=True),
-                                  False, int(bps), wave, lay.n_blocks)
-                  for f, o in zip(frames, outs, strict=True)]
-            calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-            name = f"warp decoder, {bps} blocks/SM, {wave}"
-            if decoded(name, calls, outs, bits, ws):
-                timed(name, "bf16", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                      blocks_per_sm=int(bps))
+        forced("bf16", decode.Plan, frames, outs, bits, lay, mib, n, nbytes, sets, iters, ratio, chk, ws)
         bits = frames = outs = enc = dec = calls = ps = None
         cp.get_default_memory_pool().free_all_blocks()
 
@@ -301,26 +299,8 @@ def main(argv=None) -> int:
             vbits = [v.view(cp.uint32) for v in vals]
             if decoded("library FP32 decode", dec, obits, vbits, ws):
                 timed("library decode", "fp32", "decode", dec, mib, n, nbytes, sets, iters, ratio, chk)
-            for name, warps in LIBRARY_PATHS.items():
-                ps = [decode_fp16.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr, ws.count,
-                                       _common.CRC_ZERO, crc_ptr, crc.size, warps=warps)
-                      for f, o in zip(frames, outs, strict=True)]
-                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                if decoded(name, calls, obits, vbits, ws):
-                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk)
-            for spec in args.warp_builds:
-                kind, bps, wave = spec.split(":")
-                if kind != "fp32":
-                    continue
-                ps = [warp_build_plan(decode_fp16.Plan(dev, f.data.ptr, f.nbytes, o.data.ptr, lay, ws.ptr,
-                                                       ws.count, _common.CRC_ZERO, crc_ptr, crc.size,
-                                                       warps=True), True, int(bps), wave, lay.n_blocks)
-                      for f, o in zip(frames, outs, strict=True)]
-                calls = [(lambda p=p: p.launch(stream.ptr)) for p in ps]
-                name = f"warp decoder, {bps} blocks/SM, {wave}"
-                if decoded(name, calls, obits, vbits, ws):
-                    timed(name, "fp32", "decode", calls, mib, n, nbytes, sets, iters, ratio, chk,
-                          blocks_per_sm=int(bps))
+            forced("fp32", decode_fp16.Plan, frames, obits, vbits, lay, mib, n, nbytes, sets, iters, ratio,
+                   chk, ws)
             outs = obits = vbits = dec = None
             hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]

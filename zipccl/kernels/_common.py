@@ -57,9 +57,13 @@ WS_CSUM = 8  # 8 slots: partial payload checksums (spread to avoid one hot addre
 WS_CSUM_RAW = 16  # 8 slots: partial checksums of a RAW payload (encode)
 WS_CODEBOOK = 24  # encode: the 7 codebook exponents as little-endian bytes, when chosen on the device
 WS_SLOTS = 32
-WS_CHUNKS = WS_SLOTS  # decode_warps: [0] the scan's finished blocks, [1 + c] chunk c's escapes,
-MAX_CHUNKS = 128  # [1 + MAX_CHUNKS + c] the escapes of the chunks before c (a chunk: 4,096 tiles)
-WS_STATUS = WS_CHUNKS + 2 * MAX_CHUNKS + 8
+# decode_warps' scan: a finished-blocks counter, each chunk's escape total, each chunk's prefix
+# (the escapes of the chunks before it; a chunk: 4,096 tiles)
+MAX_CHUNKS = 128
+WS_CHUNKS = WS_SLOTS  # the counter
+WS_CHUNK_TOTALS = WS_CHUNKS + 1
+WS_CHUNK_PREFIXES = WS_CHUNK_TOTALS + MAX_CHUNKS
+WS_STATUS = WS_CHUNK_PREFIXES + MAX_CHUNKS + 7
 
 STATUS_AGG = 1
 STATUS_INC = 2

@@ -592,7 +592,7 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
 
     lt = layout_tuple(lay)
     if lay.n_blocks:
-        if dw.use_warps(lay.n_blocks) if warps is None else warps:
+        if dw.chosen(lay.n_blocks, False, warps):
             dw.launch(f8, f32, f64, out32, out16, ws, lt, lay.n_blocks, False, stream)
         else:
             decode_tiles[grid_size(lay.n_blocks), TPB, stream](f8, f32, f64, out32, out16, ws, lt)
@@ -631,7 +631,7 @@ class Plan(plans.Plan):
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
         outs = ((out_ptr, (n & ~7) // 2), (out_ptr, n))
         steps = []
-        if lay.n_blocks and (dw.use_warps(lay.n_blocks) if warps is None else warps):
+        if dw.chosen(lay.n_blocks, False, warps):
             steps.extend(dw.steps(device, frame, outs, (ws_ptr, ws_count), lt, lay.n_blocks, False))
         elif lay.n_blocks:  # both kernels start with the frame (f8, f32, f64); then (out32, out16)
             steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks),

@@ -354,8 +354,7 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
     from . import decode_warps as dw
 
     lt = wide_tuple(lay)
-    fp32_warps = lay.dtype == FP32 and (dw.use_warps(lay.n_blocks, True) if warps is None else warps)
-    if lay.n_blocks and fp32_warps:
+    if lay.dtype == FP32 and dw.chosen(lay.n_blocks, True, warps):
         dw.launch(f8, f32, f64, out32, out16, ws, lt, lay.n_blocks, True, stream)
     elif lay.n_blocks and lay.dtype == FP32:
         decode.decode_tiles32[grid_size(lay.n_blocks, decode.FP32_BLOCKS_PER_SM), TPB, stream](
@@ -392,8 +391,7 @@ class Plan(plans.Plan):
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
         ws = (ws_ptr, ws_count)
         steps = []
-        fp32_warps = lay.dtype == FP32 and (dw.use_warps(lay.n_blocks, True) if warps is None else warps)
-        if lay.n_blocks and fp32_warps:
+        if lay.dtype == FP32 and dw.chosen(lay.n_blocks, True, warps):
             steps.extend(dw.steps(device, (frame[0], frame[2], frame[3]), ((out_ptr, n), (out_ptr, 2 * n)),
                                   ws, lt, lay.n_blocks, True))
         elif lay.n_blocks and lay.dtype == FP32:  # the BF16 tile kernel's FP32 build (decode.py)

@@ -50,6 +50,8 @@ from ._common import (
     MAX_CHUNKS,
     TPB,
     WARPS,
+    WS_CHUNK_PREFIXES,
+    WS_CHUNK_TOTALS,
     WS_CHUNKS,
     WS_ERR,
     WS_STATUS,
@@ -154,10 +156,10 @@ def _scan_kernel(fp32: bool, rows: int = ROWS):
                         run += _clamped(c, t + j, n_blocks, last_lim)
         if cuda.gridDim.x == 1:  # one chunk: its prefix is 0, no block to wait for
             if tid == 0:
-                ws[WS_CHUNKS + 1 + MAX_CHUNKS] = 0
+                ws[WS_CHUNK_PREFIXES] = 0
             return
         if tid == 0:
-            ws[WS_CHUNKS + 1 + cuda.blockIdx.x] = total
+            ws[WS_CHUNK_TOTALS + cuda.blockIdx.x] = total
             cuda.threadfence()
             part[5] = cuda.atomic.add(ws, WS_CHUNKS, 1)
         cuda.syncthreads()
@@ -166,11 +168,11 @@ def _scan_kernel(fp32: bool, rows: int = ROWS):
         # the last block to finish: the chunks' exclusive prefixes (one a thread; none waits)
         t = np.int64(0)
         if tid < cuda.gridDim.x:
-            t = atomic_read(ws, WS_CHUNKS + 1 + tid)
+            t = atomic_read(ws, WS_CHUNK_TOTALS + tid)
         cuda.syncthreads()  # part is reused
         e, _ = _block_scan(u32(t), tid, part)
         if tid < cuda.gridDim.x:
-            ws[WS_CHUNKS + 1 + MAX_CHUNKS + tid] = e
+            ws[WS_CHUNK_PREFIXES + tid] = e
         if tid == 0:
             ws[WS_CHUNKS] = 0
 
@@ -196,7 +198,7 @@ def _warp_tile(ws, lane, n_blocks, first_wave):
 def _tile_prefix(ws, tile):
     """Tile's first escape position: its chunk's prefix (the scan's last block) plus the tile's
     status word (two independent loads)."""
-    return ws[WS_CHUNKS + 1 + MAX_CHUNKS + (tile >> CHUNK_SHIFT)] + ws[WS_STATUS + tile]
+    return ws[WS_CHUNK_PREFIXES + (tile >> CHUNK_SHIFT)] + ws[WS_STATUS + tile]
 
 
 def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD,
@@ -312,6 +314,12 @@ def use_warps(n_blocks: int, fp32: bool = False) -> bool:
     bps = FP32_BLOCKS if fp32 else BLOCKS
     slots = WARPS * common.grid_size(1 << 30, bps)
     return n_blocks <= MAX_CHUNKS * CHUNK and n_blocks >= TILES_PER_WARP * slots
+
+
+def chosen(n_blocks: int, fp32: bool, warps: bool | None) -> bool:
+    """Whether a frame of ``n_blocks`` tiles (> 0) decodes here: ``warps`` if the caller forced
+    one decoder, else ``use_warps``."""
+    return bool(n_blocks) and (use_warps(n_blocks, fp32) if warps is None else warps)
 
 
 def grid(n_blocks: int, fp32: bool = False) -> int:
