@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 
 import numpy as np
 import torch
@@ -24,21 +23,50 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="always", choices=["always", "auto", "never"],
                    help='zipccl\'s policy (default "always"; "auto" keeps host tensors native)')
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="cuda: NCCL, the GPU LOCAL_RANK names; cpu: gloo (auto: cuda if available)")
+                   help="cuda: the GPUs, over NCCL (gloo where ranks share a GPU); cpu: gloo, CUDA "
+                        "untouched (auto: cuda if available)")
     return p
 
 
 def start(device: str) -> torch.device:
-    """Join the torchrun job: NCCL on the GPU ``LOCAL_RANK`` names, or gloo on the CPU."""
+    """Join the torchrun job and return this rank's device.
+
+    cuda: the GPU ``zipccl.tools.gpus.torch_place`` gives this rank (a node's ranks take its GPUs
+    round robin), over NCCL; where ranks share a GPU (more ranks than GPUs: NCCL refuses that)
+    over gloo, which moves CUDA tensors too, and rank 0 says so in one line. cpu: gloo, and
+    nothing here calls into torch.cuda.
+    """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(dev)
+    if device == "cpu":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    from zipccl.tools.gpus import torch_place
+
+    placement = torch_place()
+    if placement.device is None:
+        raise SystemExit("--device cuda: torch sees no GPU here (use --device cpu)")
+    dev = torch.device("cuda", placement.device)
+    torch.cuda.set_device(dev)
+    torch.cuda.init()  # a device already set: FSDP2's device mesh keeps it (it would take LOCAL_RANK)
+    if not placement.shared:
         dist.init_process_group("nccl", device_id=dev)
         return dev
     dist.init_process_group("gloo")
-    return torch.device("cpu")
+    if dist.get_rank() == 0:
+        print(f"{placement.local_size} ranks share {placement.gpus} GPU(s), up to "
+              f"{placement.ranks_per_gpu} per GPU: NCCL cannot run there, so the process group is "
+              f"gloo (CUDA tensors)", flush=True)
+    return dev
+
+
+def mesh(device: torch.device):
+    """A 1-D device mesh of every rank on ``device``'s type: given to ``fully_shard`` so that
+    FSDP2 does not build its default one on the machine's accelerator (which would select a
+    CUDA device by ``LOCAL_RANK`` in a CPU run)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
 def model(device: torch.device) -> torch.nn.Module:

@@ -1,7 +1,10 @@
 """DDP with zipccl's comm hook: a small model trained with and without it, compared bit for bit.
 
-    torchrun --standalone --nproc_per_node 2 examples/ddp.py              # CPUs: gloo
-    torchrun --standalone --nproc_per_node 2 examples/ddp.py --steps 20   # GPUs: NCCL (needs CuPy)
+    torchrun --standalone --nproc_per_node 2 examples/ddp.py               # GPUs if any, else CPUs
+    torchrun --standalone --nproc_per_node 2 examples/ddp.py --device cpu  # CPUs: gloo
+
+On GPUs (CuPy needed) each rank takes a GPU of its own over NCCL; with fewer GPUs than ranks
+(two ranks, one GPU) the ranks share them over gloo, which says so in one line.
 
 Every rank trains the same FP32 model (DDP's default gradient buckets) twice from one
 seed on the same batches: with DDP's own all-reduce, then with one more line::

@@ -1,7 +1,10 @@
 """FSDP2 with zipccl: a small model trained with and without compressed comms, compared bit for bit.
 
-    torchrun --standalone --nproc_per_node 2 examples/fsdp2.py              # CPUs: gloo
-    torchrun --standalone --nproc_per_node 2 examples/fsdp2.py --steps 20   # GPUs: NCCL (needs CuPy)
+    torchrun --standalone --nproc_per_node 2 examples/fsdp2.py               # GPUs if any, else CPUs
+    torchrun --standalone --nproc_per_node 2 examples/fsdp2.py --device cpu  # CPUs: gloo
+
+On GPUs (CuPy needed) each rank takes a GPU of its own over NCCL; with fewer GPUs than ranks
+(two ranks, one GPU) the ranks share them over gloo, which says so in one line.
 
 Every rank shards the same model with ``fully_shard`` (BF16 parameters and gradient
 reductions), trains it twice from one seed on the same batches -- FSDP2's own
@@ -23,7 +26,7 @@ per rank; this model's are smaller.
 from __future__ import annotations
 
 import torch
-from common import arguments, batch, bits, finish, model, report, start
+from common import arguments, batch, bits, finish, mesh, model, report, start
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import zipccl.torch as zt
@@ -34,10 +37,11 @@ def train(device: torch.device, steps: int, policy: str | None, reduce_dtype: to
     None: FSDP2's own collectives."""
     net = model(device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    ranks = mesh(device)
     for layer in net:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mp_policy=mp)
-    fully_shard(net, mp_policy=mp)
+            fully_shard(layer, mesh=ranks, mp_policy=mp)
+    fully_shard(net, mesh=ranks, mp_policy=mp)
     hooks = zt.compress_fsdp(net, policy=policy) if policy is not None else None
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     losses = []

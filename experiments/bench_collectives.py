@@ -114,12 +114,18 @@ def main(argv=None) -> int:
     import zipccl
     from zipccl import metrics
     from zipccl.comm.collectives import offsets
-    from zipccl.comm.transport import NCCLTransport
+    from zipccl.comm.transport import NCCLTransport, current_gpu_id, shared_gpus
+    from zipccl.tools.gpus import mpi_place
 
     world = MPI.COMM_WORLD  # an experiment's main() may name the world
     p, me = world.Get_size(), world.Get_rank()
-    local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    cupy.cuda.Device(local.Get_rank() % cupy.cuda.runtime.getDeviceCount()).use()
+    cupy.cuda.Device(mpi_place(world).device).use()  # a node's ranks take its GPUs round robin
+    shared = shared_gpus(world.allgather(current_gpu_id()))
+    if shared:  # the baseline is NCCL, which refuses two ranks on one GPU: say so, not NCCL's trace
+        if me == 0:
+            print(f"bench_collectives compares against NCCL, which cannot run two ranks on one GPU "
+                  f"(ranks {shared[0]} share one): run one rank per GPU", file=sys.stderr)
+        return 2
     stream = cupy.cuda.Stream(non_blocking=True)
     gpu_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     machine = args.machine or f"{world.allreduce(1)} x {gpu_name}"

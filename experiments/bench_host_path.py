@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from zipccl.tools.gpus import place  # noqa: E402 -- after the path set-up above
+
 OPS = ("all_gather", "reduce_scatter", "all_to_all")
 
 
@@ -267,7 +269,12 @@ def machine(backend: str, p: int) -> dict:
 
 
 def worker(rank: int, p: int, init: str, args) -> None:
-    torch.cuda.set_device(0 if args.backend == "gloo" else rank)
+    # gloo: every rank on GPU 0 (the one-GPU measurement); NCCL: a GPU per rank, by the one rule
+    where = place(rank, p, 1 if args.backend == "gloo" else torch.cuda.device_count())
+    if args.backend == "nccl" and where.shared:
+        raise SystemExit(f"--backend nccl needs a GPU per rank ({where}); NCCL refuses ranks that "
+                         f"share a GPU: use --backend gloo")
+    torch.cuda.set_device(where.device)
     dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=p)
     try:
         recs = run(rank, p, args)

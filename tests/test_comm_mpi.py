@@ -111,6 +111,16 @@ def test_device_path_with_stand_in_cupy():
 
 
 @pytest.mark.mpi
+def test_ranks_sharing_a_gpu_take_mpi_and_forced_nccl_says_why(monkeypatch):
+    """Two ranks on one (stand-in) GPU: "auto" goes over MPI, staged, and logs one line;
+    backend="nccl" raises a CollectiveError naming the fix on both ranks (tests/mpi/shared_gpu.py)."""
+    monkeypatch.setenv("FAKE_CUPY_GPU_ID", "0000:19:00.0")
+    r = run_with_fake_cupy(2, ["--cpu-codec", "mpi/shared_gpu.py"])
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.stdout.count("shared GPU ok") == 2, r.stdout
+
+
+@pytest.mark.mpi
 def test_compressed_device_calls_make_no_host_wait():
     """Steady-state compressed calls on (stand-in) device arrays: no synchronisation, no
     device-to-host read, no host agreement on the caller's thread (tests/mpi/mpi_no_host_wait.py)."""

@@ -1,4 +1,5 @@
-"""examples/ as a user runs them: ``torchrun --nproc_per_node 2`` on CPUs (gloo), a few steps.
+"""examples/ as a user runs them: ``torchrun --nproc_per_node 2`` on CPUs (gloo), a few steps,
+with torch made to look as if it had a GPU that any call into torch.cuda would touch.
 
 Each example trains its model with and without zipccl and prints whether the losses and the
 parameters are the same bits, and per rank what zipccl's ``stats`` counted per collective.
@@ -28,7 +29,10 @@ _STATS = re.compile(r"^rank (\d) (\w+): (\d+) calls, (\d+) compressed, ([\d,]+) 
                                   for n in sorted(COLLECTIVES)])
 def test_example_matches_native_and_counts_each_collective(name):
     pytest.importorskip("torch")
+    # under tests/torchdist/no_cuda.py: torch looks as if it had a GPU and any call into torch.cuda
+    # raises, so this also checks that --device cpu never touches CUDA (FSDP2's mesh included)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "tests" / "torchdist" / "no_cuda.py"),
            str(ROOT / "examples" / f"{name}.py"), "--steps", "2", "--device", "cpu"]
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -42,3 +46,13 @@ def test_example_matches_native_and_counts_each_collective(name):
     assert sorted(counted) == [(rank, op) for rank in (0, 1) for op in COLLECTIVES[name]], out
     for calls, zipped, raw, wire in counted.values():
         assert calls >= 2 and zipped == calls and 0 < wire < raw, out
+
+
+def test_no_cuda_stand_in_catches_a_cuda_call(tmp_path):
+    """The stand-in the examples run under does fail a script that selects a CUDA device."""
+    pytest.importorskip("torch")
+    script = tmp_path / "touch.py"
+    script.write_text("import torch\ntorch.cuda.set_device(0)\n")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "torchdist" / "no_cuda.py"), str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "CudaTouched: torch.cuda.set_device" in r.stderr, r.stderr[-2000:]

@@ -5,10 +5,13 @@ Every rank takes its shard of a real checkpoint (all-MiniLM-L6-v2 from the
 to end), all-gathers it through the compressed collective and through the plain
 one, checks that both results are identical bit for bit (and equal to the
 checkpoint itself), and prints the compression ratio on the wire, the time of
-each, and what the policy would choose. It runs on GPUs with NCCL when every
-rank has one, on host arrays over MPI otherwise, and on any number of ranks
-(one included). Only if the checkpoint package is missing does it fall back to a
-Gaussian tensor, and it says so.
+each, and what the policy would choose. It runs on GPUs when every rank has one
+(``tools.gpus``: a node's ranks take its GPUs round robin), with NCCL where each
+rank has a GPU of its own and over MPI where ranks share one (two ranks on a
+one-GPU machine: NCCL refuses that, and the line about the transport says so), on
+host arrays over MPI otherwise, and on any number of ranks (one included). Only if
+the checkpoint package is missing does it fall back to a Gaussian tensor, and it
+says so.
 """
 
 from __future__ import annotations
@@ -49,22 +52,20 @@ def load_values(limit: int | None) -> tuple[np.ndarray, str]:
                   f"{len(names)} floating tensors cast to BF16, {{used:,}} values used)")
 
 
-def pick_device(comm) -> bool:
-    """Use one GPU per rank if every rank has one (CuPy importable, a device visible)."""
+def pick_device(comm):
+    """This rank's ``tools.gpus.Placement`` with its GPU selected (CuPy), if every rank has one;
+    None otherwise (the host path). Ranks share GPUs where there are fewer than ranks."""
     from mpi4py import MPI
 
-    try:
-        import cupy
+    from .tools.gpus import mpi_place
 
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # noqa: BLE001 -- no CuPy, no driver, no device: all mean "host path"
-        count = 0
-    if comm.allreduce(int(count > 0), op=MPI.MIN) == 0:
-        return False
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    cupy.cuda.Device(local.Get_rank() % count).use()
-    local.Free()
-    return True
+    placement = mpi_place(comm)
+    if comm.allreduce(int(placement.device is not None), op=MPI.MIN) == 0:
+        return None
+    import cupy
+
+    cupy.cuda.Device(placement.device).use()
+    return placement
 
 
 def timed(comm, fn, sync, repeat: int) -> float:
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace, comm) -> int:
     from mpi4py import MPI
 
     import zipccl
+    from zipccl.comm import CollectiveError
 
     p, me = comm.Get_size(), comm.Get_rank()
     bits, source = load_values(args.limit)
@@ -129,7 +131,9 @@ def run(args: argparse.Namespace, comm) -> int:
     expected = bits[:p * n]
     source = source.format(used=p * n)
 
-    on_gpu = not args.host and pick_device(comm)
+    placement = None if args.host else pick_device(comm)
+    on_gpu = placement is not None
+    shared = on_gpu and comm.allreduce(int(placement.shared), op=MPI.MAX) == 1
     if on_gpu:
         import cupy
 
@@ -157,6 +161,14 @@ def run(args: argparse.Namespace, comm) -> int:
     plain = zipccl.Communicator(comm, policy="never", backend=args.backend)
     auto = zipccl.Communicator(comm, policy="auto", backend=args.backend)
     kw = {"dtype": "bfloat16"} if on_gpu else {}
+    try:
+        zc.all_gather(send, out_z, **kw)  # the first device call picks the transport
+    except CollectiveError as e:  # raised alike on every rank: say it once, no traceback
+        if me == 0:
+            print(e, file=sys.stderr)
+        for c in (zc, plain, auto):
+            c.close()
+        return 2
     t_z = timed(comm, lambda: zc.all_gather(send, out_z, **kw), sync, args.repeat)
     t_n = timed(comm, lambda: plain.all_gather(send, out_n, **kw), sync, args.repeat)
     auto.all_gather(send, out_z if on_gpu else np.zeros(p * n, dtype=BF16), **kw)
@@ -172,6 +184,9 @@ def run(args: argparse.Namespace, comm) -> int:
     if me == 0:
         where = (f"GPU arrays, transport {zc.transport_name}, codec {zc._device_engine.codec_name}"
                  if on_gpu else "host arrays, transport MPI, CPU codec")
+        if shared:
+            where += (f" (ranks share GPUs, up to {placement.ranks_per_gpu} per GPU: NCCL cannot "
+                      f"run there, so the transport is MPI)")
         print(f"zipccl demo: all-gather of {source}")
         print(f"ranks: {p}; {where}; shard {n:,} values = {2 * n:,} bytes per rank")
         if p == 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import sys
 import time
 import types
@@ -197,6 +198,11 @@ class _Runtime:
 class Device:
     def __init__(self, i: int = 0):
         self.id = i
+
+    @property
+    def pci_bus_id(self) -> str:
+        """One stand-in GPU per process, unless ``FAKE_CUPY_GPU_ID`` names one they all share."""
+        return os.environ.get("FAKE_CUPY_GPU_ID") or f"fake:{os.getpid()}"
 
     def use(self) -> None:
         pass

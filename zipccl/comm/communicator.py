@@ -12,10 +12,13 @@ unchanged.
 
 Host arrays travel over MPI and are coded by the CPU codec. Device arrays
 travel over NCCL (``backend="nccl"``, or ``"auto"`` when CuPy's NCCL works on
-every rank) or over MPI, directly if MPI reports CUDA support and staged through
-pinned host memory otherwise. The user selects the CUDA device before creating
-the communicator (``cupy.cuda.Device(i).use()``); nothing touches a GPU until a
-device array arrives.
+every rank and no two ranks share a GPU) or over MPI, directly if MPI reports CUDA
+support and staged through pinned host memory otherwise. Ranks that share a GPU (two
+ranks on a one-GPU machine) cannot use NCCL: ``"auto"`` takes MPI and says so in one
+logged line; ``backend="nccl"`` raises ``CollectiveError`` naming the fix. The user
+selects the CUDA device before creating the communicator
+(``cupy.cuda.Device(i).use()``; ``zipccl.tools.gpus.mpi_place`` gives the usual choice);
+nothing touches a GPU until a device array arrives.
 
 Every rank must make the same calls in the same order with matching arguments;
 zipccl checks this without paying for it on every call, and says precisely what it
@@ -39,6 +42,7 @@ up, checks it, agrees and runs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -73,6 +77,16 @@ from .policy import OPS, Decision, Policy, Profile
 from .transport import MPITransport, Transport
 
 BACKENDS = ("auto", "nccl", "mpi")
+_log = logging.getLogger("zipccl")
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """Log ``line`` (a warning: stderr unless the application configures logging) once per process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        _log.warning("%s", line)
+
 VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
 
@@ -375,6 +389,8 @@ class Communicator:
             return self.mpi
         if not self._nccl_tried:
             self._nccl_tried = True
+            from .transport import NCCLTransport, choose_device_transport, current_gpu_id
+
             err = None
             try:
                 from cupy.cuda import nccl
@@ -382,13 +398,14 @@ class Communicator:
                 nccl.get_version()
             except Exception as e:  # noqa: BLE001 -- any failure means "no NCCL here"
                 err = f"NCCL unavailable: {e}"
-            errs = self.mpi.allgather_objects(err)
-            if any(errs):
-                self._nccl_error = "zipccl NCCL set-up failed: " + "; ".join(
-                    f"rank {r}: {e}" for r, e in enumerate(errs) if e)
-            else:
-                from .transport import NCCLTransport
-
+            # every rank's NCCL check and GPU in one exchange: ranks sharing a GPU take MPI
+            rows = self.mpi.allgather_objects((err, current_gpu_id()))
+            choice = choose_device_transport(self.backend, [r[0] for r in rows], [r[1] for r in rows],
+                                             cuda_aware=self.mpi.cuda_aware)
+            self._nccl_error = choice.error
+            if choice.note and self.rank == 0:
+                _say_once(choice.note)
+            if choice.name == "nccl":
                 self._nccl = NCCLTransport(self.comm)
         if self._nccl is None and self.backend == "nccl":
             raise CollectiveError(self._nccl_error)  # the same message on every rank, every call

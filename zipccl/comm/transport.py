@@ -43,6 +43,7 @@ import ctypes
 import os
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -120,6 +121,76 @@ def cupy_stream(stream):
             warnings.simplefilter("ignore", DeprecationWarning)
             s = _CUPY_STREAMS[key] = cupy.cuda.ExternalStream(ptr)
     return s
+
+
+class DeviceChoice(NamedTuple):
+    """Where a communicator's device arrays go (``choose_device_transport``)."""
+
+    name: str | None  # "nccl" | "mpi"; None with an error
+    note: str | None  # one line saying why NCCL was passed over, where the user should know
+    error: str | None  # the forced backend cannot run: what to change
+
+
+def current_gpu_id() -> str | None:
+    """"<PCI bus id> on <node>" of CuPy's current device: equal on two ranks exactly when they
+    share a GPU; None when it cannot be read (then no sharing is assumed)."""
+    try:
+        import socket
+
+        import cupy
+
+        return f"{cupy.cuda.Device().pci_bus_id} on {socket.gethostname()}"
+    except Exception:  # noqa: BLE001 -- no CuPy, no device, a CuPy without the property
+        return None
+
+
+def shared_gpus(gpu_ids: Sequence) -> list[list[int]]:
+    """The groups of ranks (two or more each) whose ``gpu_ids`` (one hashable per rank, e.g.
+    "<PCI bus id> on <node>"; None: unknown, shared with no one) are equal.
+
+    >>> shared_gpus([("a", "0:19"), ("a", "0:19"), ("b", "0:19"), None, None])
+    [[0, 1]]
+    """
+    groups: dict = {}
+    for rank, gid in enumerate(gpu_ids):
+        if gid is not None:
+            groups.setdefault(gid, []).append(rank)
+    return [ranks for ranks in groups.values() if len(ranks) > 1]
+
+
+def choose_device_transport(backend: str, nccl_errors: Sequence[str | None], gpu_ids: Sequence,
+                            cuda_aware: bool = False) -> DeviceChoice:
+    """The transport of device arrays, from every rank's NCCL check and GPU: NCCL where it can
+    run (every rank has it, no two ranks on one GPU), else MPI under ``backend="auto"``; under
+    ``backend="nccl"`` an error saying what to change. The same on every rank (same inputs).
+
+    >>> choose_device_transport("auto", [None, None], ["gpu0", "gpu1"])
+    DeviceChoice(name='nccl', note=None, error=None)
+    >>> choose_device_transport("auto", [None, None], ["gpu0", "gpu0"]).name
+    'mpi'
+    >>> choose_device_transport("nccl", [None, None], ["gpu0", "gpu0"]).error.split(": ", 1)[1][:55]
+    'backend="nccl" cannot run here: ranks 0 and 1 share one'
+    """
+    if backend not in ("auto", "nccl"):
+        raise ValueError(f'backend must be "auto" or "nccl" here, got {backend!r}')
+    shared = shared_gpus(gpu_ids)
+    if shared:
+        first = shared[0]
+        who = (f"ranks {', '.join(map(str, first[:-1]))} and {first[-1]} share one GPU "
+               f"({gpu_ids[first[0]]})" + (f", and {len(shared) - 1} more GPUs are shared"
+                                           if len(shared) > 1 else ""))
+        if backend == "nccl":
+            return DeviceChoice(None, None, f'zipccl: backend="nccl" cannot run here: {who}, and NCCL '
+                                f'refuses two ranks on one device; use backend="auto" or "mpi" '
+                                f'(device arrays over MPI), or one rank per GPU')
+        how = "CUDA-aware" if cuda_aware else "staged through host memory"
+        return DeviceChoice("mpi", f"zipccl: {who}; NCCL cannot run two ranks on one GPU, so device "
+                            f"arrays go over MPI ({how})", None)
+    errors = [f"rank {r}: {e}" for r, e in enumerate(nccl_errors) if e]
+    if errors:
+        text = "zipccl NCCL set-up failed: " + "; ".join(errors)
+        return DeviceChoice(None, None, text) if backend == "nccl" else DeviceChoice("mpi", None, None)
+    return DeviceChoice("nccl", None, None)
 
 
 class Transport:
