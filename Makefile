@@ -46,9 +46,11 @@ test-gpu: $(STAMP) ## GPU kernels and collectives on a real GPU
 lint: $(STAMP) ## ruff on the library, tests, experiments, figure scripts and examples
 	$(PYTHON) -m ruff check zipccl tests experiments figures examples
 
+# Open MPI refuses to start as root without the OMPI_ALLOW_* settings (containers often run as
+# root); other MPIs ignore them.
 demo: $(STAMP) ## the main job: the real checkpoint's per-tensor ratio, then its compressed all-gather, checked bit for bit (installs first if needed)
 	$(PYTHON) -m zipccl analyze --summary --no-progress
-	mpiexec -n $(NP) $(PYTHON) -m zipccl demo
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpiexec -n $(NP) $(PYTHON) -m zipccl demo
 
 analyze: $(STAMP) ## ratio / coverage / entropy report of the bundled real checkpoint
 	$(PYTHON) -m zipccl analyze

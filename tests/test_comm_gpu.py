@@ -61,3 +61,19 @@ def test_demo_on_gpus():
                        timeout=TIMEOUT_S)
     print(r.stdout)
     assert r.returncode == 0 and "bit-exact: yes" in r.stdout, f"{r.stdout}\n{r.stderr[-3000:]}"
+    if gpus() < 2:  # two ranks share the GPU: MPI, and the demo says why
+        assert "transport mpi" in r.stdout and "NCCL cannot run there" in r.stdout, r.stdout
+    else:
+        assert "transport nccl" in r.stdout, r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_demo_forced_nccl_on_one_gpu_says_what_to_change():
+    if gpus() != 1:
+        pytest.skip("needs exactly one GPU (two ranks sharing it)")
+    cmd = launcher(2) + [sys.executable, "-m", "zipccl", "demo", "--backend", "nccl", "--limit", "100000"]
+    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert r.returncode == 2, f"{r.stdout}\n{r.stderr[-3000:]}"
+    assert 'backend="nccl" cannot run here' in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -56,3 +56,22 @@ def test_no_cuda_stand_in_catches_a_cuda_call(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "torchdist" / "no_cuda.py"), str(script)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "CudaTouched: torch.cuda.set_device" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+def test_example_on_the_gpus_present(name):
+    """Two ranks on the GPUs there are: NCCL with a GPU each, gloo (and a line saying so) on one."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / f"{name}.py"), "--steps", "2", "--device", "cuda"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "losses match: yes" in r.stdout and "parameters match: yes" in r.stdout, r.stdout
+    shared = torch.cuda.device_count() < 2
+    assert ("NCCL cannot run there" in r.stdout) == shared, r.stdout
+    assert f"{'gloo' if shared else 'nccl'} on cuda" in r.stdout, r.stdout
