@@ -30,7 +30,7 @@ Two launches, no host synchronisation:
 2. ``decode_finish`` (one block) checks the header CRC, the escape total and
    the payload checksum (summed from the tiles plus the padding bytes it reads
    itself), publishes the call's error bits, resets the counters and advances
-   the epoch. Error bits (``_common.ERR_*``): WS_ERR_LAST holds the last call's,
+   the epoch. Error bits (``format.errors``): WS_ERR_LAST holds the last call's,
    WS_ERR_STICKY accumulates until the host clears it.
 
 FP32 (``decode_tiles32``, the same kernel built with ``fp32`` set): the upper halves are
@@ -53,16 +53,12 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from ..format.errors import ERR_CHECKSUM, ERR_ESCAPE_RANGE, ERR_HEADER, ERR_HEADER_CRC, ERR_TOTAL
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from . import launch as launch_route
 from . import plan as plans
 from ._common import (
     BLOCKS_PER_SM,
-    ERR_CHECKSUM,
-    ERR_ESCAPE_RANGE,
-    ERR_HEADER,
-    ERR_HEADER_CRC,
-    ERR_TOTAL,
     LOW32,
     TPB,
     WS_CSUM,

@@ -34,7 +34,7 @@ then ``wide_finish``. FP16 takes two launches, no host synchronisation, as BF16 
    checksum (the tiles' sums plus the padding bytes it reads), then the call's error
    bits, counter reset and the next epoch, as ``decode.decode_finish`` does for BF16.
 
-Error bits are ``_common``'s, plus ``ERR_ESCAPE_VALUE`` (an FP16 escape byte above 31).
+Error bits: ``format.errors`` (FP16's own: ``ERR_ESCAPE_VALUE``, an escape byte above 31).
 Version history and H200 measurements: experiments/kernels/NOTES.md (this is round 4's v7a).
 """
 
@@ -44,6 +44,14 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from ..format.errors import (
+    ERR_CHECKSUM,
+    ERR_ESCAPE_RANGE,
+    ERR_ESCAPE_VALUE,
+    ERR_HEADER,
+    ERR_HEADER_CRC,
+    ERR_TOTAL,
+)
 from . import _common as common
 from . import (
     compat,  # noqa: F401  (numpy fix before numba.cuda compiles anything)
@@ -64,9 +72,6 @@ from .layout import (
     wide_header_ok,
     wide_tuple,
 )
-
-ERR_ESCAPE_VALUE = 64
-ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
 
 HDR = fmt.HEADER_SIZE
 U64 = np.uint64
@@ -191,7 +196,7 @@ def _patch(f8, out16, e, pos, nesc, eo, raw_off, stride, do_cs, cs, err):
         r15 = (np.int64(f8[U64(q + 2 * stride)]) >> b) & 1
         out16[U64(e)] = _assemble(x & 0x1F, np.int64(f8[U64(HDR + e)]), r8, r9, r15)
     else:
-        err |= common.ERR_ESCAPE_RANGE
+        err |= ERR_ESCAPE_RANGE
     return cs, err
 
 
@@ -334,13 +339,13 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
         err = np.int64(0)
         if lane == 0:
             if not ok:
-                err |= common.ERR_HEADER
+                err |= ERR_HEADER
             if crc != ((f64[15] >> 32) & common.LOW32):
-                err |= common.ERR_HEADER_CRC
+                err |= ERR_HEADER_CRC
             if ok and has_cs != 0 and total != f64[4]:
-                err |= common.ERR_CHECKSUM
+                err |= ERR_CHECKSUM
             if ok and raw == 0 and lay[LAY_NBLOCKS] == 0 and nesc != 0:
-                err |= common.ERR_TOTAL
+                err |= ERR_TOTAL
         common.publish_errors(ws, err, lane)
     common.advance_epoch(ws, tid)
 

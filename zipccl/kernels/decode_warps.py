@@ -39,14 +39,12 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from ..format.errors import ERR_COUNTS, ERR_HEADER, ERR_TOTAL
 from . import _common as common
 from . import compat, decode
 from . import launch as launch_route
 from . import plan as plans
 from ._common import (
-    ERR_COUNTS,
-    ERR_HEADER,
-    ERR_TOTAL,
     MAX_CHUNKS,
     TPB,
     WARPS,
