@@ -219,8 +219,8 @@ def single_process_costs(args) -> list[dict]:
     itself: to compare with their cost inside a two-rank call (``--stages``)."""
     import cupy
 
-    from zipccl.comm import slots
     from zipccl.comm.pipeline import DeviceEngine
+    from zipccl.format import slot as slots
     from zipccl.kernels import spill as kern
     from zipccl.torch.functional import _cupy_view
 

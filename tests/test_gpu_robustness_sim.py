@@ -54,6 +54,7 @@ if SIMULATOR:
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
     from zipccl.codec import gpu, reference
+    from zipccl.format import errors
     from zipccl.kernels import _common
 
     def _no_negative(idx):
@@ -122,7 +123,7 @@ def test_valid_header_over_garbage_payloads():
         flen = lay.escapes_offset + nesc
         frame = np.concatenate([_header(N, nesc, flen, flags), _garbage(rng, flen - fmt.HEADER_SIZE)])
         err = _rejected(frame, N)
-        assert err & (_common.ERR_COUNTS | _common.ERR_TOTAL | _common.ERR_CHECKSUM)
+        assert err & (errors.ERR_COUNTS | errors.ERR_TOTAL | errors.ERR_CHECKSUM)
 
 
 @simulator_only
@@ -134,10 +135,10 @@ def test_corrupted_real_frame_regions():
     lay = fmt.Layout.for_count(N)
     f = frame.copy()
     f[lay.counts_offset:lay.escapes_offset] = 0xFF
-    assert _rejected(f, N) & _common.ERR_COUNTS
+    assert _rejected(f, N) & errors.ERR_COUNTS
     f = frame.copy()
     f[lay.planes_offset:lay.counts_offset] = 0
-    assert _rejected(f, N) & (_common.ERR_ESCAPE_RANGE | _common.ERR_COUNTS)
+    assert _rejected(f, N) & (errors.ERR_ESCAPE_RANGE | errors.ERR_COUNTS)
 
 
 @simulator_only
@@ -151,17 +152,17 @@ def test_frames_that_lie_about_their_length():
     frame = reference.encode(bits, Codebook.from_sigma(0.02))
     lay = fmt.Layout.for_count(n)
     for cut in (lay.escapes_offset - 1, frame.size - 1):
-        assert _rejected(frame[:cut].copy(), n) & _common.ERR_HEADER
+        assert _rejected(frame[:cut].copy(), n) & errors.ERR_HEADER
     short = lay.escapes_offset + 8
     for nesc, flen, flags in ((1 << 40, lay.escapes_offset + (1 << 40), 0), (0, lay.raw_size, 1)):
         f = np.concatenate([_header(n, nesc, flen, flags), _garbage(rng, short - fmt.HEADER_SIZE)])
-        assert _rejected(f, n) & _common.ERR_HEADER
+        assert _rejected(f, n) & errors.ERR_HEADER
     f = np.concatenate([frame, _garbage(rng, 3)])  # longer, odd-sized buffer: still decodes
     got, err = _decode(f, n)
     assert err == 0 and np.array_equal(got, bits)
     _, err = _decode(frame, n - 1)  # the output disagrees with the header's count
-    assert err & _common.ERR_HEADER
-    assert _rejected(_garbage(rng, 2 * fmt.HEADER_SIZE), n) & _common.ERR_HEADER
+    assert err & errors.ERR_HEADER
+    assert _rejected(_garbage(rng, 2 * fmt.HEADER_SIZE), n) & errors.ERR_HEADER
 
 
 @simulator_only
@@ -175,7 +176,7 @@ def test_raw_frames_of_garbage():
     got, err = _decode(np.concatenate([_header(n, 0, lay.raw_size, 1), payload]), n)
     assert err == 0 and np.array_equal(got, payload.view("<u2"))
     assert _rejected(np.concatenate([_header(n, 0, lay.raw_size, 3), payload]), n) \
-        & _common.ERR_CHECKSUM
+        & errors.ERR_CHECKSUM
 
 
 @simulator_only

@@ -12,7 +12,7 @@ import pytest
 
 from zipccl import format as fmt
 from zipccl.comm.capacity import Call, CapacityConfig, CapacityRule, escape_room, replay
-from zipccl.comm.slots import SLOT_HEADER, region_bytes, slot_bytes, tail_bytes
+from zipccl.format.slot import SLOT_HEADER, region_bytes, slot_bytes, tail_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 1 << 20

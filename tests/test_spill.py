@@ -25,6 +25,7 @@ import pytest
 from test_comm_mpi import ROOT, clean_env, mpiexec
 
 from zipccl.comm import spill
+from zipccl.format import errors
 from zipccl.kernels import spill as kern
 
 sys.path.insert(0, str(ROOT / "tests" / "mpi"))
@@ -227,7 +228,7 @@ def test_progress_thread_failure_is_raised_and_frees_the_kernels():
             sp.close()
 
     _two_ranks(body, [LocalChannel(net, 0, 2, fail_recv_at=1), LocalChannel(net, 1, 2)])
-    assert seen["host_bits"] == kern.ERR_PROGRESS
+    assert seen["host_bits"] == errors.ERR_PROGRESS
     assert isinstance(seen["cause"], ConnectionError)
 
 
@@ -286,11 +287,11 @@ def test_mpi_channel_needs_thread_multiple(monkeypatch):
 
 
 def test_error_bits_do_not_meet_the_decode_bits():
-    from zipccl.kernels import _common, decode_fp16
+    from zipccl.format import errors
 
-    decode = [v for k, v in vars(_common).items() if k.startswith("ERR_")] + [decode_fp16.ERR_ESCAPE_VALUE]
-    assert max(decode) < 1 << 16 <= min(kern.ERROR_TEXT)
-    assert len(set(kern.ERROR_TEXT)) == len(kern.ERROR_TEXT)
+    bits = [*errors.FRAME_ERRORS, *errors.SLOT_ERRORS]
+    assert max(errors.FRAME_ERRORS) <= errors.FRAME_MASK < min(errors.SLOT_ERRORS)
+    assert len(set(bits)) == len(bits) and all(b & (b - 1) == 0 for b in bits)  # one bit each
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

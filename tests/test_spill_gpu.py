@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from zipccl import format as fmt
-from zipccl.comm import slots, spill
+from zipccl.comm import spill
+from zipccl.format import slot as slots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,7 @@ class _Channel:
         self.checked = 0
 
     def check(self, op: str) -> None:
-        from zipccl.comm.collectives import CollectiveError
+        from zipccl.comm import CollectiveError
 
         self.checked += 1
         if self.error:
@@ -24,7 +24,7 @@ class _Channel:
 
 
 def test_wait_raises_the_sticky_error_and_keeps_the_future():
-    from zipccl.comm.collectives import CollectiveError
+    from zipccl.comm import CollectiveError
     from zipccl.torch.functional import _CheckedWork, _done_work
 
     t = torch.arange(4.0)

@@ -60,7 +60,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+from .metrics import OPS, busbw_factor, nccl_tests_size
+
 GB = 1e9
 
 
@@ -670,8 +671,6 @@ def link_from_busbw(name: str, op_busbw: Mapping[str, Mapping[int, float]], nran
     is all_gather's (or the first op's) fitted B; ``per_op`` and ``per_op_latency``
     keep every op's own fit.
     """
-    from .metrics import busbw_factor, nccl_tests_size
-
     per_op, lats = {}, {}
     p = nranks
     for op, points in op_busbw.items():

@@ -32,10 +32,12 @@ from .codebook import (
     gaussian_coverage,
     top_exponents,
 )
-from .costmodel import OPS
 
-# the collectives nccl-tests defines a bus bandwidth for: the four zipccl compresses
-# (``costmodel.OPS``) and three it passes through
+#: the collectives zipccl compresses, defined once (the cost model, calibration and figures use it)
+OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+
+# the collectives nccl-tests defines a bus bandwidth for: the four zipccl compresses and
+# three it passes through
 NCCL_TESTS_OPS = (*OPS, "broadcast", "reduce", "send_recv")
 
 

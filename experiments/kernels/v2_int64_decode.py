@@ -59,7 +59,7 @@ from zipccl.kernels._common import (
     warp_sum,
 )
 from zipccl.kernels.compat import load16, popc, shfl, shfl32, shfl_up, store16, wrap64
-from zipccl.kernels.decode import header_ok
+from zipccl.kernels.layout import header_ok
 
 _MAGIC48 = int.from_bytes(fmt.MAGIC + bytes([fmt.VERSION, fmt.DTYPE_BF16]), "little")
 

@@ -23,6 +23,7 @@ import numpy as np
 from zipccl import format as fmt
 from zipccl.codebook import choose_codebook
 from zipccl.codec import cpu
+from zipccl.format import errors
 from zipccl.kernels import _common
 
 
@@ -60,7 +61,7 @@ class Workspace:
 
     @staticmethod
     def describe(bits: int) -> str:
-        return "; ".join(m for b, m in _common.ERROR_TEXT.items() if bits & b) or "no error"
+        return errors.describe(bits, errors.FRAME_ERRORS)
 
 
 def _code(values, dtype) -> int:

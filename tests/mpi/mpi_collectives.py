@@ -32,7 +32,7 @@ from conftest import edge_corpus, gaussian_bits
 from mpi4py import MPI
 
 import zipccl
-import zipccl.comm.slots
+import zipccl.format.slot
 from zipccl.comm import CollectiveError
 
 WORLD = MPI.COMM_WORLD  # a test's main communicator; the library itself never names it
@@ -561,7 +561,7 @@ def test_corrupted_frame_detected_everywhere(place, where, chunk_bytes):
         real(send, sc, sd, recv, rc, rd, stream)
         calls.append(1)
         if ME == 0 and rc[peer] and len(calls) == 1:
-            frame = rd[peer] + zipccl.comm.slots.SLOT_HEADER
+            frame = rd[peer] + zipccl.format.slot.SLOT_HEADER
             off = {"header": 20, "payload": 200, "escapes": zipccl.format.static_size(n)}[where]
             mask = 0x80 if where == "escapes" else (0x01 if where == "header" else 0x10)
             place.xor(recv, frame + off, mask, stream)

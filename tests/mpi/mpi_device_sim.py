@@ -27,7 +27,7 @@ from mpi_collectives import expected_sum, rank_input  # noqa: E402
 
 import zipccl  # noqa: E402
 from zipccl.comm import CollectiveError  # noqa: E402
-from zipccl.comm.slots import SLOT_HEADER  # noqa: E402
+from zipccl.format.slot import SLOT_HEADER  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 P, ME = WORLD.Get_size(), WORLD.Get_rank()

@@ -39,7 +39,7 @@ WARMUP = 100  # calls before the memory held is noted (at most a quarter of the 
 def plan(seed: int, call: int, size: int, phase: str) -> dict:
     """Call ``call`` as every rank sees it: op, type, and per (sender, receiver) its frames."""
     from zipccl import format as fmt
-    from zipccl.comm import slots
+    from zipccl.format import slot as slots
 
     rng = np.random.default_rng([seed, call])
     dtypes = (fmt.DTYPE_BF16, fmt.DTYPE_FP32, fmt.DTYPE_FP16)
@@ -145,7 +145,7 @@ def run_call(spills, me: int, size: int, call: int, p: dict, mem: Memory, transf
     """One call on rank ``me``: frames encoded (written), begin, spill out, the slots moved,
     spill in, every received region checked (``errors``: the error word each sender's slot
     headers carry, 0 if not named). Returns the problems found."""
-    from zipccl.comm import slots
+    from zipccl.format import slot as slots
 
     frames = p["frames"]
     out_list = [(j, f) for j in range(size) if j != me for f in frames[me, j]]
@@ -216,7 +216,7 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> list[str]:
     step. Returns the problems found."""
     import dataclasses
 
-    from zipccl.comm import slots
+    from zipccl.format import slot as slots
     from zipccl.kernels import spill as kern
 
     problems = []

@@ -233,7 +233,7 @@ _raw_call = fake_cupy._RawKernel.__call__
 
 def _raw_kernel(self, grid, block, args, stream=None, shared_mem: int = 0):
     """The spill kernels: what each touches, read from the call block's frame descriptors."""
-    from zipccl.comm.slots import SLOT_HEADER
+    from zipccl.format.slot import SLOT_HEADER
     from zipccl.kernels import spill as sk
 
     a = [int(x) for x in args]

@@ -69,6 +69,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
+from ..format import errors
 
 _ALIGN = 16
 
@@ -353,8 +354,7 @@ class Workspace:
     @staticmethod
     def describe(bits: int) -> str:
         """The error bits of ``last_error`` in words."""
-        text = {**_kernels()[0].ERROR_TEXT, **_wide()[1].ERROR_TEXT}
-        return "; ".join(msg for bit, msg in text.items() if bits & bit) or "no error"
+        return errors.describe(bits, errors.FRAME_ERRORS)
 
 
 _WORKSPACES: dict[tuple[int, int], Workspace] = {}

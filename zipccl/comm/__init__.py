@@ -13,7 +13,7 @@ call signature decided, ``communicator`` is the user-facing class. Importing thi
 not import mpi4py's MPI module or touch a GPU.
 """
 
-from .collectives import CollectiveError
+from .base import CollectiveError
 from .policy import Decision, Policy
 
 __all__ = ["CollectiveError", "Decision", "Policy", "Communicator"]

@@ -72,7 +72,7 @@ import hashlib
 
 import numpy as np
 
-from .collectives import CollectiveError
+from .base import CollectiveError
 
 MAX_AGREED = 4096  # agreed signatures kept; then all are forgotten at once (the same call on every rank)
 

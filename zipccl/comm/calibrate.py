@@ -156,7 +156,7 @@ def _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes) -> dict
     """
     from ..codebook import Codebook
     from ..costmodel import fit_alpha_beta
-    from . import slots
+    from ..format import slot as slots
 
     p, MPI, mpi = communicator.size, communicator._MPI, communicator.comm
     top = max(fmt.BLOCK, max(sizes) // 2)

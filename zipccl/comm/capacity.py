@@ -1,6 +1,6 @@
 """The capacity rule: how many escape bytes a slot reserves, the same on every rank.
 
-A slot (``comm.slots``) holds a frame's static part plus ``capacity`` escape bytes; a frame
+A slot (``format.slot``) holds a frame's static part plus ``capacity`` escape bytes; a frame
 with more escapes spills its tail beside the collective (slow but correct). The capacity
 must be known before the data exists and must be the same on every rank without a message,
 so the rule is a pure function of its configuration and of the escape counts of earlier
@@ -47,7 +47,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import format as fmt
-from .slots import slot_bytes, tail_bytes
+from ..format.slot import slot_bytes, tail_bytes
 
 
 def escape_room(n: int, code: int = fmt.DTYPE_BF16) -> int:

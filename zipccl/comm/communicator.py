@@ -61,14 +61,11 @@ from .args import (
     ptr_range,
     reduce_scatter_args,
 )
+from .base import CollectiveError, ExchangeStats, chunk_elements, offsets
 from .collectives import (
-    CollectiveError,
-    ExchangeStats,
     all_gather_values,
     all_reduce_values,
     all_to_all_values,
-    chunk_elements,
-    offsets,
     reduce_scatter_values,
 )
 from .host import HostEngine
@@ -470,7 +467,7 @@ class Communicator:
         return line
 
     def _chunk_of(self, a: Arr) -> int:
-        """Elements per pipeline round for ``a``'s type (``collectives.chunk_elements``)."""
+        """Elements per pipeline round for ``a``'s type (``base.chunk_elements``)."""
         return chunk_elements(self._chunk, a.data.itemsize)
 
     # -- the collectives --------------------------------------------------------------------

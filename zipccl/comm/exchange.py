@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import format as fmt
-from . import slots
-from .collectives import ExchangeStats, _piece, chunk_count, value_code
+from ..format import errors
+from ..format import slot as slots
+from .base import CollectiveError, ExchangeStats, chunk_count, piece, value_code
 from .engine import Engine
 
 
@@ -155,7 +156,7 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
     for k in range(rounds):
         enc, snd, rcv, dec = [], [], [], []
         if shared:
-            lo, n = _piece(sends[me][1], step, k)
+            lo, n = piece(sends[me][1], step, k)
             region = slots.region_bytes(n, code)
             if n:
                 enc.append((sends[me][0] + lo, n, s_at, region))
@@ -163,7 +164,7 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
             s_at += region
         else:
             for j, (o, c) in enumerate(sends):
-                lo, n = _piece(c, step, k)
+                lo, n = piece(c, step, k)
                 if j != me and n:
                     region = slots.region_bytes(n, code)
                     enc.append((o + lo, n, s_at, region))
@@ -171,7 +172,7 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
                     s_at += region
         lo_k = hi_k = k * step
         for j, (o, c) in enumerate(recvs):
-            plo, n = _piece(c, step, k)
+            plo, n = piece(c, step, k)
             hi_k = max(hi_k, plo + n)
             if j != me and n:
                 region = slots.region_bytes(n, code)
@@ -224,8 +225,6 @@ class SlotChannel:
 
     def check(self, op: str) -> None:
         """Raise the sticky error of an earlier call (a read of mapped memory, no wait)."""
-        from .collectives import CollectiveError
-
         if self.failed is not None:
             raise CollectiveError(f"zipccl {op}: this communicator failed earlier: {self.failed}")
         text = self.error_text()
@@ -240,9 +239,8 @@ class SlotChannel:
         if not bits:
             return None  # every call's path: one read of mapped memory, nothing else
         from .. import codec
-        from ..kernels.spill import ERROR_TEXT
 
-        words = [text for bit, text in ERROR_TEXT.items() if bits & bit]
+        words = [text for bit, text in errors.SLOT_ERRORS.items() if bits & bit]
         if bits & 0xFFFF:
             words.insert(0, f"corrupted zipccl frame: {codec.gpu.Workspace.describe(bits & 0xFFFF)}")
         return f"{'; '.join(words)} (error word 0x{bits:08x})"
@@ -252,8 +250,6 @@ class SlotChannel:
         did not decode (``failed``, which also goes into the error word, so that every slot
         header this rank sends from now on reports it to its peers) or a received slot
         header that did not match the call."""
-        from .collectives import CollectiveError
-
         if failed is not None:
             from ..kernels.spill import ERR_HOST_DECODE
 

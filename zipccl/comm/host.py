@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import Codebook
-from .collectives import reduce_sum, value_code, value_patterns
+from .base import value_code, value_patterns
+from .collectives import reduce_sum
 
 
 class HostEngine:
@@ -114,7 +115,7 @@ class HostEngine:
 
     def encode_slot(self, values: np.ndarray, region: np.ndarray) -> None:
         """Encode into ``region[SLOT_HEADER:]`` with the codebook of ``values``' sample."""
-        from .slots import SLOT_HEADER
+        from ..format.slot import SLOT_HEADER
 
         self.encode(values, region[SLOT_HEADER:], self.codebook(values))
 

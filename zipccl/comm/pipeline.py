@@ -295,7 +295,7 @@ class DeviceEngine:
     def encode_slot(self, values, region) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
         the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``)."""
-        from .slots import SLOT_HEADER
+        from ..format.slot import SLOT_HEADER
 
         src, bounced = self._aligned(values, "bounce_in")
         if bounced:

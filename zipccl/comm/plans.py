@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .collectives import ExchangeStats
+from .base import ExchangeStats
 from .policy import Decision
 
 MAX_PLANS = 256  # plans kept per communicator; then all are dropped (local: costs re-planning only)

@@ -1,6 +1,6 @@
 """Spills: the tails of frames longer than their slots, moved beside the collective.
 
-A compressed collective moves every frame as a fixed-size slot (``comm.slots``); a frame that
+A compressed collective moves every frame as a fixed-size slot (``format.slot``); a frame that
 does not fit (escapes beyond the capacity, or a RAW frame) *spills* the rest of its bytes,
 its tail. ``Spills`` moves tails without ever making the caller's thread wait for the device
 or for a peer (NCCL's contract):
@@ -48,8 +48,9 @@ from typing import Protocol
 import numpy as np
 
 from .. import format as fmt
+from ..format import errors
+from ..format import slot as slots
 from ..kernels import spill as kern
-from . import slots
 
 FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
 TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
@@ -193,10 +194,10 @@ def describe(bits: int) -> str:
     """The sticky error word in words (its low bits are the decode kernels', named by
     ``codec.gpu.Workspace.describe``).
 
-    >>> describe(kern.ERR_SLOT_CALL | 4)
+    >>> describe(errors.ERR_SLOT_CALL | 4)
     'a peer made another call (operation, element type or element count differ); decode error bits 0x4'
     """
-    words = [text for bit, text in kern.ERROR_TEXT.items() if bits & bit]
+    words = [text for bit, text in errors.SLOT_ERRORS.items() if bits & bit]
     low = bits & 0xFFFF
     if low:
         words.append(f"decode error bits {low:#x}")
@@ -549,7 +550,7 @@ class Spills:
 
     def _release(self) -> None:
         """After a failure: raise every pending call's flag so that no kernel waits forever."""
-        self._ctrl[kern.C_HOST_ERR] |= np.uint64(kern.ERR_PROGRESS)
+        self._ctrl[kern.C_HOST_ERR] |= np.uint64(errors.ERR_PROGRESS)
         for call in list(self._inflight):
             call.block.words[kern.W_IN_READY] = call.seq
 

@@ -36,6 +36,10 @@ import numpy as np
 from numba import cuda  # noqa: I001
 
 from .. import format as fmt
+from ..format.errors import (
+    ERR_COUNTS,
+    ERR_TOTAL,
+)
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from .compat import atomic_read, ballot, shfl, shfl_up, shfl_xor, u32, wrap64
 
@@ -69,23 +73,6 @@ STATUS_AGG = 1
 STATUS_INC = 2
 EPOCH_LIMIT = 1 << 29
 LOW32 = 0xFFFFFFFF
-
-# decode error bits
-ERR_HEADER = 1  # magic / version / dtype / flags / n / lengths do not fit
-ERR_HEADER_CRC = 2
-ERR_COUNTS = 4  # a block's escape count disagrees with its code planes (or is impossible)
-ERR_TOTAL = 8  # the escape counts do not add up to the header's n_escapes
-ERR_CHECKSUM = 16  # payload checksum mismatch
-ERR_ESCAPE_RANGE = 32  # an escape position fell outside the escape section
-
-ERROR_TEXT = {
-    ERR_HEADER: "bad header fields (magic, version, dtype, flags, element count or lengths)",
-    ERR_HEADER_CRC: "header checksum mismatch",
-    ERR_COUNTS: "a block's escape count disagrees with its code planes",
-    ERR_TOTAL: "escape counts do not add up to the header's",
-    ERR_CHECKSUM: "payload checksum mismatch",
-    ERR_ESCAPE_RANGE: "an escape position falls outside the escape section",
-}
 
 _CRC_BITS = 8 * (fmt.HEADER_SIZE - 4)  # the CRC covers header bytes 0..123
 

@@ -34,7 +34,7 @@ then ``wide_finish``. FP16 takes two launches, no host synchronisation, as BF16 
    checksum (the tiles' sums plus the padding bytes it reads), then the call's error
    bits, counter reset and the next epoch, as ``decode.decode_finish`` does for BF16.
 
-Error bits are ``_common``'s, plus ``ERR_ESCAPE_VALUE`` (an FP16 escape byte above 31).
+Error bits: ``format.errors`` (FP16's own: ``ERR_ESCAPE_VALUE``, an escape byte above 31).
 Version history and H200 measurements: experiments/kernels/NOTES.md (this is round 4's v7a).
 """
 
@@ -44,11 +44,20 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from ..format.errors import (
+    ERR_CHECKSUM,
+    ERR_ESCAPE_RANGE,
+    ERR_ESCAPE_VALUE,
+    ERR_HEADER,
+    ERR_HEADER_CRC,
+    ERR_TOTAL,
+)
 from . import _common as common
 from . import (
     compat,  # noqa: F401  (numpy fix before numba.cuda compiles anything)
     decode,
 )
+from . import decode_tile as parts
 from . import launch as launch_route
 from . import plan as plans
 from ._common import TPB, byte_checksum, dev, grid_size, popc32, prmt
@@ -64,9 +73,6 @@ from .layout import (
     wide_header_ok,
     wide_tuple,
 )
-
-ERR_ESCAPE_VALUE = 64
-ERROR_TEXT = {ERR_ESCAPE_VALUE: "an escape byte is not a float16 exponent (above 31)"}
 
 HDR = fmt.HEADER_SIZE
 U64 = np.uint64
@@ -95,7 +101,7 @@ def _planes3(f8, q, stride):
 def _round16(f8, f64, u, n, planes_off, raw_off, stride, pwords):
     """(low bytes 0-3, 4-7, 3 code plane bytes, 3 raw plane bytes, valid mask) of the 8 values
     from 8u; bytes outside their sections read as 0 (the tail tile's path)."""
-    sm0, sm1, p0, p1, p2, vm = decode._load_round(f8, f64, u, n, planes_off, stride, pwords)
+    sm0, sm1, p0, p1, p2, vm = parts.load_round(f8, f64, u, n, planes_off, stride, pwords)
     q0 = u32(0)
     q1 = q0
     q2 = q0
@@ -191,7 +197,7 @@ def _patch(f8, out16, e, pos, nesc, eo, raw_off, stride, do_cs, cs, err):
         r15 = (np.int64(f8[U64(q + 2 * stride)]) >> b) & 1
         out16[U64(e)] = _assemble(x & 0x1F, np.int64(f8[U64(HDR + e)]), r8, r9, r15)
     else:
-        err |= common.ERR_ESCAPE_RANGE
+        err |= ERR_ESCAPE_RANGE
     return cs, err
 
 
@@ -210,7 +216,7 @@ def _copy_raw(f16, out16, n, tile, tid, do_cs):
     return cs
 
 
-_first_tile = decode.block_start(None)
+_first_tile = parts.block_start(None)
 
 
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, FP16_BLOCKS_PER_SM)}))
@@ -224,11 +230,11 @@ def decode_tiles16(f8, f16, f32, f64, out32, out16, ws, lay):
     tid = np.int64(cuda.threadIdx.x)
     lane = tid & 31
     warp = tid >> 5
-    spread[tid] = decode._spread_entry(tid)
-    spread[tid + TPB] = decode._spread_entry(tid + TPB)
+    spread[tid] = parts.spread_entry(tid)
+    spread[tid + TPB] = parts.spread_entry(tid + TPB)
     if not _first_tile(f8, f32, f64, ws, lay, smem, tid):
         return  # the header does not fit: write nothing
-    tile, epoch, nesc, do_cs = decode.block_state(smem)
+    tile, epoch, nesc, do_cs = parts.block_state(smem)
     cs = np.int64(0)
     if smem[3] != 0:  # RAW frame: copy; the coded sections' offsets lie past its end
         while tile < n_blocks:
@@ -248,10 +254,10 @@ def decode_tiles16(f8, f16, f32, f64, out32, out16, ws, lay):
         b0, b1, b2, b3, esc1 = _values16(rb, spread, cba, cbb)
         c0, c1, c2, c3, esc2 = _values16(rc, spread, cba, cbb)
         d0, d1, d2, d3, esc3 = _values16(rd, spread, cba, cbb)
-        decode._store_round(out32, out16, g, ra[8], a0, a1, a2, a3)  # a 16-byte store when full
-        decode._store_round(out32, out16, g + 32, rb[8], b0, b1, b2, b3)
-        decode._store_round(out32, out16, g + 64, rc[8], c0, c1, c2, c3)
-        decode._store_round(out32, out16, g + 96, rd[8], d0, d1, d2, d3)
+        parts.store_round(out32, out16, g, ra[8], a0, a1, a2, a3)  # a 16-byte store when full
+        parts.store_round(out32, out16, g + 32, rb[8], b0, b1, b2, b3)
+        parts.store_round(out32, out16, g + 64, rc[8], c0, c1, c2, c3)
+        parts.store_round(out32, out16, g + 96, rd[8], d0, d1, d2, d3)
         if do_cs:
             cs = wrap64(cs + _cs16(ra, g, planes_off, raw_off, stride, pwords)
                         + _cs16(rb, g + 32, planes_off, raw_off, stride, pwords)
@@ -334,13 +340,13 @@ def wide_finish(f8, f64, ws, lay, crc_zero, crc_tab):
         err = np.int64(0)
         if lane == 0:
             if not ok:
-                err |= common.ERR_HEADER
+                err |= ERR_HEADER
             if crc != ((f64[15] >> 32) & common.LOW32):
-                err |= common.ERR_HEADER_CRC
+                err |= ERR_HEADER_CRC
             if ok and has_cs != 0 and total != f64[4]:
-                err |= common.ERR_CHECKSUM
+                err |= ERR_CHECKSUM
             if ok and raw == 0 and lay[LAY_NBLOCKS] == 0 and nesc != 0:
-                err |= common.ERR_TOTAL
+                err |= ERR_TOTAL
         common.publish_errors(ws, err, lane)
     common.advance_epoch(ws, tid)
 

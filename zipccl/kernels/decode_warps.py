@@ -18,7 +18,7 @@ Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
    the ticket counter, so no atomics at all when the grid has a warp for every tile); its first
    escape position is its chunk's prefix plus the tile's status word. The
    warp decodes the tile's 4 quarters (1,024 values each, 4 rounds of 8 values a lane) one after
-   the other with the block decoder's round code (``decode._decode_round``: spread table,
+   the other with the block decoder's round code (``decode_tile.decode_round``: spread table,
    codebook byte permutes, 16-byte stores), ranks the quarter's escapes by one packed warp scan,
    issues the next quarter's loads (the next tile's first after the fourth), then rewrites the
    escaped values (2-byte stores). Checks: a stored count above the tile's values, the escapes
@@ -26,7 +26,7 @@ Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
    every escape position against the total; the checksum terms are the block decoder's.
 
 FP32 (``fp32``): the upper halves are decoded as BF16 values and each round's low halves merged
-in by byte permutes (``decode._lo32`` / ``decode._store32``, two rounds' loaded ahead), every
+in by byte permutes (``decode_tile.lo32`` / ``decode_tile.store32``, two rounds' loaded ahead), every
 tile from the ticket counter. Both builds have launch bounds of 6 resident blocks per
 multiprocessor (``BLOCKS``, ``FP32_BLOCKS``). A RAW frame is copied
 (4,096 values a ticket and warp). Versions and H200 measurements: experiments/kernels/NOTES.md
@@ -39,14 +39,13 @@ import numpy as np
 from numba import cuda
 
 from .. import format as fmt
+from ..format.errors import ERR_COUNTS, ERR_HEADER, ERR_TOTAL
 from . import _common as common
-from . import compat, decode
+from . import compat
+from . import decode_tile as parts
 from . import launch as launch_route
 from . import plan as plans
 from ._common import (
-    ERR_COUNTS,
-    ERR_HEADER,
-    ERR_TOTAL,
     MAX_CHUNKS,
     TPB,
     WARPS,
@@ -63,7 +62,16 @@ from ._common import (
     shfl_up_u32,
 )
 from .compat import atomic_read, load16, u32, wrap64
-from .layout import LAY_FIELDS, MAGIC_BF16, MAGIC_FP32, WIDE_FIELDS, header_ok, layout_fields
+from .layout import (
+    LAY_FIELDS,
+    MAGIC_BF16,
+    MAGIC_FP32,
+    WIDE_FIELDS,
+    header_ok,
+    lay_lo,
+    lay_no_lo,
+    layout_fields,
+)
 
 U64 = np.uint64
 HDR = fmt.HEADER_SIZE
@@ -74,7 +82,7 @@ CHUNK_SHIFT = CHUNK.bit_length() - 1
 # without register spills (cc 9.0; with 64 registers the BF16 build spills 192 B taking its first
 # tiles by warp number, and the FP32 build at 6 blocks 236 B)
 BLOCKS = 6  # BF16: 80 registers, first wave by warp number
-FP32_BLOCKS = decode.FP32_BLOCKS_PER_SM  # FP32: 6, every tile from the counter
+FP32_BLOCKS = parts.FP32_BLOCKS_PER_SM  # FP32: 6, every tile from the counter
 FP32_FIRST_WAVE = False
 
 
@@ -201,15 +209,15 @@ def _tile_prefix(ws, tile):
     return ws[WS_CHUNK_PREFIXES + (tile >> CHUNK_SHIFT)] + ws[WS_STATUS + tile]
 
 
-def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO_AHEAD,
+def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = parts.FP32_LO_AHEAD,
                   first_wave: bool = True):
     """The warp-a-tile decoder for BF16 output or (``fp32``, a constant) FP32 output;
     ``first_wave``: the first tiles by warp number (else every tile from the counter)."""
     assert lo_ahead in (1, 2, 4)
     magic = MAGIC_FP32 if fp32 else MAGIC_BF16
-    lo_of = decode.lay_lo if fp32 else decode.lay_no_lo
-    code = decode.quarter_code(fp32, lo_ahead)
-    patch = decode.escape_patch(fp32)
+    lo_of = lay_lo if fp32 else lay_no_lo
+    code = parts.quarter_code(fp32, lo_ahead)
+    patch = parts.escape_patch(fp32)
     raw_rounds = 32 if fp32 else 16  # RAW copy: 16-byte units a lane and ticket
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
@@ -218,8 +226,8 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
         tid = np.int64(cuda.threadIdx.x)
         hdr = cuda.shared.array(8, dtype=np.int64)  # the header check's results
         spread = cuda.shared.array(256, dtype=np.uint32)
-        spread[tid] = decode._spread_entry(tid)
-        spread[tid + TPB] = decode._spread_entry(tid + TPB)
+        spread[tid] = parts.spread_entry(tid)
+        spread[tid + TPB] = parts.spread_entry(tid + TPB)
         if tid == 0:
             ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, magic)
             hdr[0] = 1 if ok else 0
@@ -247,7 +255,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
             while tile < n_blocks:
                 g = tile * (32 * raw_rounds) + lane
                 for _ in range(raw_rounds):
-                    cs = decode._raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
+                    cs = parts.raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
                     g += 32
                 tile = _warp_tile(ws, lane, n_blocks, first_wave)
             if do_cs:
@@ -258,7 +266,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
         cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
         cbb = u32(cb64 >> 24)  # entries 3-6
         err = np.int64(0)
-        ra, rb, rc, rd = decode._load_tile(f8, f64, tile if tile < n_blocks else 0, 0, lane, n, planes_off,
+        ra, rb, rc, rd = parts.load_tile(f8, f64, tile if tile < n_blocks else 0, 0, lane, n, planes_off,
                                            stride, pwords)
         while tile < n_blocks:
             nxt = _warp_tile(ws, lane, n_blocks, first_wave)
@@ -271,10 +279,10 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = decode.FP32_LO
                                       planes_off, stride, pwords, do_cs, cs)
                 ex, w0t, w1t, w2t, w3t = exclusive_scan8(cntp, lane)
                 if q < 3:  # the next quarter's loads go out before this quarter's escapes
-                    ra, rb, rc, rd = decode._load_tile(f8, f64, tile, q + 1, lane, n, planes_off, stride,
+                    ra, rb, rc, rd = parts.load_tile(f8, f64, tile, q + 1, lane, n, planes_off, stride,
                                                        pwords)
                 elif nxt < n_blocks:
-                    ra, rb, rc, rd = decode._load_tile(f8, f64, nxt, 0, lane, n, planes_off, stride, pwords)
+                    ra, rb, rc, rd = parts.load_tile(f8, f64, nxt, 0, lane, n, planes_off, stride, pwords)
                 cs, err = patch(f8, out16, escm, ex, w0t, w1t, w2t, prefix + run, g, eo, nesc, do_cs, cs, err)
                 run += np.int64(w0t + w1t + w2t + w3t)
             if lane == 0:

@@ -52,7 +52,14 @@ import time
 import numpy as np
 
 from .. import format as fmt
-from ..comm import slots
+from ..format import slot as slots
+from ..format.errors import (
+    ERR_PEER,
+    ERR_SLOT_CALL,
+    ERR_SLOT_HEADER,
+    ERR_SLOT_SEQ,
+    ERR_SLOT_SIZE,
+)
 
 THREADS = 256  # threads per block of every spill kernel (the CRC table has 256 entries)
 MAX_BLOCKS = 32  # blocks of one launch, for the largest tails
@@ -85,24 +92,6 @@ DEV_WORDS = 4  # uint32
 DEV_ERR = 0
 CNT_OUT, CNT_IN, CNT_TICKET = 0, 1, 2  # the block's counters (uint32, device memory)
 COUNTERS = 3
-
-# -- error bits of the sticky word (the decode kernels' bits are the low ones, 1..64) --------
-ERR_SLOT_HEADER = 1 << 16
-ERR_SLOT_SEQ = 1 << 17
-ERR_SLOT_CALL = 1 << 18
-ERR_SLOT_SIZE = 1 << 19
-ERR_PEER = 1 << 20
-ERR_PROGRESS = 1 << 21
-ERR_HOST_DECODE = 1 << 22  # set by the host (a host call's frame did not decode)
-ERROR_TEXT = {
-    ERR_SLOT_HEADER: "a received slot header is not one (magic, version or CRC)",
-    ERR_SLOT_SEQ: "a received slot header belongs to another call (call sequence number)",
-    ERR_SLOT_CALL: "a peer made another call (operation, element type or element count differ)",
-    ERR_SLOT_SIZE: "slot sizes differ between ranks, or a frame is longer than its region",
-    ERR_PEER: "a peer reported an error in its slot header",
-    ERR_PROGRESS: "the spill progress thread failed (host channel)",
-    ERR_HOST_DECODE: "a frame did not decode (host arrays)",
-}
 
 _SLOT_SIZES = {name: struct.calcsize("<" + code) for name, code, _ in slots.SLOT_FIELDS}
 assert slots.SLOT_HEADER == 128 and slots.CRC_AT == 124 and _SLOT_SIZES["crc"] == 4

@@ -46,15 +46,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..comm.base import ExchangeStats, chunk_elements
 from ..comm.collectives import (
     CANONICAL_NAN,
     CANONICAL_NAN_FP16,
     CANONICAL_NAN_FP32,
-    ExchangeStats,
     all_gather_values,
     all_reduce_values,
     all_to_all_values,
-    chunk_elements,
     reduce_scatter_values,
 )
 from ..comm.host import HostEngine
@@ -74,7 +73,7 @@ class Stats:
     ("all_gather", "reduce_scatter", "all_to_all", "all_reduce": a compressed all-reduce
     counts as one all-reduce), and ``of(op)`` reads one (zeros for a collective not called):
 
-    >>> from zipccl.comm.collectives import ExchangeStats
+    >>> from zipccl.comm.base import ExchangeStats
     >>> s = Stats()
     >>> s.add(True, ExchangeStats(wire_bytes=70, raw_bytes=100), "all_gather")
     >>> s.add(False, ExchangeStats(wire_bytes=50, raw_bytes=50), "reduce_scatter")
@@ -356,7 +355,7 @@ class Collectives:
         return a.view(np.uint16) if bf16 else a
 
     def _chunk_of(self, t: torch.Tensor) -> int:
-        """Elements per pipeline round for ``t``'s type (``collectives.chunk_elements``)."""
+        """Elements per pipeline round for ``t``'s type (``base.chunk_elements``)."""
         return chunk_elements(self.chunk, t.element_size())
 
     def _decide(self, op: str, nbytes: int, t: torch.Tensor, p: int, reduce_op: str | None = "sum",

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import format as fmt
+from . import frame as fmt
 
 SLOT_HEADER = 128
 SLOT_MAGIC = b"ZSLT"

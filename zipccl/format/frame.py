@@ -36,6 +36,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = [  # the frame's names are the package's (``from zipccl import format as fmt``)
+    "MAGIC",
+    "VERSION",
+    "DTYPE_BF16",
+    "DTYPE_FP32",
+    "DTYPE_FP16",
+    "DTYPE_NAMES",
+    "ITEMSIZE",
+    "EXPONENT_MAX",
+    "N_PLANES",
+    "HEADER_SIZE",
+    "ALIGN",
+    "BLOCK",
+    "CODEBOOK_SIZE",
+    "MAX_NDIM",
+    "FLAG_RAW",
+    "FLAG_CHECKSUM",
+    "KNOWN_FLAGS",
+    "HEADER_FIELDS",
+    "OFFSET",
+    "FRAME_LEN_AT",
+    "N_ESCAPES_AT",
+    "CODEBOOK_AT",
+    "dtype_code",
+    "align",
+    "Layout",
+    "max_compressed_size",
+    "static_size",
+    "check_codebook",
+    "Header",
+    "pack_header",
+    "parse_header",
+    "check_escape_counts",
+    "payload_checksum",
+    "check_escape_values",
+]
+
 MAGIC = b"ZCCL"
 VERSION = 1
 DTYPE_BF16 = 1
