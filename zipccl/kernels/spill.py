@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..comm import slots
+from . import cache as kernel_cache
 
 THREADS = 256  # threads per block of every spill kernel (the CRC table has 256 entries)
 MAX_BLOCKS = 32  # blocks of one launch, for the largest tails
@@ -572,7 +573,7 @@ def function(cupy, name: str):
         with _LOCK:
             mod = _MODULES.get(key)
             if mod is None:
-                mod = _MODULES[key] = cupy.RawModule(code=source(), options=("--std=c++14",))
+                mod = _MODULES[key] = kernel_cache.cupy_module(cupy, source(), ("--std=c++14",))
     return mod.get_function(name)
 
 
