@@ -434,3 +434,39 @@ def test_warmup_where_names_the_folders(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["warmup", "--bogus"])
     assert e.value.code == 2
+
+
+# -- on a GPU (pytest -m gpu) ---------------------------------------------------------------------
+
+_GPU_ROUND_TRIP = """
+import hashlib, json
+import cupy as cp
+import zipccl
+from zipccl.kernels import launch
+x = (cp.arange(1 << 20, dtype=cp.uint32) * 2654435761 % 65536).astype(cp.uint16) & 0xBFFF
+frame = zipccl.compress(x, dtype="bfloat16")
+y = zipccl.decompress(frame)
+origins = sorted({how for k in launch.kernels() for how in k.origin.values()})
+print(json.dumps({"exact": bool(cp.array_equal(y.reshape(-1), x)), "origins": origins,
+                  "frame": hashlib.sha256(cp.asnumpy(frame).tobytes()).hexdigest()}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SIMULATOR, reason="compiles real kernels")
+def test_a_second_process_loads_every_kernel_from_the_cache(tmp_path):
+    pytest.importorskip("cupy")
+    if not cache.gpu_count()[0]:
+        pytest.skip("no CUDA GPU")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ZIPCCL_CACHE_DIR": str(tmp_path / "k")}
+    env.pop("ZIPCCL_KERNEL_CACHE", None)
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _GPU_ROUND_TRIP], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["exact"] and warm["exact"] and cold["frame"] == warm["frame"]
+    assert cold["origins"] == ["compiled"] and warm["origins"] == ["cache"]
+    assert list((tmp_path / "k").rglob("*.cubin"))

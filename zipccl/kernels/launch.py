@@ -154,8 +154,8 @@ class Kernel:
         if isinstance(handle, drv.CUkernel):  # a library kernel: its function in this context
             handle = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
         entry = None
-        image = getattr(lib.get_cubin(), "code", None)
-        if isinstance(image, bytes) and not getattr(lib, "_setup_functions", None) and \
+        image = _image_bytes(lib.get_cubin())
+        if image is not None and not getattr(lib, "_setup_functions", None) and \
                 getattr(kernel, "shared_memory_carveout", None) is None:
             entry = kernel_cache.Entry(image, lib._entry_name)
         return handle, entry
@@ -174,6 +174,14 @@ class Kernel:
             if not err:
                 raise RuntimeError(f"{self.dispatcher.__name__} has more than the {self.slots} "
                                    "parameters the lean launcher packs")
+
+
+def _image_bytes(cubin) -> bytes | None:
+    """The bytes of a linked cubin (cuda.core's ``ObjectCode`` or the bytes themselves)."""
+    code = getattr(cubin, "code", cubin)
+    if isinstance(code, (bytes, bytearray, memoryview)):
+        return bytes(code)
+    return None
 
 
 _MODULES: list = []  # modules loaded from the kernel cache: they live as long as the process
