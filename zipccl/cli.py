@@ -1,11 +1,12 @@
-"""The command line: ``zipccl analyze | demo`` (also ``python -m zipccl ...``).
+"""The command line: ``zipccl analyze | demo | warmup`` (also ``python -m zipccl ...``).
 
-Subcommands live in their own modules (``zipccl.analyze``, ``zipccl.demo``);
+Subcommands live in their own modules (``zipccl.analyze``, ``zipccl.demo``, ``zipccl.warmup``);
 this file only dispatches, so that importing one never pulls in another's
 dependencies (the demo needs mpi4py, analyze does not).
 
 Exit status: 0 success, 1 the subcommand's check failed (a round trip not
-bit-exact), 2 a usage or input error (what was wrong is said on stderr).
+bit-exact; warmup: a kernel did not build), 2 a usage or input error, or no GPU for
+``warmup`` (what was wrong is said on stderr).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 COMMANDS = {
     "analyze": ("zipccl.analyze", "ratio, coverage and entropy of the tensors in checkpoint files"),
     "demo": ("zipccl.demo", "compressed all-gather of a real checkpoint, checked bit for bit (mpiexec)"),
+    "warmup": ("zipccl.warmup", "compile every GPU kernel once for this machine's GPU (kernel cache)"),
 }
 USAGE_ERROR = 2
 

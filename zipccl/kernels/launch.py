@@ -18,6 +18,10 @@ can report a function's parameter layout (``cuFuncGetParamInfo``, CUDA >= 12.4)
 the packing is checked against it once per kernel and device, so an ABI change
 in Numba fails loudly instead of launching with shifted arguments.
 
+A kernel's cubin is kept on disk (``cache.py``): a process that finds it there loads it with
+one ``cuModuleLoadData`` instead of compiling; ``kernels()`` lists every ``Kernel`` made, for
+``python -m zipccl warmup``.
+
 Also here: the few driver calls the codec's hot path needs without Numba's
 wrappers (current device, a small device-to-host read into pinned memory).
 Nothing here runs under the CUDA simulator: there the codec calls the kernels
@@ -33,6 +37,7 @@ import numpy as np
 from numba import types
 from numba.cuda.np import numpy_support
 
+from . import cache as kernel_cache
 from . import compat
 
 _U64 = (1 << 64) - 1
@@ -89,14 +94,29 @@ def _slots(argtypes) -> int:
     return n
 
 
+_KERNELS: list = []  # every Kernel made, in order
+
+
+def kernels() -> tuple:
+    """Every ``Kernel`` made so far (the library's, once its kernel modules are imported)."""
+    return tuple(_KERNELS)
+
+
 class Kernel:
-    """One ``@cuda.jit`` kernel for one signature; its CUfunction per device, compiled once."""
+    """One ``@cuda.jit`` kernel for one signature; its CUfunction per device, compiled once
+    per machine (``cache.py``) and loaded once per process and device."""
 
     def __init__(self, dispatcher, argtypes: tuple):
         self.dispatcher = dispatcher
         self.argtypes = tuple(argtypes)
         self.slots = _slots(self.argtypes)
         self._funcs: dict[int, int] = {}
+        self.origin: dict[int, str] = {}  # per device: "cache", "compiled", "compiled, not cached"
+        _KERNELS.append(self)
+
+    @property
+    def name(self) -> str:
+        return self.dispatcher.py_func.__name__
 
     def data_slot(self, arg: int) -> int:
         """The parameter slot of the data pointer of array argument number ``arg``."""
@@ -105,19 +125,43 @@ class Kernel:
         return _slots(self.argtypes[:arg]) + 4
 
     def function(self, device: int) -> int:
-        """The CUfunction handle (as an int) on ``device``; compiles and loads on first use."""
+        """The CUfunction handle (as an int) on ``device``; from the kernel cache or compiled,
+        and loaded, on first use."""
         f = self._funcs.get(device)
         if f is None:
-            f = self._funcs[device] = self._load()
+            f = self._funcs[device] = self._load(device)
         return f
 
-    def _load(self):
+    def _load(self, device: int) -> int:
+        try:
+            what, source = kernel_cache.ident(self.dispatcher, self.argtypes), \
+                kernel_cache.source_of(self.dispatcher)
+        except kernel_cache.Uncacheable:
+            what = source = None
+        handle, self.origin[device] = kernel_cache.default().fetch(
+            what, kernel_cache.arch_name(compute_capability(device)), source, _load_image, self._compile)
+        self._check_params(handle)
+        return int(handle)
+
+    def _compile(self):
+        """Numba's compilation and load in the current context: (CUfunction, the cache entry or
+        None when the code library holds what a cubin alone does not)."""
         kernel = self.dispatcher.compile(self.argtypes)
         kernel.bind()
-        handle = kernel._codelibrary.get_cufunc().handle
+        lib = kernel._codelibrary
+        handle = lib.get_cufunc().handle
         drv = _driver()
         if isinstance(handle, drv.CUkernel):  # a library kernel: its function in this context
             handle = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
+        entry = None
+        image = _image_bytes(lib.get_cubin())
+        if image is not None and not getattr(lib, "_setup_functions", None) and \
+                getattr(kernel, "shared_memory_carveout", None) is None:
+            entry = kernel_cache.Entry(image, lib._entry_name)
+        return handle, entry
+
+    def _check_params(self, handle) -> None:
+        drv = _driver()
         info = getattr(drv, "cuFuncGetParamInfo", None)
         if info is not None:
             for i in range(self.slots):
@@ -130,7 +174,37 @@ class Kernel:
             if not err:
                 raise RuntimeError(f"{self.dispatcher.__name__} has more than the {self.slots} "
                                    "parameters the lean launcher packs")
-        return int(handle)
+
+
+def _image_bytes(cubin) -> bytes | None:
+    """The bytes of a linked cubin (cuda.core's ``ObjectCode`` or the bytes themselves)."""
+    code = getattr(cubin, "code", cubin)
+    if isinstance(code, (bytes, bytearray, memoryview)):
+        return bytes(code)
+    return None
+
+
+_MODULES: list = []  # modules loaded from the kernel cache: they live as long as the process
+
+
+def _load_image(entry) -> object:
+    """The CUfunction of a cached kernel (``cache.Entry``), loaded into the current context."""
+    drv = _driver()
+    module = check(drv.cuModuleLoadData(entry.image), "cuModuleLoadData")
+    _MODULES.append(module)
+    return check(drv.cuModuleGetFunction(module, entry.entry.encode()), "cuModuleGetFunction")
+
+
+def compute_capability(device: int) -> tuple[int, int]:
+    """(major, minor) of device ``device`` (an ordinal)."""
+    drv = _driver()
+    dev = check(drv.cuDeviceGet(int(device)), "cuDeviceGet")
+    attr = drv.CUdevice_attribute
+    major = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                  "cuDeviceGetAttribute")
+    minor = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                  "cuDeviceGetAttribute")
+    return int(major), int(minor)
 
 
 class Params:
@@ -241,4 +315,4 @@ def device_pointer(numba_array) -> int:
 
 
 __all__ = ["Kernel", "Params", "launch", "array", "I64", "int_tuple", "current_device", "pinned",
-           "device_pointer"]
+           "device_pointer", "kernels", "compute_capability"]

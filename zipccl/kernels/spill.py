@@ -60,6 +60,7 @@ from ..format.errors import (
     ERR_SLOT_SEQ,
     ERR_SLOT_SIZE,
 )
+from . import cache as kernel_cache
 
 THREADS = 256  # threads per block of every spill kernel (the CRC table has 256 entries)
 MAX_BLOCKS = 32  # blocks of one launch, for the largest tails
@@ -561,7 +562,7 @@ def function(cupy, name: str):
         with _LOCK:
             mod = _MODULES.get(key)
             if mod is None:
-                mod = _MODULES[key] = cupy.RawModule(code=source(), options=("--std=c++14",))
+                mod = _MODULES[key] = kernel_cache.cupy_module(cupy, source(), ("--std=c++14",))
     return mod.get_function(name)
 
 
