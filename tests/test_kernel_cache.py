@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import SIMULATOR
 
+from zipccl import warmup
 from zipccl.kernels import cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,16 +284,17 @@ def test_describe_refuses_what_it_cannot_write_down_stably():
 
 _IDENTS = """
 import json, sys
+from zipccl import warmup
 from zipccl.kernels import cache
 json.dump([[k.name, cache.ident(k.dispatcher, k.argtypes), cache.source_of(k.dispatcher)]
-           for k in cache.library_kernels()], sys.stdout, sort_keys=True)
+           for k in warmup.library_kernels()], sys.stdout, sort_keys=True)
 """
 
 
 @pytest.mark.skipif(SIMULATOR, reason="describes the compiled kernels' dispatchers (not the simulator's)")
 def test_every_library_kernel_has_an_entry_of_its_own_the_same_in_every_process(tmp_path):
     rows = [[k.name, cache.ident(k.dispatcher, k.argtypes), cache.source_of(k.dispatcher)]
-            for k in cache.library_kernels()]
+            for k in warmup.library_kernels()]
     here = json.loads(json.dumps(rows, sort_keys=True))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
@@ -402,7 +404,7 @@ def test_the_simulator_compiles_nothing_and_leaves_the_cache_alone(tmp_path):
 # -- the command ----------------------------------------------------------------------------------
 
 def test_warmup_without_a_gpu_says_so_and_exits_2(tmp_path):
-    if cache.gpu_count()[0]:
+    if warmup.gpu_count()[0]:
         pytest.skip("this machine has a GPU (the H200 check runs warmup itself)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZIPCCL_CACHE_DIR": str(tmp_path / "k")}
     r = subprocess.run([sys.executable, "-m", "zipccl", "warmup"], capture_output=True, text=True, env=env,
@@ -456,7 +458,7 @@ print(json.dumps({"exact": bool(cp.array_equal(y.reshape(-1), x)), "origins": or
 @pytest.mark.skipif(SIMULATOR, reason="compiles real kernels")
 def test_a_second_process_loads_every_kernel_from_the_cache(tmp_path):
     pytest.importorskip("cupy")
-    if not cache.gpu_count()[0]:
+    if not warmup.gpu_count()[0]:
         pytest.skip("no CUDA GPU")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZIPCCL_CACHE_DIR": str(tmp_path / "k")}
     env.pop("ZIPCCL_KERNEL_CACHE", None)

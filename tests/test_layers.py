@@ -23,7 +23,7 @@ LAYERS = (
     ("codec", "scaling"),
     ("api", "comm"),
     ("analyze", "__init__"),
-    ("torch", "tools", "demo", "cli", "__main__"),
+    ("torch", "tools", "demo", "warmup", "cli", "__main__"),
 )
 
 #: Circles still in the code, each to go (docs/ARCHITECTURE.md, "What is not one path yet").

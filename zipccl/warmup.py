@@ -18,6 +18,94 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+
+from .kernels import cache
+
+# the modules that define the library's Numba kernels (``launch.Kernel``s)
+KERNEL_MODULES = ("encode", "decode", "decode_fp16", "decode_warps", "stats")
+
+
+def gpu_count() -> tuple[int, str]:
+    """(number of CUDA devices, why none) without creating a context; (0, reason) where there is
+    no driver, no device or only the CUDA simulator."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return 0, "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it compiles nothing"
+    try:
+        from cuda.bindings import driver
+
+        err = driver.cuInit(0)[0]
+        if err:
+            return 0, f"cuInit failed ({driver.cuGetErrorName(err)[1].decode()})"
+        err, n = driver.cuDeviceGetCount()
+        return (int(n), "") if not err and n else (0, "no CUDA device")
+    except Exception as e:  # no libcuda, no cuda.bindings
+        return 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def library_kernels() -> tuple:
+    """Every ``launch.Kernel`` of the library's kernel modules (importing them)."""
+    import importlib
+
+    from .kernels import launch
+
+    for m in KERNEL_MODULES:
+        importlib.import_module(f"zipccl.kernels.{m}")
+    prefix = "zipccl.kernels."
+    return tuple(k for k in launch.kernels() if k.dispatcher.py_func.__module__.startswith(prefix))
+
+
+def spill_kernel_names() -> tuple[str, ...]:
+    """The ``__global__`` functions of the CUDA C spill kernels."""
+    import re
+
+    from .kernels import spill
+
+    return tuple(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
+                            spill.source()))
+
+
+def build_all(device: int, report: Callable[[int, int, str, str, float], None]) -> dict[str, int]:
+    """Load or compile every library kernel on ``device`` (made current), then the CuPy spill
+    kernels when CuPy is installed. ``report(i, total, name, how, seconds)`` after each; returns
+    how many of each ``how``. Raises what a compilation raises."""
+    import time
+
+    from numba import cuda
+
+    cuda.select_device(device)
+    from .kernels import launch
+
+    todo = library_kernels()
+    spill_names: tuple[str, ...] = ()
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        spill_names = spill_kernel_names()
+    total = len(todo) + (1 if spill_names else 0)
+    counts: dict[str, int] = {}
+    dev = launch.current_device()
+    for i, k in enumerate(todo, 1):
+        t0 = time.perf_counter()
+        k.function(dev)
+        how = k.origin.get(dev, "loaded")
+        counts[how] = counts.get(how, 0) + 1
+        report(i, total, f"{k.name} ({', '.join(str(t) for t in k.argtypes[:2])}, ...)", how,
+               time.perf_counter() - t0)
+    if spill_names:
+        from .kernels import spill
+
+        t0 = time.perf_counter()
+        with cupy.cuda.Device(device):
+            for name in spill_names:
+                spill.function(cupy, name)
+        report(total, total, f"spill kernels ({len(spill_names)}, CUDA C through CuPy)",
+               f"CuPy's cache {cache.cupy_cache_dir(cupy)}", time.perf_counter() - t0)
+    return counts
 
 
 def main(argv: list[str] | None = None, prog: str = "zipccl warmup") -> int:
@@ -30,8 +118,6 @@ def main(argv: list[str] | None = None, prog: str = "zipccl warmup") -> int:
                     help="print the cache folders and exit (needs no GPU)")
     args = ap.parse_args(argv)
 
-    from .kernels import cache
-
     if args.where:
         state = "on" if cache.enabled() else f"off ({cache.ENV_ENABLE}=0)"
         print(f"zipccl kernel cache: {cache.directory()} ({state}; override with {cache.ENV_DIR})")
@@ -40,7 +126,7 @@ def main(argv: list[str] | None = None, prog: str = "zipccl warmup") -> int:
     if args.clear:
         n = cache.clear()
         print(f"{prog}: removed {n} files from {cache.directory()}", file=sys.stderr)
-    count, why = cache.gpu_count()
+    count, why = gpu_count()
     if count == 0:
         print(f"{prog}: no CUDA GPU to compile for ({why}); nothing done", file=sys.stderr)
         return 2
@@ -57,7 +143,7 @@ def main(argv: list[str] | None = None, prog: str = "zipccl warmup") -> int:
 
     t0 = time.perf_counter()
     try:
-        counts = cache.build_all(args.device, report)
+        counts = build_all(args.device, report)
     except Exception as e:  # a kernel that does not build: say which error, exit 1
         print(f"{prog}: failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ Numba compiles a ``@cuda.jit`` kernel the first time a process launches it (seco
 kernel, most of a fresh process's first compressed call). ``launch.Kernel`` therefore asks
 this cache first: an entry is the kernel's linked cubin and the name of its entry point,
 loaded with one ``cuModuleLoadData``; a miss compiles through Numba as before and writes the
-entry for the next process. ``python -m zipccl warmup`` (``build_all``) fills the cache for
+entry for the next process. ``python -m zipccl warmup`` (``zipccl.warmup.build_all``) fills the cache for
 every kernel the library launches.
 
 Where: ``$ZIPCCL_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/zipccl/kernels``, else
@@ -108,9 +108,7 @@ def toolchain() -> dict[str, str]:
     """The versions a compiled kernel depends on beyond its own source."""
     import numpy
 
-    from .. import __version__
-
-    return {"zipccl": __version__, "numba": _version("numba"), "numba-cuda": _version("numba-cuda"),
+    return {"zipccl": _version("zipccl"), "numba": _version("numba"), "numba-cuda": _version("numba-cuda"),
             "numpy": numpy.__version__}
 
 
@@ -510,91 +508,3 @@ def cupy_module(cupy, code: str, options: tuple[str, ...]):
             else:
                 os.environ["CUPY_CACHE_IN_MEMORY"] = before
     return mod
-
-
-# -- warming up: every kernel the library launches -------------------------------------------------
-
-# the modules that define the library's Numba kernels (``launch.Kernel``s)
-KERNEL_MODULES = ("encode", "decode", "decode_fp16", "decode_warps", "stats")
-
-
-def gpu_count() -> tuple[int, str]:
-    """(number of CUDA devices, why none) without creating a context; (0, reason) where there is
-    no driver, no device or only the CUDA simulator."""
-    from numba import config
-
-    if config.ENABLE_CUDASIM:
-        return 0, "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it compiles nothing"
-    try:
-        from cuda.bindings import driver
-
-        err = driver.cuInit(0)[0]
-        if err:
-            return 0, f"cuInit failed ({driver.cuGetErrorName(err)[1].decode()})"
-        err, n = driver.cuDeviceGetCount()
-        return (int(n), "") if not err and n else (0, "no CUDA device")
-    except Exception as e:  # no libcuda, no cuda.bindings
-        return 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-
-
-def library_kernels() -> tuple:
-    """Every ``launch.Kernel`` of the library's kernel modules (importing them)."""
-    import importlib
-
-    from . import launch
-
-    for m in KERNEL_MODULES:
-        importlib.import_module(f"{__package__}.{m}")
-    prefix = f"{__package__}."
-    return tuple(k for k in launch.kernels() if k.dispatcher.py_func.__module__.startswith(prefix))
-
-
-def spill_kernel_names() -> tuple[str, ...]:
-    """The ``__global__`` functions of the CUDA C spill kernels."""
-    import re
-
-    from . import spill
-
-    return tuple(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
-                            spill.source()))
-
-
-def build_all(device: int, report: Callable[[int, int, str, str, float], None]) -> dict[str, int]:
-    """Load or compile every library kernel on ``device`` (made current), then the CuPy spill
-    kernels when CuPy is installed. ``report(i, total, name, how, seconds)`` after each; returns
-    how many of each ``how``. Raises what a compilation raises."""
-    import time
-
-    from numba import cuda
-
-    cuda.select_device(device)
-    from . import launch
-
-    todo = library_kernels()
-    spill_names: tuple[str, ...] = ()
-    try:
-        import cupy
-    except ImportError:
-        cupy = None
-    if cupy is not None:
-        spill_names = spill_kernel_names()
-    total = len(todo) + (1 if spill_names else 0)
-    counts: dict[str, int] = {}
-    dev = launch.current_device()
-    for i, k in enumerate(todo, 1):
-        t0 = time.perf_counter()
-        k.function(dev)
-        how = k.origin.get(dev, "loaded")
-        counts[how] = counts.get(how, 0) + 1
-        report(i, total, f"{k.name} ({', '.join(str(t) for t in k.argtypes[:2])}, ...)", how,
-               time.perf_counter() - t0)
-    if spill_names:
-        from . import spill
-
-        t0 = time.perf_counter()
-        with cupy.cuda.Device(device):
-            for name in spill_names:
-                spill.function(cupy, name)
-        report(total, total, f"spill kernels ({len(spill_names)}, CUDA C through CuPy)",
-               f"CuPy's cache {cupy_cache_dir(cupy)}", time.perf_counter() - t0)
-    return counts
