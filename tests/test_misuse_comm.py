@@ -221,6 +221,16 @@ def test_communicator_all_to_all_refuses_non_integer_counts(send_counts, recv_co
     comm.close()
 
 
+@pytest.mark.parametrize("value", [4096.0, "4096", True])
+def test_communicator_chunk_must_be_an_integer(value):
+    comm = zipccl.Communicator(MPI.COMM_SELF)
+    with pytest.raises(TypeError, match="chunk must be an integer"):
+        comm.chunk = value
+    comm.chunk = np.int64(4096)
+    assert comm.chunk == 4096 and type(comm.chunk) is int
+    comm.close()
+
+
 # -- codebooks ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("exponents, match", [

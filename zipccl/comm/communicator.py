@@ -59,6 +59,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from .. import format as fmt
 from .agreement import Agreement, count_matrix, describe, sig_hash
 from .args import (
@@ -250,6 +252,8 @@ class Communicator:
 
     @chunk.setter
     def chunk(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"chunk must be an integer, got {type(value).__name__} {value!r}")
         value = int(value)
         if value < 0 or value % fmt.BLOCK:
             raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
