@@ -4,6 +4,7 @@ It picks an implementation by where the data lives: device arrays go to the GPU
 codec and stay on the device; host arrays go to the CPU fast path (or the NumPy
 reference when ``backend="reference"``). BF16, FP32 and FP16 tensors are accepted;
 the frame's header records which, and ``decompress`` gives the same type back.
+Both may be called from several threads at once (docs/COLLECTIVES.md, "Threads").
 """
 
 from __future__ import annotations
