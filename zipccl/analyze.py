@@ -6,6 +6,9 @@ histogram codebook, the compressed ratio (frame bytes / BF16 bytes), the
 entropy-limit ratio (8 + H) / 16, and whether the round trip was bit-exact.
 ``--dtype float32`` / ``float16`` casts to that type instead (``bf16_bytes`` then
 counts that type's bytes; the entropy limits are (24 + H) / 32 and (11 + H) / 16).
+A tensor zipccl cannot frame (more than ``format.MAX_NDIM`` = 8 dimensions) is listed
+with the reason (``"error"`` in ``--json``) and left out of the totals, as non-floating
+tensors are; if no tensor can be analyzed the file is refused (exit status 2).
 An empty tensor has no sigma, entropy, coverage or ratio: its report shows "-"
 (``null`` in ``--json``), its round trip is still checked, and the totals count
 only the tensors that hold values (how many were empty is reported beside them).
@@ -127,6 +130,17 @@ def summarize(reports: list[TensorReport]) -> dict:
             "bit_exact": all(r.bit_exact for r in reports)}
 
 
+def unframable(arr: np.ndarray) -> str | None:
+    """Why zipccl cannot frame a tensor of ``arr``'s shape, or None if it can.
+
+    >>> unframable(np.zeros((1,) * 9)), unframable(np.zeros((2, 3)))
+    ('9 dimensions; a zipccl frame holds at most 8', None)
+    """
+    if arr.ndim > fmt.MAX_NDIM:
+        return f"{arr.ndim} dimensions; a zipccl frame holds at most {fmt.MAX_NDIM}"
+    return None
+
+
 class InputError(ValueError):
     """A file that cannot be analyzed: missing, a directory, empty, unreadable, no floats."""
 
@@ -192,6 +206,7 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
     out = sys.stdout if out is None else out
     reports: list[TensorReport] = []
     skipped: list[str] = []
+    unframed: list[dict] = []  # tensors zipccl cannot frame: file, name, shape, error
     for path in paths:
         tensors = read_tensors(Path(path))
         nbytes = sum(a.nbytes for _, a in tensors)
@@ -200,6 +215,9 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
         for name, arr in tensors:
             if not is_floating(arr):
                 skipped.append(f"{name} ({arr.dtype})")
+            elif (why := unframable(arr)) is not None:
+                unframed.append({"file": str(path), "name": name, "shape": list(arr.shape),
+                                 "error": f"cannot be framed: {why}"})
             else:
                 reports.append(analyze_tensor(str(path), name, arr, backend, dtype))
             if bar is not None:
@@ -207,8 +225,11 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
         if bar is not None:
             bar.close()
     if not reports:
-        raise InputError(f"{', '.join(map(str, paths))}: no floating-point tensors to analyze"
-                         + (f" (skipped {', '.join(skipped)})" if skipped else " (no tensors at all)"))
+        why = [f"skipped {', '.join(skipped)}"] if skipped else []
+        why += [f"{u['name']} {u['error']}" for u in unframed]
+        what = "no tensor zipccl can frame" if unframed else "no floating-point tensors to analyze"
+        raise InputError(f"{', '.join(map(str, paths))}: {what}"
+                         + (f" ({'; '.join(why)})" if why else " (no tensors at all)"))
     if not any(r.numel for r in reports):
         shown = ", ".join(f"{r.name} of shape {r.shape}" for r in reports[:4])
         shown += ", ..." if len(reports) > 4 else ""
@@ -218,7 +239,10 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
     if as_json:
         for r in reports:
             print(json.dumps({**asdict(r), "ratio": r.ratio, "entropy_ratio": r.entropy_ratio}), file=out)
-        print(json.dumps({"total": total, "skipped": skipped}), file=out)
+        for u in unframed:
+            print(json.dumps(u), file=out)
+        print(json.dumps({"total": total, "skipped": skipped,
+                          "unframed": [u["name"] for u in unframed]}), file=out)
         return total
     if not quiet:
         print(f"{'tensor':48s} {'elements':>10s} {'sigma':>9s} {'H(exp)':>6s} {'cov σ':>7s} "
@@ -231,6 +255,8 @@ def run(paths: list[Path], *, as_json: bool = False, quiet: bool = False, backen
                 measures = f"{'-':>9s} {'-':>6s} {'-':>7s} {'-':>8s} {'-':>6s} {'-':>6s}"
             print(f"{r.name[-48:]:48s} {r.numel:10d} {measures} {'yes' if r.bit_exact else 'NO'}",
                   file=out)
+    for u in unframed:
+        print(f"not analyzed: {u['name']} of shape {tuple(u['shape'])}: {u['error']}", file=out)
     if skipped:
         print(f"skipped {len(skipped)} non-floating tensors", file=out)
     kind = {"bfloat16": "BF16", "float32": "FP32", "float16": "FP16"}[dtype]
@@ -251,7 +277,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m zipccl analyze") 
                                 epilog="exit status: 0 every round trip bit-exact, 1 a round trip "
                                        "NOT bit-exact, 2 a usage or input error (a missing, empty "
                                        "or unreadable file, a directory, no floating tensors or "
-                                       "only empty ones)")
+                                       "only empty ones or only ones zipccl cannot frame); tensors "
+                                       "zipccl cannot frame (more than 8 dimensions) are listed "
+                                       "and left out of the totals")
     p.add_argument("files", nargs="*", type=Path,
                    help=".safetensors/.npy/.npz/.pt files (default: the bundled real checkpoint)")
     p.add_argument("--json", action="store_true", help="one JSON object per tensor, then the total")

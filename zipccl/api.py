@@ -4,6 +4,7 @@ It picks an implementation by where the data lives: device arrays go to the GPU
 codec and stay on the device; host arrays go to the CPU fast path (or the NumPy
 reference when ``backend="reference"``). BF16, FP32 and FP16 tensors are accepted;
 the frame's header records which, and ``decompress`` gives the same type back.
+Both may be called from several threads at once (docs/COLLECTIVES.md, "Threads").
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as fmt
-from .arrays import host_frame, host_out_values, host_values, is_device_array, like_input
+from .arrays import (
+    _torch_of,
+    host_frame,
+    host_out_values,
+    host_values,
+    is_device_array,
+    like_input,
+)
 from .codebook import Codebook
 
 _HOST_BACKENDS = ("auto", "cpu", "reference")
@@ -28,12 +36,37 @@ def _host_codec(backend: str):
 
 
 def _frame_out(out) -> np.ndarray:
-    """``out=`` of ``compress`` as the flat uint8 array of its own memory.
+    """``out=`` of ``compress`` on host data as the flat uint8 array of its own memory.
 
-    A frame is one contiguous run of bytes, so ``out`` must be C-contiguous and
-    writable; anything else raises ValueError instead of writing to a copy.
+    ``out`` must be a host buffer whose memory the frame can be written into in place: a
+    NumPy array, a CPU torch tensor, or a writable buffer-protocol object (``bytearray``,
+    a writable ``memoryview``...), C-contiguous. A list or any other object that would be
+    converted to a new array raises TypeError, a read-only buffer (``bytes``) or a strided
+    one ValueError: the frame never goes to a copy.
     """
-    arr = np.asarray(out)
+    torch = _torch_of(out)
+    if torch is not None:
+        if out.is_cuda:
+            raise TypeError("out= is a CUDA tensor; the frame of host data goes to a host buffer")
+        if not out.is_contiguous():
+            raise ValueError("out= must be a C-contiguous buffer (a frame is one contiguous run "
+                             "of bytes); this torch tensor is strided")
+        arr = out.detach().reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+    elif is_device_array(out):
+        raise TypeError("out= is a device array; the frame of host data goes to a host buffer")
+    elif isinstance(out, np.ndarray):
+        arr = out
+    else:
+        try:
+            view = memoryview(out)
+        except TypeError:
+            raise TypeError(f"out= must be a writable host buffer (a NumPy array, a CPU torch "
+                            f"tensor, a bytearray...), got {type(out).__name__}: the frame would "
+                            f"go to a copy of it") from None
+        if view.readonly:
+            raise ValueError(f"out= is read-only ({type(out).__name__}); pass a writable buffer "
+                             f"such as a bytearray")
+        arr = np.asarray(view)
     if not arr.flags.c_contiguous:
         raise ValueError("out= must be a C-contiguous buffer (a frame is one contiguous run of "
                          "bytes); this one is strided")
@@ -86,10 +119,14 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     uint8 torch tensor for a torch tensor (on its device; a CPU one shares the NumPy
     frame's memory), a CuPy or Numba uint8 array for those.
     The codebook defaults to ``Codebook.from_sigma`` of a strided-sample estimate;
-    ``sigma=`` gives sigma directly. ``out=`` is a preallocated, C-contiguous buffer of at
-    least ``max_compressed_size(x.size, x.dtype)`` bytes; the frame is written at its start and
-    the returned frame is a view of it, of ``out``'s kind (a strided or read-only ``out=``
-    raises ValueError).
+    ``sigma=`` gives sigma directly. ``out=`` is a preallocated, C-contiguous, writable buffer of at
+    least ``max_compressed_size(x.size, x.dtype)`` bytes where ``x`` lives (host data: a NumPy
+    array, a CPU torch tensor, a ``bytearray`` or other writable buffer; device data: a uint8
+    device array); the frame is written at its start, in place, and the returned frame is a
+    view of it, of ``out``'s kind. An ``out=`` that cannot be written in place is refused,
+    never written to a copy: a list or other non-buffer, or a buffer on the wrong side,
+    raises TypeError, a strided or read-only one (``bytes``) ValueError. More than 8
+    dimensions (``format.MAX_NDIM``) raise ValueError.
 
     >>> import ml_dtypes, numpy as np, zipccl
     >>> x = np.random.default_rng(0).normal(0, 0.02, 10000).astype(ml_dtypes.bfloat16)
@@ -105,15 +142,21 @@ def compress(x, codebook: Codebook | None = None, *, sigma: float | None = None,
     >>> # zipccl.compress(t): a torch.uint8 tensor; zipccl.decompress of it: t's dtype, shape, bits
     """
     if is_device_array(x):
+        if out is not None and not is_device_array(out):
+            raise TypeError(f"out= must be a device array for device data (the frame is written "
+                            f"on the device, in place), got {type(out).__name__}")
         from .codec import gpu
         return gpu.compress(x, codebook=codebook, sigma=sigma, dtype=dtype, checksum=checksum,
                             out=out, stream=stream)
     bits, code = host_values(x, dtype=dtype)
+    if bits.ndim > fmt.MAX_NDIM:
+        raise ValueError(f"zipccl frames hold at most {fmt.MAX_NDIM} dimensions, got {bits.ndim} "
+                         f"(shape {bits.shape}); reshape the tensor first")
+    dst = None if out is None else _frame_out(out)  # refused before any work
     cb = _pick_codebook(bits, codebook, sigma, code)
     frame = _host_codec(backend).encode(bits, cb, bits.shape, checksum, dtype=code)
-    if out is None:
+    if dst is None:
         return like_input(frame, x)
-    dst = _frame_out(out)
     if dst.size < frame.size:
         name = fmt.DTYPE_NAMES[code]
         raise ValueError(f"out= holds {dst.size} bytes; this frame needs {frame.size} "

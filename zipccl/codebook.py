@@ -411,7 +411,15 @@ class Codebook:
     sigma: float | None = None  # the sigma it was derived from, if any
 
     def __post_init__(self):
-        ex = tuple(int(e) for e in self.exponents)
+        if not hasattr(self.exponents, "__iter__"):
+            raise TypeError(f"a codebook takes a sequence of {CODEBOOK_SIZE} integer exponents, "
+                            f"got {type(self.exponents).__name__} {self.exponents!r}")
+        given = tuple(self.exponents)
+        bad = [e for e in given if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer))]
+        if bad:  # refused, never truncated (116.7 is no exponent) or parsed
+            raise TypeError(f"codebook exponents must be integers (Python int or NumPy integer); "
+                            f"got {type(bad[0]).__name__} {bad[0]!r} in {given!r}")
+        ex = tuple(int(e) for e in given)
         if len(ex) != CODEBOOK_SIZE or len(set(ex)) != CODEBOOK_SIZE:
             raise ValueError(f"a codebook needs {CODEBOOK_SIZE} distinct exponents, got {ex}")
         if not all(0 <= e <= 255 for e in ex):

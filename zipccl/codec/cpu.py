@@ -53,6 +53,11 @@ own setting (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``).
 (Numba's setting is per thread) and restored afterwards; the bytes never depend
 on it.
 
+Calls from several threads at once are safe and give the same bytes: the compiled loops
+hold no shared state (every call has its own buffers), the thread count is per thread, and
+under Numba's workqueue layer, which is not thread-safe (it aborts the process), the calls
+take turns (``_threads``); the OpenMP and TBB layers run them side by side.
+
 The caller's OpenMP settings are left alone. Numba's OpenMP threading layer, when
 it starts, sets the OpenMP thread count of the thread that starts it (to
 ``NUMBA_NUM_THREADS``) and enables nested regions. torch shares the OpenMP runtime
@@ -245,20 +250,30 @@ def threads_per_call(n: int) -> int:
     return max(1, min(rank_threads(), numba.get_num_threads()))
 
 
+# Numba's workqueue layer (taken where neither OpenMP nor TBB is available) aborts the
+# process when two threads run parallel regions at once; under it, calls take turns.
+_WORKQUEUE_LOCK = threading.RLock()
+
+
 @contextmanager
 def _threads(n: int):
-    """Run the enclosed parallel loops on ``threads_per_call(n)`` threads, then restore."""
+    """Run the enclosed parallel loops on ``threads_per_call(n)`` threads, then restore
+    (under Numba's workqueue layer, one thread's call at a time)."""
     start_numba_threads()
+    serial = numba.threading_layer() == "workqueue"
+    if serial:
+        _WORKQUEUE_LOCK.acquire()
     before = numba.get_num_threads()
     wanted = threads_per_call(n)
-    if wanted == before:
-        yield
-        return
-    numba.set_num_threads(wanted)
     try:
+        if wanted != before:
+            numba.set_num_threads(wanted)
         yield
     finally:
-        numba.set_num_threads(before)
+        if wanted != before:
+            numba.set_num_threads(before)
+        if serial:
+            _WORKQUEUE_LOCK.release()
 
 
 # ---------------------------------------------------------------- compiled loops

@@ -158,17 +158,47 @@ def check_pair(send: Arr, recv: Arr) -> None:
         raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
 
 
-def int_list(counts, p: int, what: str) -> list[int]:
-    """Per-peer counts as ``p`` non-negative ints.
+def as_count(value, what: str) -> int:
+    """One element count as a Python int: a Python int or a NumPy integer, nothing else.
 
-    >>> int_list(np.array([3, 0]), 2, "send_counts")
-    [3, 0]
+    A bool, a float (even ``2.0``), a string or any other object raises TypeError instead
+    of being truncated or parsed; a negative count raises ValueError.
+
+    >>> as_count(np.int64(3), "count")
+    3
+    >>> as_count(2.5, "send_counts[0]")
+    Traceback (most recent call last):
+    TypeError: send_counts[0] must be an integer (a Python int or a NumPy integer), got float 2.5
     """
-    vals = [int(c) for c in counts]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer (a Python int or a NumPy integer), "
+                        f"got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return int(value)
+
+
+def check_counts(counts, p: int, what: str) -> list[int]:
+    """Per-peer counts as ``p`` non-negative Python ints: the one check of count lists for
+    every front end (the Communicator's all-to-all counts, torch's split sizes).
+
+    ``counts`` is a sequence (list, tuple, 1-D NumPy array) of Python ints or NumPy
+    integers; floats, strings and bools are refused (TypeError), never rounded or parsed.
+
+    >>> check_counts(np.array([3, 0]), 2, "send_counts")
+    [3, 0]
+    >>> check_counts(["1000", "1000"], 2, "send_counts")
+    Traceback (most recent call last):
+    TypeError: send_counts[0] must be an integer (a Python int or a NumPy integer), got str '1000'
+    """
+    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+        raise TypeError(f"{what} must be a sequence of {p} integers, got "
+                        f"{type(counts).__name__} {counts!r}")
+    if isinstance(counts, np.ndarray) and counts.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got an array of shape {counts.shape}")
+    vals = [as_count(c, f"{what}[{i}]") for i, c in enumerate(counts)]
     if len(vals) != p:
-        raise ValueError(f"{what} has {len(vals)} entries; the communicator has {p} ranks")
-    if any(c < 0 for c in vals):
-        raise ValueError(f"{what} has negative entries: {vals}")
+        raise ValueError(f"{what} has {len(vals)} entries; {p} ranks need one each")
     return vals
 
 
@@ -240,8 +270,8 @@ def counts_args(send, recv, send_counts, recv_counts, dtype: str | None, p: int)
     s, r = send_recv(send, recv, dtype)
     if send_counts is None:
         raise ValueError("recv_counts given without send_counts")
-    sc = int_list(send_counts, p, "send_counts")
-    rc = None if recv_counts is None else int_list(recv_counts, p, "recv_counts")
+    sc = check_counts(send_counts, p, "send_counts")
+    rc = None if recv_counts is None else check_counts(recv_counts, p, "recv_counts")
     if sum(sc) != s.size:
         raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
     if rc is not None and sum(rc) != r.size:

@@ -31,6 +31,21 @@ found before anything moves and reported in the control row, so they raise on
 every rank that takes part in the exchange. On a failed call the caller's output
 buffers hold unspecified contents (a rank may have copied its own block).
 
+Threads: a Communicator takes one call at a time. Calls may come from several threads
+if the caller orders them, the same on every rank (one thread hands over to the next,
+e.g. through a lock and a turn), as MPI and NCCL require of their communicators: a
+collective matches its peers' by order alone, so no lock inside zipccl could keep
+two threads' calls in one order across ranks (rank 0's threads may run A then B, rank
+1's B then A, and a serialised B would meet A: a "message truncated" abort, a frame
+error or, with equal signatures, silently crossed data). What zipccl can see is overlap
+on one rank: a call (any collective, ``synchronize``, ``calibrate``, ``close``, a change
+of settings) that starts while another thread's call runs raises ``CollectiveError``
+there before anything moves, and, as the refused call may have been made on the other
+ranks, the communicator then refuses every later call but ``close``. Overlap on no rank
+is not detected; calls from threads other than MPI's main one need MPI initialised
+with ``MPI_THREAD_SERIALIZED`` or more (mpi4py's default is ``MPI_THREAD_MULTIPLE``, which
+the spill channel needs anyway). See docs/COLLECTIVES.md, "Threads".
+
 The pieces, each in its own module: ``args`` normalises and checks the arguments
 (the same for every entry point); ``agreement`` holds the control row and what the
 ranks have agreed; ``plans`` keeps each signature's decision and bound native call;
@@ -42,9 +57,13 @@ up, checks it, agrees and runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+import numpy as np
 
 from .. import format as fmt
 from .agreement import Agreement, count_matrix, describe, sig_hash
@@ -84,6 +103,70 @@ def _say_once(line: str) -> None:
         _SAID.add(line)
         _log.warning("%s", line)
 
+
+_NEXT_CALLS = ("close",)  # what a communicator refused after a concurrent call still does
+
+
+class _OneCall:
+    """Admits one thread's calls at a time to a Communicator and refuses the others.
+
+    A thread may nest calls (``calibrate`` calls the collectives); a call from another
+    thread while one runs raises ``CollectiveError`` and leaves the communicator refusing
+    every later call but ``close``: its call order may no longer be its peers' (see the
+    Communicator's docstring, "Threads").
+    """
+
+    __slots__ = ("lock", "owner", "depth", "running", "refused")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner: int | None = None  # the thread whose call runs
+        self.depth = 0
+        self.running = ""  # that call's name
+        self.refused: str | None = None
+
+    def enter(self, what: str) -> None:
+        me = threading.get_ident()
+        if self.lock.acquire(False):  # never waits (positional: the cheaper call)
+            self.owner, self.depth, self.running = me, 1, what
+        elif self.owner == me:
+            self.depth += 1
+        else:
+            running, owner = self.running, self.owner
+            names = {t.ident: repr(t.name) for t in threading.enumerate()}
+            self.refused = (f"zipccl Communicator: {what} was called from thread "
+                            f"{names.get(me, me)} while {running} ran on thread "
+                            f"{names.get(owner, owner)}; a Communicator takes one call "
+                            f"at a time, and calls from several threads must be ordered by the "
+                            f"caller, the same on every rank. The refused call may have been made "
+                            f"on the other ranks, so this communicator refuses every later call: "
+                            f"close it")
+            raise CollectiveError(self.refused)
+        if self.refused is not None and what not in _NEXT_CALLS:
+            self.leave()
+            raise CollectiveError(f"zipccl {what}: refused since an earlier concurrent call. "
+                                  f"{self.refused}")
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.owner = None
+            self.lock.release()
+
+
+def _one_call(method):
+    """``method``, admitted by the communicator's ``_OneCall`` (one thread at a time)."""
+    name = method.__name__.lstrip("_")
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        self._calls.enter(name)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._calls.leave()
+
+    return guarded
 VERIFY = ("first", "always")
 DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
 
@@ -116,6 +199,7 @@ class Communicator:
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, cuda_aware_mpi: bool | None = None,
                  chunk_bytes: int | None = None, verify: str = "first", capacity=None):
+        self._calls = _OneCall()
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if verify not in VERIFY:
@@ -180,6 +264,8 @@ class Communicator:
 
     @chunk.setter
     def chunk(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"chunk must be an integer, got {type(value).__name__} {value!r}")
         value = int(value)
         if value < 0 or value % fmt.BLOCK:
             raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
@@ -220,6 +306,7 @@ class Communicator:
         self._force_value = value
         self._settings_changed()
 
+    @_one_call
     def _settings_changed(self) -> None:
         pol = getattr(self, "_policy", None)
         agreement = getattr(self, "_agreement", None)
@@ -238,6 +325,7 @@ class Communicator:
         self._plans.clear()
 
     # -- plumbing ---------------------------------------------------------------------------
+    @_one_call
     def close(self) -> None:
         """Free the duplicated MPI communicator and the NCCL communicator, if any."""
         self._plans.clear()
@@ -253,6 +341,7 @@ class Communicator:
             self.comm.Free()
             self.comm = None
 
+    @_one_call
     def synchronize(self, stream=None) -> None:
         """Wait for this rank's device work on ``stream`` (default: the current CuPy stream)
         and raise the same ``CollectiveError`` on every rank if a compressed call of this
@@ -424,6 +513,7 @@ class Communicator:
         self.last_decision = d
         return d
 
+    @_one_call
     def calibrate(self, *, device: bool = False, sizes=(1 << 20, 16 << 20, 64 << 20, 256 << 20),
                   ops=OPS, repeat: int = 3, path: str | None = None, stream=None,
                   machine: str | None = None) -> Profile:
@@ -474,6 +564,7 @@ class Communicator:
     # Each one: look the call up by its key; an agreed native plan with a bound call is the
     # whole call. Otherwise check (``args``), agree (``_prepare``) and run, binding the native
     # call for next time where the transport can.
+    @_one_call
     def all_gather(self, send, recv, *, dtype: str | None = None, stream=None) -> None:
         """recv = concatenation over ranks (rank order) of every rank's ``send``.
 
@@ -500,6 +591,7 @@ class Communicator:
         self._native(key, plan, s.nbytes * (self.size - 1), bound,
                      lambda: tr.allgather(self._detached(eng, s8, r8), r8, st))
 
+    @_one_call
     def reduce_scatter(self, send, recv, op: str = "sum", *, dtype: str | None = None,
                        stream=None) -> None:
         """recv = reduction over ranks of each rank's block ``rank`` of ``send``.
@@ -533,6 +625,7 @@ class Communicator:
         self._native(key, plan, s.nbytes - r.nbytes, bound, lambda: tr.reduce_scatter(
             self._detached(eng, s.data, r.data), r.data, op, st, dtype=kind))
 
+    @_one_call
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, *,
                    dtype: str | None = None, stream=None) -> None:
         """Rank i's block j of ``send`` becomes rank j's block i of ``recv``.
@@ -566,6 +659,7 @@ class Communicator:
         self._native(key, plan, s.nbytes - s.nbytes // p, bound, lambda: tr.alltoallv(
             self._detached(eng, s8, r8), c, offsets(c), r8, c, offsets(c), st))
 
+    @_one_call
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
 
