@@ -373,6 +373,59 @@ def test_public_round_trip_of_each_type(dev, dtype):
     assert tuple(y.shape) == (n,) and np.array_equal(dev.to_host(y).reshape(-1).view(bits.dtype), bits)
 
 
+
+def _plan_route_input(dtype: str, n: int) -> np.ndarray:
+    """Bit patterns of n Gaussian values of ``dtype`` with an escape (an exponent no codebook
+    of N(0, 0.02) holds: inf, NaN, a large or a subnormal value) every 613 values: escapes in
+    every tile."""
+    rng = np.random.default_rng(61)
+    values = rng.normal(0, 0.02, n).astype(np.float32 if dtype == "bfloat16" else dtype)
+    if dtype == "bfloat16":
+        bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+        specials = np.array([0x7F80, 0xFFC1, 0x4780, 0x0001], np.uint16)
+    elif dtype == "float32":
+        bits = values.view(np.uint32).copy()
+        specials = np.array([0x7F800000, 0xFFC00001, 0x47800000, 0x00000001], np.uint32)
+    else:
+        bits = values.view(np.uint16).copy()
+        specials = np.array([0x7C00, 0xFE01, 0x7BFF, 0x0001], np.uint16)
+    bits[::613] = np.resize(specials, bits[::613].size)
+    return bits
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_plan_route_matches_reference(dev, dtype):
+    """The GPU's launch route (``encode.Plan`` / ``WidePlan``, ``decode.Plan`` /
+    ``decode_fp16.Plan``: packed parameters, one launch per step; under the simulator with
+    ``kernels/simlaunch.py`` in place of the driver's launch): tiles with escapes in each,
+    encoded (BF16: twice, into other buffers: the cached plan, retargeted) and decoded from the
+    reference's frame, bit for bit."""
+    from contextlib import nullcontext
+
+    code = {"bfloat16": fmt.DTYPE_BF16, "float32": fmt.DTYPE_FP32, "float16": fmt.DTYPE_FP16}[dtype]
+    n = fmt.BLOCK + 1003 if dev.simulated else 3 * (1 << 20) + 1003  # 2 tiles; on a GPU 769
+    bits = _plan_route_input(dtype, n)
+    cb = Codebook.from_histogram(bits, dtype=dtype)
+    ref = reference.encode(bits, cb, dtype=dtype)
+    assert fmt.parse_header(ref).n_escapes >= n // 613 and not fmt.parse_header(ref).raw
+    view = {"bfloat16": np.uint16, "float32": np.float32, "float16": np.float16}[dtype]
+    kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+    ws = gpu.Workspace(n)
+    with gpu.plans_under_simulator() if dev.simulated else nullcontext():
+        before = len(gpu._PLANS)
+        for k in range(2 if dtype == "bfloat16" else 1):  # BF16: the plan again, retargeted
+            x = dev.asarray(bits.view(view))
+            buf = dev.full(fmt.max_compressed_size(n, code) + 256, CANARY, np.uint8)
+            gpu.encode_into(x, buf, cb, checksum=True, workspace=ws, **kw)
+            host = dev.to_host(buf)
+            assert np.array_equal(host[:ref.size], ref), f"encode {k}"
+            assert np.all(host[ref.size:] == CANARY), "encoder wrote past the end of its frame"
+        out = dev.full(n * bits.itemsize, 0, np.uint8)
+        gpu.decode_into(dev.asarray(ref), out.view(view), workspace=ws, **kw)
+        assert ws.last_error() == 0
+        assert np.array_equal(dev.to_host(out).view(bits.dtype), bits)
+        assert len(gpu._PLANS) == before + 2 or not dev.simulated  # one encode plan, one decode plan
+
 @long_under_simulator
 def test_decompress_of_frames_that_change_under_it(dev):
     """``decompress`` decodes at once with the header it saw last on the frame buffer or the

@@ -28,14 +28,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cupy():
+    """CuPy with a device, or a skip that names the cause (no CuPy, no driver, no device)."""
     try:
         import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # noqa: BLE001
-        pass
-    pytest.skip("no CUDA device / CuPy")
+    except ImportError as e:
+        pytest.skip(f"CuPy is not installed ({e})")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        pytest.skip(f"no CUDA device: {e}")
+    if count < 1:
+        pytest.skip("no CUDA device")
+    return cupy
 
 
 class _Recorder:

@@ -56,13 +56,17 @@ compiled once per signature and device, parameters packed once, one
 ``cuLaunchKernel`` each), cached by sizes, workspace, codebook and flags and
 pointed at each call's buffers; a steady-state ``encode_into`` costs about 12 µs
 of host time on an H200 machine. Under Numba's CUDA simulator the same kernels
-are called through Numba's dispatcher (``_*_numba``).
+are called through Numba's dispatcher (``_*_numba``) by default; inside
+``plans_under_simulator()`` the simulator takes the GPU's route instead (plans, packed
+parameters, ``retarget``), with ``kernels/simlaunch.py`` standing in for the driver's
+launch, so that route is tested without a GPU too.
 """
 
 from __future__ import annotations
 
 import sys
 import zlib
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -102,6 +106,66 @@ def _launch():
     if not _MODULES:
         _kernels()
     return _MODULES[1]
+
+
+#: Under the simulator: whether encode_into / decode_into / encode_chosen_into take the plan
+#: route (``plans_under_simulator``) rather than Numba's dispatcher. One element, so that
+#: tests can switch it without rebinding a module global.
+_SIM_PLANS = [False]
+
+
+@contextmanager
+def plans_under_simulator():
+    """Under Numba's CUDA simulator, run the codec's ``*_into`` calls through the GPU's plan
+    route (``kernels/simlaunch.py`` stands in for the launch) while the block runs; on a GPU
+    that route is the only one and this changes nothing.
+
+    >>> with plans_under_simulator():  # doctest: +SKIP
+    ...     encode_into(x, out, codebook)
+    """
+    before = _SIM_PLANS[0]
+    _SIM_PLANS[0] = True
+    try:
+        yield
+    finally:
+        _SIM_PLANS[0] = before
+
+
+def _dispatcher_route() -> bool:
+    """True where the kernels go through Numba's dispatcher: the simulator, unless
+    ``plans_under_simulator`` is on."""
+    return _kernels()[3].SIMULATOR and not _SIM_PLANS[0]
+
+
+def _device_pointer(array) -> int:
+    """Device pointer of a Numba device array (under the simulator: its host address)."""
+    if _kernels()[3].SIMULATOR:
+        from ..kernels import simlaunch
+        return simlaunch.device_pointer(array)
+    return _launch().device_pointer(array)
+
+
+_SIM_TABLES: dict[str, object] = {}
+
+
+def _kept(name: str, make):
+    """``make()``: a table on the device; under the simulator made once and kept for good (a
+    plan holds its address, and the simulator's tables are fresh copies on every call)."""
+    if not _kernels()[3].SIMULATOR:
+        return make()
+    if name not in _SIM_TABLES:
+        _SIM_TABLES[name] = make()
+    return _SIM_TABLES[name]
+
+
+def _crc_table():
+    """The header CRC table on the device (``runtime.crc_table``)."""
+    return _kept("crc", _kernels()[3].crc_table)
+
+
+def _codebook_tables():
+    """``runtime.codebook_tables()``: the tables of ``stats.choose_codebook``."""
+    return _kept("codebook", _kernels()[3].codebook_tables)
 
 
 def _common_slots() -> int:
@@ -326,7 +390,7 @@ class Workspace:
         self.array = runtime.new_workspace_array(self.max_blocks)
         self.device = runtime.current_device_id()
         self.count = _common_slots() + self.max_blocks
-        self.ptr = 0 if runtime.SIMULATOR else _launch().device_pointer(self.array)
+        self.ptr = _device_pointer(self.array)
 
     def fits(self, n: int) -> bool:
         return -(-int(n) // fmt.BLOCK) <= self.max_blocks
@@ -454,7 +518,7 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
         code = element_code(bits, dtype)
         if code != fmt.DTYPE_BF16:
             return _encode_wide_into(bits, out, codebook, stream, checksum, shape, workspace, code)
-    if _kernels()[3].SIMULATOR:
+    if _dispatcher_route():
         return _encode_into_numba(bits, out, codebook.exponents, stream, checksum, shape, workspace)
     x_ptr, n = _values(bits)
     o_ptr, nbytes = _frame_buffer(out)
@@ -475,7 +539,7 @@ def encode_chosen_into(bits, out, stream=None, checksum: bool = False,
     xb = bits
     if code == fmt.DTYPE_FP16:
         raise ValueError("the device codebook choice covers BF16 and FP32; FP16 needs a codebook")
-    if _kernels()[3].SIMULATOR:
+    if _dispatcher_route():
         if code == fmt.DTYPE_BF16:
             xb, n = _u16(xb)
         else:
@@ -521,9 +585,9 @@ def _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum, shape
     _check_workspace(ws, n, lay)
     shape = (n,) if shape is None else tuple(int(d) for d in shape)
     hdr, crc_base, cb64 = _template(n, shape, exponents)
-    crc = runtime.crc_table()
+    crc = _crc_table()
     plan = encode.Plan(device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
-                       _launch().device_pointer(crc), crc.size, cb64, checksum)
+                       _device_pointer(crc), crc.size, cb64, checksum)
     plan.workspace = ws
     return plan
 
@@ -560,7 +624,7 @@ def decode_into(frame, out, stream=None, workspace: Workspace | None = None,
         code = element_code(out, dtype)
         if code != fmt.DTYPE_BF16:
             return _decode_wide_into(frame, out, stream, workspace, code)
-    if _kernels()[3].SIMULATOR:
+    if _dispatcher_route():
         return _decode_into_numba(frame, out, stream, workspace)
     f_ptr, nbytes = _frame_buffer(frame)
     o_ptr, n = _values(out)
@@ -590,9 +654,9 @@ def _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws):
     _check_frame_bytes(nbytes)
     lay = fmt.Layout.for_count(n)
     _check_workspace(ws, n, lay)
-    crc = runtime.crc_table()
+    crc = _crc_table()
     plan = decode.Plan(device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
-                       _launch().device_pointer(crc), crc.size)
+                       _device_pointer(crc), crc.size)
     plan.workspace = ws
     return plan
 
@@ -627,8 +691,7 @@ def _encode_wide_into(bits, out, codebook: Codebook | None, stream, checksum, sh
     if codebook is not None:
         _check_wide_codebook(codebook, code)
     exponents = None if codebook is None else codebook.exponents
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace, code)
     x_ptr, n = _wide_values(bits, code)
     o_ptr, nbytes = _frame_buffer(out)
@@ -653,9 +716,9 @@ def _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, cod
     if plan is None:
         lay, shp = _wide_lay(n, nbytes, shape, code, ws)
         hdr, crc_base, cb64 = _template(n, shp, exponents, code)
-        crc = _kernels()[3].crc_table()
+        crc = _crc_table()
         plan = _wide()[0].WidePlan(ws.device, x_ptr, o_ptr, nbytes, ws.ptr, ws.count, lay, hdr, crc_base,
-                                   _launch().device_pointer(crc), crc.size, cb64, checksum)
+                                   _device_pointer(crc), crc.size, cb64, checksum)
         plan.workspace = ws
         plan = _remember(key, plan)
     plan.retarget(x_ptr, o_ptr)
@@ -684,8 +747,7 @@ def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace,
 
 
 def _decode_wide_into(frame, out, stream, workspace, code) -> None:
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return _decode_wide_numba(frame, out, stream, workspace, code)
     f_ptr, nbytes = _frame_buffer(frame)
     o_ptr, n = _wide_values(out, code)
@@ -702,9 +764,9 @@ def _decode_wide(f_ptr, nbytes, o_ptr, n, s, ws, code) -> None:
         lay = fmt.Layout.for_count(n, code)
         _check_workspace(ws, n, lay)
         _common = _kernels()[0]
-        crc = _kernels()[3].crc_table()
+        crc = _crc_table()
         plan = _wide()[1].Plan(ws.device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
-                               _launch().device_pointer(crc), crc.size)
+                               _device_pointer(crc), crc.size)
         plan.workspace = ws
         plan = _remember(key, plan)
     plan.retarget(f_ptr, o_ptr)
@@ -860,13 +922,12 @@ def _choose_on_device(xb, n: int, ws: Workspace, stream, code: int = fmt.DTYPE_B
 
 def _choose(x_ptr: int, n: int, ws: Workspace, s: int, step: int = 1) -> None:
     """``stats.choose_codebook`` of the n values at uint16 steps of ``step`` from ``x_ptr``."""
-    launch = _launch()
     device = ws.device
     key = (2, n, ws.ptr, step)
     plan = _PLANS.get(key)
     if plan is None:
-        _, _, _, runtime, stats = _kernels()
-        ptrs = tuple((launch.device_pointer(t), t.size) for t in runtime.codebook_tables())
+        stats = _kernels()[4]
+        ptrs = tuple((_device_pointer(t), t.size) for t in _codebook_tables())
         plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count, step)
         plan.keep = ws
         plan = _remember(key, plan)

@@ -24,8 +24,9 @@ one ``cuModuleLoadData`` instead of compiling; ``kernels()`` lists every ``Kerne
 
 Also here: the few driver calls the codec's hot path needs without Numba's
 wrappers (current device, a small device-to-host read into pinned memory).
-Nothing here runs under the CUDA simulator: there the codec calls the kernels
-through Numba as before (``codec/gpu.py`` picks the route).
+Under the CUDA simulator the codec calls the kernels through Numba's dispatcher by
+default (``codec/gpu.py`` picks the route); its plan route runs there too, with
+``simlaunch.py`` standing in for ``cuLaunchKernel`` and for the compiled function.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class Kernel:
         and loaded, on first use."""
         f = self._funcs.get(device)
         if f is None:
+            if compat.SIMULATOR:  # no driver: the stand-in's handle (simlaunch.py)
+                from . import simlaunch
+                return simlaunch.handle(self)
             f = self._funcs[device] = self._load(device)
         return f
 
@@ -257,8 +261,9 @@ def _launcher():
     """cuda.bindings' ``cuLaunchKernel`` taking the packed ``void**`` address as an int: about
     4 µs of host time a launch on an H200 machine, against 5 for libcuda through ctypes and
     for cuda.core's ``launch`` (experiments/bench_launch.py, results/launch_gpu.jsonl)."""
-    if compat.SIMULATOR:
-        return None
+    if compat.SIMULATOR:  # the stand-in that runs the kernel from the packed parameters
+        from .simlaunch import launch_packed
+        return launch_packed
     launch_kernel = _driver().cuLaunchKernel
 
     def bound(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
