@@ -1,38 +1,44 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks that one GPU allows, in order of priority; every record and log
 # goes to OUTDIR. Each step is bounded. STEPS picks steps (default: all):
-#   tests    pytest -m gpu on the codec, types, reductions, array kinds and spill kernels
-#   slots    zipccl.torch's slot and spill paths, 2 ranks sharing the GPU over gloo, with
-#            CUDA_DEVICE_MAX_CONNECTIONS=1 and with the default
-#   backend  the torch.distributed backend over NCCL (1 rank) and over gloo (2 ranks)
-#   host     experiments/bench_host_path.py (main-thread cost and waits, 2 gloo ranks)
-#   kernels  experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
-#   api      experiments/bench_api_overhead.py (the public compress / decompress)
+#   cold      experiments/bench_cold_start.py: the first call with an empty kernel cache,
+#             `python -m zipccl warmup`, the first call with the cache warm (it stays warm for
+#             the steps after it: ZIPCCL_CACHE_DIR is OUTDIR/kernel_cache unless set)
+#   tests     pytest -m gpu, every GPU test (make test-gpu), with a JUnit file and durations
+#   newcomer  the README's commands on one GPU: the demo (auto and forced NCCL), both examples
+#             on the GPU and with --device cpu
+#   host      experiments/bench_host_path.py (main-thread cost and waits, 2 gloo ranks)
+#   kernels   experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
+#   api       experiments/bench_api_overhead.py (the public compress / decompress)
 #   bash experiments/run_one_gpu.sh OUTDIR
 set -u
 OUTDIR=${1:?usage: run_one_gpu.sh OUTDIR}
 mkdir -p "$OUTDIR"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-STEPS=${STEPS:-tests slots backend host kernels api}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export ZIPCCL_CACHE_DIR=${ZIPCCL_CACHE_DIR:-$OUTDIR/kernel_cache}
+STEPS=${STEPS:-cold tests newcomer host kernels api}
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 step() { echo "=== $* ($(date +%T))"; }
 step machine; nvidia-smi -L; python3 -c "import cupy, torch, numba_cuda; print('cupy', cupy.__version__, 'torch', torch.__version__)"
+if has cold; then
+  step cold start
+  timeout ${COLD_S:-240} python3 experiments/bench_cold_start.py --out "$OUTDIR/cold_start.jsonl" 2>&1 | tail -25
+fi
 if has tests; then
   step gpu tests
-  timeout ${TESTS_S:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -x --tb=short \
-    tests/test_spill_gpu.py tests/test_gpu_codec.py tests/test_gpu_dtypes.py tests/test_gpu_reduce.py \
-    tests/test_array_kinds.py 2>&1 | tail -25
+  ZIPCCL_REQUIRE_GPU=1 timeout ${TESTS_S:-420} python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short \
+    --junitxml="$OUTDIR/gpu_tests.xml" --durations=15 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -${TESTS_TAIL:-60}
 fi
-if has slots; then
-  for conn in 1 default; do
-    step "slot and spill paths, CUDA_DEVICE_MAX_CONNECTIONS=$conn"
-    if [ $conn = default ]; then unset CUDA_DEVICE_MAX_CONNECTIONS; else export CUDA_DEVICE_MAX_CONNECTIONS=$conn; fi
-    timeout ${SLOTS_S:-180} python3 tests/torchdist/gpu_slots_check.py 2>&1 | grep -v "^rank 0 ok" | tail -30
+if has newcomer; then
+  MPI="mpirun --allow-run-as-root -n 2"
+  TR="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
+  step "demo (auto)"; timeout 150 $MPI python3 -m zipccl demo 2>&1 | tail -12; echo "rc=$?"
+  step "demo (--backend nccl)"; timeout 90 $MPI python3 -m zipccl demo --backend nccl 2>&1 | tail -6
+  for ex in fsdp2 ddp; do
+    for dev in cuda cpu; do
+      step "examples/$ex.py --device $dev"; timeout 150 $TR examples/$ex.py --device $dev 2>&1 | grep -v "^W1\|warn" | tail -8
+    done
   done
-  unset CUDA_DEVICE_MAX_CONNECTIONS
-fi
-if has backend; then
-  step backend; timeout ${BACKEND_S:-150} python3 tests/torchdist/backend_gpu_check.py 2>&1 | tail -20
 fi
 if has host; then
   step host path
