@@ -30,6 +30,7 @@ if SIMULATOR:
 from zipccl import format as fmt
 from zipccl.codebook import Codebook, estimate_sigma
 from zipccl.codec import gpu, reference
+from zipccl.format import errors
 from zipccl.kernels import _common
 
 CANARY = 0xAB
@@ -201,28 +202,28 @@ def test_corrupted_frames_are_rejected_without_stray_writes(dev):
     h = fmt.parse_header(frame)
     assert not h.raw and h.n_escapes > 9
     lay = fmt.Layout.for_count(n)
-    c = _common
-    cases = [(0, 0x01, c.ERR_HEADER), (0, 0x04, c.ERR_HEADER),  # magic
-             (60, 0x01, c.ERR_HEADER_CRC), (60, 0x04, c.ERR_HEADER_CRC),  # a shape byte: only the CRC
-             (lay.plane_offset(1) + 5, 0x10, c.ERR_CHECKSUM),  # one code bit
-             (lay.plane_offset(2) + 77, 0x04, c.ERR_CHECKSUM),
-             (lay.escapes_offset + 3, 0x01, c.ERR_CHECKSUM),  # one escaped exponent
-             (lay.escapes_offset + 9, 0x04, c.ERR_CHECKSUM),
-             (lay.sm_offset + 1234 % n, 0x04, c.ERR_CHECKSUM)]  # a sign-mantissa byte
+    cases = [(0, 0x01, errors.ERR_HEADER), (0, 0x04, errors.ERR_HEADER),  # magic
+             (60, 0x01, errors.ERR_HEADER_CRC),  # a shape byte: only the CRC
+             (60, 0x04, errors.ERR_HEADER_CRC),
+             (lay.plane_offset(1) + 5, 0x10, errors.ERR_CHECKSUM),  # one code bit
+             (lay.plane_offset(2) + 77, 0x04, errors.ERR_CHECKSUM),
+             (lay.escapes_offset + 3, 0x01, errors.ERR_CHECKSUM),  # one escaped exponent
+             (lay.escapes_offset + 9, 0x04, errors.ERR_CHECKSUM),
+             (lay.sm_offset + 1234 % n, 0x04, errors.ERR_CHECKSUM)]  # a sign-mantissa byte
     for pos, mask, bit in cases:
         f = frame.copy()
         f[pos] ^= mask
         _expect_rejected(dev, f, n, bit)
     f = frame.copy()
     f[lay.counts_offset] = 200  # block 0 claims 200 escapes
-    _expect_rejected(dev, f, n, c.ERR_COUNTS)
+    _expect_rejected(dev, f, n, errors.ERR_COUNTS)
     f = frame.copy()
     second = lay.counts_offset + 4 * min(1, lay.n_blocks - 1)
     f[second:second + 4] = 255  # an impossible count
-    _expect_rejected(dev, f, n, c.ERR_COUNTS)
-    _expect_rejected(dev, frame[:-1].copy(), n, c.ERR_HEADER, says="truncated")
+    _expect_rejected(dev, f, n, errors.ERR_COUNTS)
+    _expect_rejected(dev, frame[:-1].copy(), n, errors.ERR_HEADER, says="truncated")
     _, err = _decode(dev, frame, n + 1)  # output of the wrong size
-    assert err & c.ERR_HEADER
+    assert err & errors.ERR_HEADER
 
 
 def _decode_by(dev: Device, frame: np.ndarray, n: int, dtype: str, warps: bool) -> tuple[np.ndarray, int]:
@@ -331,7 +332,7 @@ def test_checksum_free_frame_with_bad_counts(dev):
     with pytest.raises(ValueError):
         reference.decode(f)
     _, err = _decode(dev, f, n)
-    assert err & _common.ERR_COUNTS, f"error bits {err:#x}"
+    assert err & errors.ERR_COUNTS, f"error bits {err:#x}"
 
 
 @long_under_simulator

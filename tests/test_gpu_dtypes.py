@@ -26,6 +26,7 @@ from test_gpu_codec import Device  # NumPy under the simulator, CuPy on a GPU; s
 from zipccl import format as fmt
 from zipccl.codebook import Codebook
 from zipccl.codec import gpu, reference
+from zipccl.format import errors
 
 FP32, FP16 = fmt.DTYPE_FP32, fmt.DTYPE_FP16
 CANARY = 0xAB
@@ -204,9 +205,8 @@ def test_fp16_escape_above_31_without_checksum(dev):
     bad = frame.copy()
     bad[lay.escapes_offset + 3] = 77
     _, err = _decode(dev, bad, bits.size, FP16)
-    from zipccl.kernels import decode_fp16
 
-    assert err == decode_fp16.ERR_ESCAPE_VALUE
+    assert err == errors.ERR_ESCAPE_VALUE
     with pytest.raises(ValueError, match="not a float16 exponent"):
         gpu.decompress(dev.asarray(bad))
 
@@ -217,13 +217,12 @@ def _implied_error_bits(frame: np.ndarray, n: int) -> int:
     against the escape codes in its planes, the counts' sum against the header's total, and
     every escape byte the decoder reads (a block's escapes at its stored counts' prefix: one
     outside the escape section is a range error, one above 31 not an FP16 exponent)."""
-    from zipccl.kernels import _common, decode_fp16
 
     h = fmt.parse_header(frame)
     lay = fmt.Layout.for_count(n, FP16)
     err = 0
     if h.has_checksum and fmt.payload_checksum(frame, h.frame_len) != h.checksum:
-        err |= _common.ERR_CHECKSUM
+        err |= errors.ERR_CHECKSUM
     planes = [reference.unpack_plane(frame[lay.plane_offset(k):lay.plane_offset(k) + 4 * lay.plane_words], n)
               for k in range(3)]
     escaped = (planes[0] | planes[1] | planes[2]) == 0
@@ -231,16 +230,16 @@ def _implied_error_bits(frame: np.ndarray, n: int) -> int:
     counts = frame[lay.counts_offset:lay.counts_offset + 4 * lay.n_blocks].view("<u4").astype(np.int64)
     assert np.all(counts <= BLOCK), "a case for counts the decoder clamps"
     if not np.array_equal(seen, counts):
-        err |= _common.ERR_COUNTS
+        err |= errors.ERR_COUNTS
     if counts.sum() != h.n_escapes:
-        err |= _common.ERR_TOTAL
+        err |= errors.ERR_TOTAL
     starts = np.cumsum(counts) - counts
     pos = np.concatenate([starts[b] + np.arange(seen[b]) for b in range(lay.n_blocks)])
     if np.any(pos >= h.n_escapes):
-        err |= _common.ERR_ESCAPE_RANGE
+        err |= errors.ERR_ESCAPE_RANGE
     read = frame[lay.escapes_offset + pos[pos < h.n_escapes]]
     if np.any(read > fmt.EXPONENT_MAX[FP16]):
-        err |= decode_fp16.ERR_ESCAPE_VALUE
+        err |= errors.ERR_ESCAPE_VALUE
     return err
 
 
@@ -250,7 +249,6 @@ def test_fp16_corrupted_frames_error_bits(dev):
     stays valid (no checksum to catch a changed payload byte) decodes as the reference decodes
     it. Two blocks or more (full ones and a tail), escapes in each; without a checksum every
     case, with one those that add its bit."""
-    from zipccl.kernels import _common, decode_fp16
 
     n = dev.size(5000, 300_001)
     bits = _gauss(n, FP16, seed=11)
@@ -284,8 +282,8 @@ def test_fp16_corrupted_frames_error_bits(dev):
             assert err == want, (checksum, what, err, want)
             if want == 0:
                 assert np.array_equal(got, reference.decode(bad)[0]), (checksum, what)
-        assert implied == (_common.ERR_COUNTS | _common.ERR_TOTAL | _common.ERR_ESCAPE_RANGE
-                           | decode_fp16.ERR_ESCAPE_VALUE | (_common.ERR_CHECKSUM if checksum else 0))
+        assert implied == (errors.ERR_COUNTS | errors.ERR_TOTAL | errors.ERR_ESCAPE_RANGE
+                           | errors.ERR_ESCAPE_VALUE | (errors.ERR_CHECKSUM if checksum else 0))
 
 
 @long_under_simulator

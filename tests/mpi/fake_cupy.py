@@ -162,7 +162,8 @@ class Event:
         if not self.recorded:
             raise RuntimeError("synchronising an event that was never recorded")
 
-    def query(self) -> bool:  # every operation has run at once
+    @property
+    def done(self) -> bool:  # CuPy's name (it has no query()); every operation has run at once
         if not self.recorded:
             raise RuntimeError("querying an event that was never recorded")
         return True

@@ -110,7 +110,7 @@ def decode_into(frame, out, stream=None, workspace=None, dtype=None):
             raise ValueError("element count")
         _patterns(out, code)[...] = bits.reshape(-1)
     except ValueError as e:
-        err = _common.ERR_CHECKSUM if "checksum" in str(e) else _common.ERR_HEADER
+        err = errors.ERR_CHECKSUM if "checksum" in str(e) else errors.ERR_HEADER
     workspace.array[_common.WS_ERR_LAST] = err
     workspace.array[_common.WS_ERR_STICKY] |= err
 

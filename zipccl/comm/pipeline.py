@@ -325,7 +325,7 @@ class DeviceEngine:
                                    count=SAMPLE_SIZE)
             st = self._sampled[key] = [Codebook.from_sigma(0.02, fmt.DTYPE_FP16), None, pinned, 0, 0]
         cb, event, pinned, calls, count = st
-        if event is not None and event.query():
+        if event is not None and event.done:
             st[0] = cb = Codebook.from_sample(pinned[:count], dtype=fmt.DTYPE_FP16)
             st[1] = event = None
         st[3] = calls + 1
