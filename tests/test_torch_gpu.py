@@ -42,9 +42,10 @@ def gpu_results(tmp_path_factory):
         pytest.skip("no CUDA device visible to torch")
     pytest.importorskip("cupy", reason="zipccl.torch's device engine needs CuPy")
     out = tmp_path_factory.mktemp("torch_gpu_ranks")
-    gpu_ranks.launch(str(out), "cuda")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    return ranks, json.loads((out / "nccl.json").read_text())
+    crashed = gpu_ranks.launch(str(out), "cuda")
+    files = [out / f"rank{r}.json" for r in range(2)] + [out / "nccl.json"]
+    res = [json.loads(f.read_text()) if f.exists() else {} for f in files]
+    return res[:2], res[2], crashed
 
 
 def _assert_check(results: list[dict], name: str) -> None:
@@ -70,6 +71,12 @@ def test_one_rank_over_nccl(gpu_results, name):
 
 
 @pytest.mark.gpu
+def test_every_process_exited_cleanly(gpu_results):
+    """No rank crashed or hung (a crash leaves the checks after it "did not run")."""
+    assert not gpu_results[2], "\n".join(gpu_results[2])
+
+
+@pytest.mark.gpu
 def test_no_unexpected_failures(gpu_results):
     """Nothing else failed (a check group that raised, a check no test names)."""
     for who, res in [*enumerate(gpu_results[0]), ("nccl", gpu_results[1])]:
@@ -82,7 +89,7 @@ def test_dry_run_on_cpu(tmp_path):
     """The two-rank scripts on CPU tensors ("cpu:zipccl"): every check of the CPU run is
     recorded under its name on both ranks and passes."""
     _torch()
-    gpu_ranks.launch(str(tmp_path), "cpu")
+    assert not gpu_ranks.launch(str(tmp_path), "cpu")
     want = set(gpu_ranks.names("cpu"))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())

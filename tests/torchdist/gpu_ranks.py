@@ -40,6 +40,22 @@ def names(device: str = "cuda", groups=GROUPS) -> list[str]:
             + (gpu_slots_check.names(device) if "slots" in groups else []))
 
 
+class _Results(dict):
+    """The checks' results, written to ``path`` (and named on stdout) as each is recorded, so a
+    rank that dies in a later check (a gloo abort) still leaves every earlier one."""
+
+    def __init__(self, path: str, rank: int):
+        super().__init__()
+        self.path, self.rank = path, rank
+
+    def __setitem__(self, name: str, value: dict) -> None:
+        super().__setitem__(name, value)
+        if not name.startswith("seconds/"):
+            print(f"rank {self.rank}: {name} {'ok' if value.get('ok') else 'FAILED'}", flush=True)
+        with open(self.path, "w") as f:
+            json.dump(self, f, indent=1)
+
+
 def rank_main(rank: int, p: int, out_dir: str, device: str, groups) -> None:
     import torch
     import torch.distributed as dist
@@ -48,7 +64,7 @@ def rank_main(rank: int, p: int, out_dir: str, device: str, groups) -> None:
 
     if device == "cuda":
         torch.cuda.set_device(0)  # both ranks on GPU 0
-    res: dict = {}
+    res = _Results(os.path.join(out_dir, f"rank{rank}.json"), rank)
     dist.init_process_group(backend_gpu_check.backend_spec(device), rank=rank, world_size=p,
                             pg_options=zt.BackendOptions(policy="always", cuda="gloo"))
     gloo = dist.new_group(backend="gloo")
@@ -61,8 +77,6 @@ def rank_main(rank: int, p: int, out_dir: str, device: str, groups) -> None:
         except Exception:  # noqa: BLE001 -- reported under the group's name, the test says which
             res[f"group/{group}"] = {"ok": False, "detail": traceback.format_exc()}
         res[f"seconds/{group}"] = {"ok": True, "detail": f"{time.perf_counter() - t0:.1f}"}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f, indent=1)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
 
@@ -80,24 +94,31 @@ def nccl_main(out_dir: str) -> None:
         json.dump(res, f, indent=1)
 
 
-def _run(cmds: list[list[str]], env: dict, timeout: float) -> None:
+def _run(cmds: list[list[str]], env: dict, timeout: float) -> list[str]:
+    """Run ``cmds`` side by side; what went wrong, one entry a process that failed or hung."""
     procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for c in cmds]
+    outs = []
     try:
-        outs = [pr.communicate(timeout=timeout)[0] for pr in procs]
+        for pr in procs:
+            try:
+                outs.append(pr.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                pr.kill()
+                outs.append(f"(hung past {timeout:.0f} s) " + (pr.communicate()[0] or ""))
     finally:
         for pr in procs:
             if pr.poll() is None:
                 pr.kill()
-    for pr, out in zip(procs, outs, strict=True):
-        if pr.returncode:
-            raise RuntimeError(f"{' '.join(pr.args[2:])} exited with {pr.returncode}:\n{out[-6000:]}")
+    return [f"{' '.join(pr.args[2:])} exited with {pr.returncode}:\n{out[-6000:]}"
+            for pr, out in zip(procs, outs, strict=True) if pr.returncode]
 
 
 def launch(out_dir: str, device: str = "cuda", groups=GROUPS, nccl: bool = True,
-           timeout: float = 420.0) -> None:
-    """The two ranks (then, on cuda and with ``nccl``, the one-rank NCCL job); raises if a
-    process fails or hangs past ``timeout`` seconds."""
+           timeout: float = 420.0) -> list[str]:
+    """The two ranks (then, on cuda and with ``nccl``, the one-rank NCCL job, which runs even
+    if a rank died); returns what went wrong with the processes (a crash, a hang past
+    ``timeout`` seconds), empty if nothing. What each check found is in the JSON files."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -107,10 +128,11 @@ def launch(out_dir: str, device: str = "cuda", groups=GROUPS, nccl: bool = True,
     if device == "cpu":  # a dry run: small calibration, one thread a rank
         env.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", ZIPCCL_CALIBRATION_SIZES="4096,65536")
     me = os.path.abspath(__file__)
-    _run([[sys.executable, me, out_dir, "--device", device, "--groups", ",".join(groups), "--rank", str(r)]
-          for r in range(2)], env, timeout)
+    bad = _run([[sys.executable, me, out_dir, "--device", device, "--groups", ",".join(groups),
+                 "--rank", str(r)] for r in range(2)], env, timeout)
     if device == "cuda" and nccl:
-        _run([[sys.executable, me, out_dir, "--nccl"]], env, timeout)
+        bad += _run([[sys.executable, me, out_dir, "--nccl"]], env, timeout)
+    return bad
 
 
 def by_hand(argv: list[str], group: str) -> int:
@@ -119,9 +141,11 @@ def by_hand(argv: list[str], group: str) -> int:
 
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
     with tempfile.TemporaryDirectory() as d:
-        launch(d, device, (group,), nccl=group == "backend")
+        crashed = launch(d, device, (group,), nccl=group == "backend")
         results = [json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith(".json")]
-    bad = 0
+    for line in crashed:
+        print(f"FAIL {line}", flush=True)
+    bad = len(crashed)
     for r, res in enumerate(results):
         for name, v in res.items():
             bad += not v["ok"]
@@ -139,4 +163,5 @@ if __name__ == "__main__":
         rank_main(int(args[args.index("--rank") + 1]), 2, args[0], args[args.index("--device") + 1],
                   args[args.index("--groups") + 1].split(","))
     else:
-        launch(args[0], args[args.index("--device") + 1] if "--device" in args else "cuda")
+        for line in launch(args[0], args[args.index("--device") + 1] if "--device" in args else "cuda"):
+            print(line, file=sys.stderr)
