@@ -112,6 +112,7 @@ class DeviceEngine:
         self._stream = cupy.cuda.get_current_stream()
         self._reducers: dict[int, object] = {}
         self._encode_ws = None
+        self._raw_headers: dict[tuple, object] = {}  # encode_slot(raw=True): device frame headers
         self._decode_ws: dict[int, object] = {}
         # slot_exchange: transfer and decode streams, events per round
         self._xfer = None
@@ -292,11 +293,25 @@ class DeviceEngine:
                 out[...] = dst
         return None
 
-    def encode_slot(self, values, region) -> None:
+    def encode_slot(self, values, region, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
-        the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``)."""
+        the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``).
+        ``raw``: a RAW frame, two device copies (its header, kept on the device per size and
+        type, then the values), no codec kernel."""
         from .slots import SLOT_HEADER
 
+        if raw:
+            key = (int(values.size), value_code(values))
+            hdr = self._raw_headers.get(key)
+            if hdr is None:  # once per size and type (a blocking upload, as a plan's set-up)
+                from .exchange import raw_header
+
+                hdr = self._raw_headers[key] = self.cp.asarray(raw_header(*key))
+            at = SLOT_HEADER + hdr.size
+            with self._stream:
+                region[SLOT_HEADER:at] = hdr
+                region[at:at + values.nbytes] = values.view(self.cp.uint8)
+            return
         src, bounced = self._aligned(values, "bounce_in")
         if bounced:
             self.copy(src, values)
