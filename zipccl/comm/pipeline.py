@@ -302,13 +302,17 @@ class DeviceEngine:
 
         if raw:
             key = (int(values.size), value_code(values))
-            hdr = self._raw_headers.get(key)
-            if hdr is None:  # once per size and type (a blocking upload, as a plan's set-up)
-                from .exchange import raw_header
-
-                hdr = self._raw_headers[key] = self.cp.asarray(raw_header(*key))
-            at = SLOT_HEADER + hdr.size
             with self._stream:
+                hdr = self._raw_headers.get(key)
+                if hdr is None:  # once per size and type: a set-up step, as a plan's
+                    from .exchange import raw_header
+
+                    if len(self._raw_headers) >= 256:
+                        self._raw_headers.pop(next(iter(self._raw_headers)))
+                    hdr = self.cp.asarray(raw_header(*key))
+                    self._stream.synchronize()  # uploaded before any stream of a later call reads it
+                    self._raw_headers[key] = hdr
+                at = SLOT_HEADER + hdr.size
                 region[SLOT_HEADER:at] = hdr
                 region[at:at + values.nbytes] = values.view(self.cp.uint8)
             return
