@@ -10,7 +10,9 @@
 #   bash experiments/run_train_one_gpu.sh check large    # one call: raw-frame GPU check, the 1.03 B model
 #   bash experiments/run_train_one_gpu.sh small moe      # another: the 0.41 B model, the MoE layer
 #
-# Each stage runs under its own time limit; a stage cut short keeps the steps it recorded.
+# With $OUT set, this call's new records are also written to $OUT/train_e2e.new.jsonl and
+# $OUT/moe_ep.new.jsonl (append them to experiments/results/). Each stage runs under its own
+# time limit; a stage cut short keeps the steps it recorded.
 # 11 steps per mode: step 0 (kernel compilation, "auto"'s calibration) is recorded apart and
 # the summaries take the median of the 10 after it.
 set -u
@@ -19,6 +21,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::FutureWarning}"
 RUN=(python -m torch.distributed.run --standalone --nproc-per-node 2)
 E2E=(experiments/train_e2e.py --backend gloo --modes native,raw,always,auto --steps 11 --warmup 1)
+RES=experiments/results
+count() { if [ -f "$1" ]; then wc -l < "$1"; else echo 0; fi; }
+before_e2e=$(count $RES/train_e2e.jsonl) before_moe=$(count $RES/moe_ep.jsonl)
 status=0
 for stage in ${@:-check large small moe}; do
     echo "== $stage ($(date -u +%H:%M:%S))"
@@ -35,4 +40,8 @@ done
 echo "== tables ($(date -u +%H:%M:%S))"
 python experiments/train_e2e.py --table experiments/results/train_e2e.jsonl
 python experiments/moe_ep.py --table experiments/results/moe_ep.jsonl
+if [ -n "${OUT:-}" ]; then  # a machine whose $OUT folder comes back: this call's new records alone
+    tail -n +$((before_e2e + 1)) $RES/train_e2e.jsonl > "$OUT/train_e2e.new.jsonl" 2>/dev/null
+    tail -n +$((before_moe + 1)) $RES/moe_ep.jsonl > "$OUT/moe_ep.new.jsonl" 2>/dev/null
+fi
 exit "$status"
