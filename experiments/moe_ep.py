@@ -9,6 +9,10 @@ backward on 2 ranks (expert parallelism 2) with its routing skewed on purpose, o
 of the all-to-all:
 
   native  -- ``torch.distributed.all_to_all_single`` with split sizes;
+  raw     -- ``zipccl.torch.all_to_all_single(..., policy="raw")``: the slot exchange below with
+             the codec off (every frame RAW, in a slot that holds it whole): the same path, the
+             native bytes plus headers, so native / raw is what the path alone buys and
+             raw / slots what compression buys (a ``ratios`` record per configuration);
   slots   -- ``zipccl.torch.all_to_all_single(..., policy="always")``: the library's slot
              exchange (fixed-size slots, a frame that does not fit spills its tail);
   exact   -- ``exact_length.all_to_all_single`` (this folder): every frame encoded, its length
@@ -44,13 +48,18 @@ measures the transfers and their codec work without that wait.
     # 2 x H200, NVLink, then the shared-memory link
     PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
     NCCL_P2P_DISABLE=1 PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py
+    # one GPU, both ranks on it over gloo (host-staged TCP)
+    PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py --backend gloo \
+        --variants native,raw,slots --tokens 8192,32768 --skews 1.0,4.2
     # CPU smoke test (gloo, toy sizes; the bits check of every variant included)
     PYTHONPATH=$PWD torchrun --standalone --nproc-per-node 2 experiments/moe_ep.py --toy --out /tmp/moe.jsonl
     # the table of the newest run per link
     python experiments/moe_ep.py --table experiments/results/moe_ep.jsonl
 
-Records (JSON lines, rank 0 appends to ``--out``, default ``experiments/results/moe_ep.jsonl``):
-one ``config`` record per run, one ``measure`` record per configuration and variant.
+Records (JSON lines, rank 0 appends to ``--out``, default ``experiments/results/moe_ep.jsonl``),
+each with the machine, backend, link and NCCL link settings (``procgroup.link_record``): one
+``config`` record per run, one ``measure`` record per configuration and variant, one ``ratios``
+record per configuration that measured native, raw and slots.
 """
 
 from __future__ import annotations
@@ -59,7 +68,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -69,8 +77,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from harness import append_records
+from procgroup import link_record, start
 
-VARIANTS = ("native", "slots", "exact")  # what a run measures; the first is the reference
+VARIANTS = ("native", "raw", "slots", "exact")  # what a run can measure; the first is the reference
 OLD_VARIANTS = ("native", "one_phase", "two_phase")  # what runs before the slot exchange measured
 
 
@@ -275,8 +284,9 @@ class Timed:
             dist.all_to_all_single(out, inp, out_splits, in_splits)
             me = dist.get_rank()
             self.raw += (sum(in_splits) - in_splits[me]) * inp.shape[1] * inp.element_size()
-        elif self.variant == "slots":
-            self.zt.all_to_all_single(out, inp, out_splits, in_splits, policy="always", stats=self.stats)
+        elif self.variant in ("slots", "raw"):
+            self.zt.all_to_all_single(out, inp, out_splits, in_splits,
+                                      policy="always" if self.variant == "slots" else "raw", stats=self.stats)
         else:
             self.exact.all_to_all_single(out, inp, out_splits, in_splits, stats=self.stats)
         if self.cuda:
@@ -342,6 +352,7 @@ def run(cfg: Config, device, rank: int, world: int, write, variants=VARIANTS, lo
             bias = torch.from_numpy(zipf_bias(alphas[skew], cfg.experts)).float().to(device)
             biases = [bias] * cfg.layers
             ref = None
+            mine_recs: dict = {}
             for v in variants:
                 a2a = timers[v]
                 times, counts = [], {}
@@ -391,16 +402,33 @@ def run(cfg: Config, device, rank: int, world: int, write, variants=VARIANTS, lo
                 rec["wire_ratio"] = rec["wire_bytes"] / max(1, rec["raw_bytes"])
                 write(rec)
                 records.append(rec)
+                mine_recs[v] = rec
                 if rank == 0:
                     log(f"tokens {tokens:6d} skew {rows[0] / max(1, rows[1]):4.2f} {v:9s} "
                         f"layer {1e3 * rec['layer_s']:8.2f} ms a2a {1e3 * rec['a2a_s']:8.2f} ms "
                         f"idle {1e3 * rec['idle_faster_s']:7.2f} ms wire/raw {rec['wire_ratio']:.3f} "
                         f"diff bits {rec['differing_bits']}", flush=True)
+            if all(v in mine_recs for v in ("native", "raw", "slots")):
+                write({"kind": "ratios", "tokens_per_rank": tokens, "skew_target": skew,
+                       **speedups({v: r["a2a_busier_s"] for v, r in mine_recs.items()}, "a2a_"),
+                       **speedups({v: r["layer_s"] for v, r in mine_recs.items()}, "layer_")})
             del ref
             if cuda:
                 torch.cuda.empty_cache()
         del x, dy
     return records
+
+
+def speedups(t: dict, prefix: str = "") -> dict:
+    """Path (native / raw), compression (raw / slots) and total (native / slots) speed-ups
+    from times per variant.
+
+    >>> speedups({"native": 4.0, "raw": 2.0, "slots": 1.0})
+    {'path_speedup': 2.0, 'compression_speedup': 2.0, 'total_speedup': 4.0}
+    """
+    return {f"{prefix}path_speedup": t["native"] / t["raw"],
+            f"{prefix}compression_speedup": t["raw"] / t["slots"],
+            f"{prefix}total_speedup": t["native"] / t["slots"]}
 
 
 def table(path: str) -> str:
@@ -421,7 +449,7 @@ def table(path: str) -> str:
             if r.get("kind") == "measure" and r["link"] == link and r["run"] == run_id:
                 rows.setdefault((r["tokens_per_rank"], r["skew_target"]), {})[r["variant"]] = r
         # the library's exchange last, so that "last vs middle" is its speed-up over the other
-        names = next((vs for vs in (("native", "exact", "slots"), OLD_VARIANTS)
+        names = next((vs for vs in (("native", "exact", "slots"), ("native", "raw", "slots"), OLD_VARIANTS)
                       if any(all(k in v for k in vs) for v in rows.values())), None)
         if names is None:
             continue
@@ -441,24 +469,17 @@ def table(path: str) -> str:
     return "\n".join(lines)
 
 
-def start_ranks(cuda: bool) -> torch.device:
-    """The job's process group: NCCL on this rank's GPU (torchrun's LOCAL_RANK), or gloo."""
-    if not cuda:
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        dist.init_process_group("gloo")
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    return device
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default=None, help="comma-separated tokens per rank")
     ap.add_argument("--skews", default=None, help="comma-separated target ratios (>= 1)")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)} (native always runs, first)")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                    help="nccl (one GPU per rank; the default on GPUs) or gloo (CUDA tensors staged "
+                         "through the host, both ranks may share one GPU; the default on CPUs)")
     ap.add_argument("--toy", action="store_true", help="toy sizes on the CPU (gloo): a smoke test")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU even if a GPU is present")
     ap.add_argument("--nondeterministic", action="store_true",
@@ -481,20 +502,18 @@ def main(argv=None) -> None:
         # the all-to-all (cuBLAS picks reduction orders per workspace otherwise)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    device = start_ranks(use_cuda)
+    variants = ["native"] + [v for v in args.variants.split(",") if v and v != "native"]
+    if any(v not in VARIANTS for v in variants):
+        ap.error(f"unknown variant in {variants}; expected {VARIANTS}")
+    device = start(args.backend, cpu=not use_cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != 2 or cfg.experts % world:
         raise SystemExit("moe_ep.py runs expert parallelism 2: 2 ranks, an even expert count")
 
     import zipccl
 
-    meta = {"config": asdict(cfg), "world": world,
-            "machine": "2 x H200" if use_cuda and "H200" in torch.cuda.get_device_name(device) else
-            (torch.cuda.get_device_name(device) if use_cuda else platform.processor() or "cpu"),
-            "gpu": torch.cuda.get_device_name(device) if use_cuda else None,
-            "link": ("shared memory (NCCL_P2P_DISABLE=1)" if os.environ.get("NCCL_P2P_DISABLE") == "1"
-                     else "NVLink (default)") if use_cuda else "gloo (CPU)",
-            "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
+    meta = {"config": asdict(cfg), "world": world, **link_record(device),
+            "torch": torch.__version__, "zipccl": zipccl.__version__,
             "deterministic": not args.nondeterministic, "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
     def write(rec: dict) -> None:  # rank 0 appends each record as soon as it is measured
         if rank == 0:
@@ -502,7 +521,7 @@ def main(argv=None) -> None:
 
     try:
         write({"kind": "config", "alphas": {str(s): solve_alpha(s, cfg.experts) for s in cfg.skews}})
-        run(cfg, device, rank, world, write)
+        run(cfg, device, rank, world, write, variants)
     finally:
         dist.destroy_process_group()
 

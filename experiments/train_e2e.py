@@ -8,11 +8,17 @@ parameter all-gathers and gradient reduce-scatters took on their streams (the
 communication fraction) and the bytes this rank sent (raw vs on the wire). The
 one line that switches zipccl on is ``zipccl.torch.compress_fsdp(model, policy=...)``.
 
-Modes (``--modes``, run one after the other in the same job):
+Modes (``--modes``, run one after the other in the same job, native first):
   native  -- torch.distributed's own all-gather / reduce-scatter (zipccl's ``policy="never"``
              comm objects, which call them unchanged; they only count and time the calls);
+  raw     -- zipccl's exchange with the codec off (``policy="raw"``): the same slots, pipeline
+             and transport call (an all-to-all) as "always", every frame RAW, so it moves the
+             native bytes plus two 128-byte headers per frame;
   always  -- every BF16 collective compressed;
   auto    -- compressed where zipccl's policy says it pays.
+The three time ratios a run reports (``ratios`` record) separate what the path buys from what
+compression buys: path = native / raw, compression = raw / always (or auto), total = their
+product = native / always.
 
 Model (default, ~1.03 B parameters): d_model 2048, 20 blocks, 16 heads, SwiGLU 5632,
 RMSNorm, rotary attention, untied embeddings; byte-level tokens (vocabulary 256) of
@@ -24,14 +30,21 @@ AdamW. Tokens per step = batch x sequence x world size.
     # 2 x H200, NVLink, then the shared-memory link
     torchrun --standalone --nproc-per-node 2 experiments/train_e2e.py --steps 120
     NCCL_P2P_DISABLE=1 torchrun --standalone --nproc-per-node 2 experiments/train_e2e.py --steps 120
+    # one GPU, two ranks on it over gloo (host-staged TCP); the one-GPU matrix of both models:
+    torchrun --standalone --nproc-per-node 2 experiments/train_e2e.py --backend gloo \
+        --modes native,raw,always,auto --steps 12 --warmup 2
+    bash experiments/run_train_one_gpu.sh
     # CPU smoke test (gloo, toy model; what the test suite runs)
     torchrun --standalone --nproc-per-node 2 experiments/train_e2e.py --toy --steps 3 --out /tmp/e2e.jsonl
 
 Records (JSON lines, rank 0 writes, appended to ``--out``, default
-``experiments/results/train_e2e.jsonl``): one ``config`` record per mode, one ``step``
-record per step, one ``summary`` per mode (median step time after ``--warmup`` steps,
-comm fraction, bytes, whether every loss and the final parameters are the same bits
-as the native run's).
+``experiments/results/train_e2e.jsonl``), each with the machine, GPU, backend, link and the
+NCCL link settings set (``procgroup.link_record``): one ``config`` record per mode, one ``step``
+record per step (bytes per collective: ``by_op``), one ``summary`` per mode (the first step's
+time apart -- kernel compilation, "auto"'s calibration --, the median step time and comm
+fraction over the steps after ``--warmup``, bytes and wire ratio per collective: all-gather
+of parameters, reduce-scatter of gradients, whether every loss and the final parameters are
+the same bits as the native run's), and one ``ratios`` record per job with the three ratios.
 """
 
 from __future__ import annotations
@@ -41,7 +54,6 @@ import glob
 import hashlib
 import math
 import os
-import platform
 import sys
 import sysconfig
 import time
@@ -56,6 +68,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import append_records  # noqa: E402
+from procgroup import link_record, start  # noqa: E402
+
+# mode -> zipccl policy of the comm objects
+POLICIES = {"native": "never", "raw": "raw", "always": "always", "auto": "auto"}
+OPS = ("all_gather", "reduce_scatter")
 
 
 @dataclass(frozen=True)
@@ -231,8 +248,7 @@ def run_mode(mode: str, cfg: Config, data, device, rank: int, world: int, write,
     for blk in model.blocks:
         fully_shard(blk, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    hooks = zt.compress_fsdp(model, policy="never" if mode == "native" else mode,
-                             chunk_bytes=cfg.chunk_bytes)  # the one line
+    hooks = zt.compress_fsdp(model, policy=POLICIES[mode], chunk_bytes=cfg.chunk_bytes)  # the one line
     ag, rs = Timed(hooks.all_gather, device), Timed(hooks.reduce_scatter, device)
     for m in hooks.modules:  # the same objects, timed (what FSDP calls)
         m.set_custom_all_gather(ag)
@@ -249,7 +265,7 @@ def run_mode(mode: str, cfg: Config, data, device, rank: int, world: int, write,
     steps, losses = [], []
     for step in range(cfg.steps):
         x, y = batch_for(data, cfg, step, rank, device)
-        before = hooks.stats.as_dict()
+        before, before_op = hooks.stats.as_dict(), per_op(hooks.stats)
         sync()
         dist.barrier()
         t0 = time.perf_counter()
@@ -261,7 +277,7 @@ def run_mode(mode: str, cfg: Config, data, device, rank: int, world: int, write,
         sync()
         step_s = time.perf_counter() - t0
         ag_s, rs_s = ag.collect(), rs.collect()
-        after = hooks.stats.as_dict()
+        after, after_op = hooks.stats.as_dict(), per_op(hooks.stats)
         lb = loss.detach().float().reshape(1)
         everyone = [torch.zeros_like(lb) for _ in range(world)]
         dist.all_gather(everyone, lb)
@@ -269,7 +285,8 @@ def run_mode(mode: str, cfg: Config, data, device, rank: int, world: int, write,
         rec = {"kind": "step", "mode": mode, "step": step, "loss": float(lb.item()), "loss_bits": bits,
                "step_s": step_s, "all_gather_s": ag_s, "reduce_scatter_s": rs_s,
                "comm_fraction": (ag_s + rs_s) / step_s if step_s > 0 else None,
-               **{k: after[k] - before[k] for k in after}}
+               **{k: after[k] - before[k] for k in after},
+               "by_op": {op: {k: after_op[op][k] - before_op[op][k] for k in after_op[op]} for op in OPS}}
         write(rec)
         steps.append(rec)
         losses.append(bits)
@@ -292,20 +309,109 @@ def run_mode(mode: str, cfg: Config, data, device, rank: int, world: int, write,
         same_params = not bool(flag.item())
     timed = [r for r in steps if r["step"] >= cfg.warmup] or steps
     total = hooks.stats.as_dict()
-    write({"kind": "summary", "mode": mode, "params": n_params, "steps": cfg.steps,
-           "median_step_s": float(np.median([r["step_s"] for r in timed])),
-           "mean_step_s": float(np.mean([r["step_s"] for r in timed])),
-           "median_comm_fraction": float(np.median([r["comm_fraction"] or 0 for r in timed])),
-           **total, "wire_ratio": total["wire_bytes"] / max(total["raw_bytes"], 1),
-           "loss_bits_equal_native": (losses == native_ref["losses"]) if native_ref else None,
-           "params_bits_equal_native": same_params, "final_loss": steps[-1]["loss"]})
+    by_op = per_op(hooks.stats)
+    loss_equal = (losses == native_ref["losses"]) if native_ref else None
+    summary = {"kind": "summary", "mode": mode, "policy": POLICIES[mode], "params": n_params,
+               "steps": cfg.steps, "timed_steps": len(timed),
+               # step 0 holds the kernels' compilation and "auto"'s calibration: apart, never timed
+               "first_step_s": steps[0]["step_s"],
+               "warmup_steps_s": [r["step_s"] for r in steps if r["step"] < cfg.warmup],
+               "median_step_s": float(np.median([r["step_s"] for r in timed])),
+               "mean_step_s": float(np.mean([r["step_s"] for r in timed])),
+               "median_comm_fraction": float(np.median([r["comm_fraction"] or 0 for r in timed])),
+               **{f"median_{op}_s": float(np.median([r[f"{op}_s"] for r in timed])) for op in OPS},
+               **total, "wire_ratio": total["wire_bytes"] / max(total["raw_bytes"], 1),
+               "by_op": {op: {**v, "wire_ratio": v["wire_bytes"] / max(v["raw_bytes"], 1)}
+                         for op, v in by_op.items()},
+               # bytes this rank sent in one step (the last), per collective: what the link carried
+               "step_bytes": {op: {k: steps[-1]["by_op"][op][k] for k in ("raw_bytes", "wire_bytes")}
+                              for op in OPS},
+               "loss_bits_equal_native": loss_equal, "params_bits_equal_native": same_params,
+               "bits_equal_native": (loss_equal and same_params) if native_ref else None,
+               "final_loss": steps[-1]["loss"]}
+    write(summary)
     del model, opt, hooks
+    return summary
+
+
+def per_op(stats) -> dict:
+    """This rank's counts per FSDP collective (zeros for one not called yet)."""
+    keys = ("calls", "compressed_calls", "raw_bytes", "wire_bytes")
+    return {op: {k: getattr(stats.of(op), k) for k in keys} for op in OPS}
+
+
+def ratios(summaries: dict) -> dict:
+    """The three ratios of median step times, as speed-ups (> 1: faster): path = native / raw
+    (zipccl's exchange with the codec off against torch.distributed's collectives), compression
+    = raw / mode, total = native / mode = path x compression (mode: always, auto).
+
+    >>> r = ratios({"native": {"median_step_s": 6.0}, "raw": {"median_step_s": 3.0},
+    ...             "always": {"median_step_s": 2.0}})
+    >>> r["path_speedup"], r["always"]
+    (2.0, {'compression_speedup': 1.5, 'total_speedup': 3.0})
+    """
+    t = {m: s["median_step_s"] for m, s in summaries.items()}
+    out: dict = {"median_step_s": t}
+    if "native" in t and "raw" in t:
+        out["path_speedup"] = t["native"] / t["raw"]
+    for m in ("always", "auto"):
+        if m in t:
+            out[m] = {}
+            if "raw" in t:
+                out[m]["compression_speedup"] = t["raw"] / t[m]
+            if "native" in t:
+                out[m]["total_speedup"] = t["native"] / t[m]
+    return out
+
+
+def table(path: str) -> str:
+    """The newest run per (link, model size) with a ``ratios`` record: one line per mode.
+
+    Columns: the first step (compilation, calibration), the median step and comm fraction
+    over the timed steps, the wire ratio of the all-gathers and the reduce-scatters, the
+    speed-up over native and whether every loss and the final parameters matched native's bits.
+    """
+    import json
+
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    newest: dict = {}
+    for r in recs:
+        if r.get("kind") == "ratios":
+            key = (r["link"], r["params"])
+            newest[key] = max(newest.get(key, ""), r["run"])
+    lines = []
+    for (link, params), run_id in sorted(newest.items()):
+        mine = [r for r in recs
+                if r.get("run") == run_id and r.get("link") == link and r.get("params") == params]
+        rat = next(r for r in mine if r["kind"] == "ratios")
+        size = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
+        head = (f"{size}, {rat['machine']}, {link} ({run_id}): "
+                f"path {rat.get('path_speedup', 0):.2f}x")
+        for m in ("always", "auto"):
+            if m in rat:
+                head += (f"; {m} compression {rat[m].get('compression_speedup', 0):.2f}x"
+                         f" total {rat[m].get('total_speedup', 0):.2f}x")
+        lines += [head, "  mode     first s  median s  comm   AG wire  RS wire  vs native  bits"]
+        native = rat["median_step_s"].get("native")
+        for r in (r for r in mine if r["kind"] == "summary"):
+            sp = f"{native / r['median_step_s']:8.2f}x" if native else "        -"
+            ag, rs = (r["by_op"][op]["wire_ratio"] for op in OPS)
+            lines.append(f"  {r['mode']:7s} {r['first_step_s']:8.2f} {r['median_step_s']:9.3f} "
+                         f"{100 * r['median_comm_fraction']:4.0f}%  {ag:7.3f}  {rs:7.3f}  {sp}  "
+                         f"{'equal' if r['bits_equal_native'] else 'DIFFER'}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--modes", default="native,always,auto", help="comma-separated: native, always, auto")
+    ap.add_argument("--modes", default="native,raw,always,auto",
+                    help=f"comma-separated, of {', '.join(POLICIES)}")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                    help="the process group: nccl (one GPU per rank; the default on GPUs) or gloo "
+                         "(CUDA tensors staged through the host, ranks mapped onto the GPUs present, "
+                         "several per GPU; the default on CPUs)")
     ap.add_argument("--steps", type=int, default=Config.steps)
+    ap.add_argument("--warmup", type=int, default=None, help="steps left out of the summary's timings")
     ap.add_argument("--batch", type=int, default=None, help="sequences per rank per step")
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
@@ -317,9 +423,13 @@ def main(argv=None) -> None:
                          "the math attention backend, so that two runs of one mode give the same bits)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "train_e2e.jsonl"))
+    ap.add_argument("--table", metavar="JSONL", help="print the table of the newest runs and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return
     modes = [m for m in args.modes.split(",") if m]
-    if any(m not in ("native", "always", "auto") for m in modes):
+    if any(m not in POLICIES for m in modes):
         ap.error(f"unknown mode in {modes}")
     if "native" in modes:
         modes = ["native"] + [m for m in modes if m != "native"]  # the reference runs first
@@ -331,6 +441,8 @@ def main(argv=None) -> None:
         kw["seq"] = args.seq
     if args.layers:
         kw["n_layers"] = args.layers
+    if args.warmup is not None:
+        kw["warmup"] = args.warmup
     cfg = Config(**kw)
 
     use_cuda = torch.cuda.is_available() and not (args.cpu or args.toy)
@@ -345,25 +457,14 @@ def main(argv=None) -> None:
             torch.backends.cuda.enable_mem_efficient_sdp(False)
             torch.backends.cuda.enable_cudnn_sdp(False)
             torch.backends.cuda.enable_math_sdp(True)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if use_cuda:
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = start(args.backend, cpu=not use_cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = text_tokens()
+    data = text_tokens(1 << 20 if args.toy else 64 << 20)  # the toy reads 1 MiB: seconds, not minutes
 
     import zipccl
 
-    meta = {"config": asdict(cfg), "world": world, "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if use_cuda else platform.processor() or "cpu",
-            "link": ("shared memory (NCCL_P2P_DISABLE=1)" if os.environ.get("NCCL_P2P_DISABLE") == "1"
-                     else "default") if use_cuda else "gloo (CPU)",
-            "backend": dist.get_backend(), "torch": torch.__version__, "zipccl": zipccl.__version__,
+    meta = {"config": asdict(cfg), "world": world, "device": str(device), **link_record(device),
+            "torch": torch.__version__, "zipccl": zipccl.__version__,
             "deterministic": not args.nondeterministic,
             "text_bytes": int(data.size), "run": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -372,11 +473,21 @@ def main(argv=None) -> None:
             append_records(args.out, [{**rec, **meta}])
 
     native_ref: dict = {}
+    summaries: dict = {}
     try:
         for mode in modes:
-            run_mode(mode, cfg, data, device, rank, world, write, native_ref)
+            summaries[mode] = run_mode(mode, cfg, data, device, rank, world, write, native_ref)
             if use_cuda:
                 torch.cuda.empty_cache()
+        r = ratios(summaries)
+        write({"kind": "ratios", "params": summaries[modes[0]]["params"],
+               "bits_equal_native": {m: s["bits_equal_native"] for m, s in summaries.items()}, **r})
+        if rank == 0:
+            print(f"[{meta['link']}] median s/step " + ", ".join(
+                f"{m} {t:.3f}" for m, t in r["median_step_s"].items())
+                + (f"; path {r['path_speedup']:.2f}x" if "path_speedup" in r else "")
+                + "".join(f"; {m}: " + ", ".join(f"{k.split('_')[0]} {v:.2f}x" for k, v in r[m].items())
+                          for m in ("always", "auto") if r.get(m)), flush=True)
     finally:
         dist.destroy_process_group()
 

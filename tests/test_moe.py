@@ -5,8 +5,9 @@ Two CPU ranks (``python -m torch.distributed.run``) run this file's ``worker`` o
 session and write their checks to JSON; the tests read them. Checks:
 
 - the layer forward and backward with dispatch and combine through the native all-to-all,
-  zipccl's (``slots``) and the exact-length one (``exact``): output and every gradient the
-  same bits (skewed and balanced routing); the compressed runs really compressed; a corrupted
+  zipccl's (``slots``), zipccl's with the codec off (``raw``) and the exact-length one
+  (``exact``): output and every gradient the same bits (skewed and balanced routing); the
+  compressed runs really compressed, the raw runs went through the exchange uncompressed; a corrupted
   all-to-all (one bit flipped) is caught by the same comparison;
 - the exact-length all-to-all on uneven BF16 splits (zero rows one way, every row one way,
   none at all, edge-case bit patterns, NaN payloads) against
@@ -28,8 +29,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-LAYER_CHECKS = [f"layer/{v}/skew{s}" for s in ("1.0", "4.2") for v in ("slots", "exact")] + \
-    ["layer/compressed", "layer/corruption_detected"]
+LAYER_CHECKS = [f"layer/{v}/skew{s}" for s in ("1.0", "4.2") for v in ("raw", "slots", "exact")] + \
+    ["layer/compressed", "layer/raw_wire", "layer/corruption_detected"]
 SPLITS = {"even": ([3, 3], [3, 3]), "none_back": ([5, 0], [7, 2]), "all_out": ([0, 9], [4, 1]),
           "empty": ([0, 0], [0, 0]), "single": ([1, 1], [0, 1])}  # rank 0's / rank 1's input splits
 EXACT_CHECKS = [f"exact/{name}/{kind}" for name in SPLITS for kind in ("gauss", "edges")] + \
@@ -91,7 +92,7 @@ def check_layer(rank: int, world: int, res: dict) -> None:
     g = torch.Generator().manual_seed(5 + rank)
     x = torch.randn(96, cfg.hidden, generator=g).to(torch.bfloat16).requires_grad_()
     dy = (torch.randn(96, cfg.hidden, generator=g) * 1e-2).to(torch.bfloat16)
-    compressed = []
+    compressed, raw_runs = [], []
 
     def outcome(a2a, bias):
         x.grad = None
@@ -108,20 +109,25 @@ def check_layer(rank: int, world: int, res: dict) -> None:
     for skew in cfg.skews:
         bias = torch.from_numpy(moe_ep.zipf_bias(moe_ep.solve_alpha(skew, cfg.experts), cfg.experts)).float()
         ref = outcome(moe_ep.Timed("native", False), bias)
-        for v in ("slots", "exact"):
+        for v in ("raw", "slots", "exact"):
             t = moe_ep.Timed(v, False)
             got = outcome(t, bias)
             diff = [moe_ep.differing_bits(a, b) for a, b in zip(got, ref, strict=True)]
             same = all(np.array_equal(_bits(a), _bits(b)) for a, b in zip(got, ref, strict=True))
             _record(res, f"layer/{v}/skew{skew}", same and sum(diff) == 0,
                     f"differing bits per tensor {diff}")
-            compressed.append((t.stats.compressed_calls, t.stats.wire_bytes, t.stats.raw_bytes))
+            if v == "raw":  # the exchange with the codec off: more bytes than raw (the headers), never fewer
+                raw_runs.append((t.stats.compressed_calls, t.stats.wire_bytes, t.stats.raw_bytes))
+            else:
+                compressed.append((t.stats.compressed_calls, t.stats.wire_bytes, t.stats.raw_bytes))
         if skew == cfg.skews[-1]:
             bad = outcome(flipped, bias)
             diff = sum(moe_ep.differing_bits(a, b) for a, b in zip(bad, ref, strict=True))
             _record(res, "layer/corruption_detected", diff > 0, f"{diff} differing bits")
     _record(res, "layer/compressed", all(c >= 4 and 0 < w < r for c, w, r in compressed),
             f"(compressed calls, wire, raw) per run: {compressed}")
+    _record(res, "layer/raw_wire", all(c >= 4 and w > r > 0 for c, w, r in raw_runs),
+            f"(exchange calls, wire, raw) per raw run: {raw_runs}")
 
 
 def check_exact_length(rank: int, world: int, res: dict) -> None:

@@ -80,23 +80,37 @@ def test_no_unexpected_failures(rank_results):
         assert not bad, f"rank {r}: {bad}"
 
 
-@pytest.mark.slow  # make test-slow: make test trains under torchrun through examples/ (test_examples.py)
 def test_train_e2e_toy(tmp_path):
-    """experiments/train_e2e.py under torchrun on 2 CPU ranks (gloo), toy model: both modes run,
-    the losses of every step are the same bits, the compressed run compressed."""
+    """experiments/train_e2e.py under torchrun on 2 CPU ranks (gloo), toy model, every mode
+    (native, raw, always, auto): the losses of every step and the final parameters are the
+    same bits as native's, "raw" went through zipccl's exchange with the native bytes plus
+    headers, "always" compressed, and the job wrote its ratios."""
     _need_torch()
     out = tmp_path / "e2e.jsonl"
+    modes = ("native", "raw", "always", "auto")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(ROOT, "experiments", "train_e2e.py"), "--toy", "--steps", "2",
-           "--modes", "native,always", "--out", str(out)]
+           "--modes", ",".join(modes), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning")
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-4000:] + run.stdout[-1000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    steps = {m: [r for r in recs if r["kind"] == "step" and r["mode"] == m] for m in ("native", "always")}
-    assert [len(v) for v in steps.values()] == [2, 2]
-    assert [r["loss_bits"] for r in steps["native"]] == [r["loss_bits"] for r in steps["always"]]
+    steps = {m: [r for r in recs if r["kind"] == "step" and r["mode"] == m] for m in modes}
+    assert [len(v) for v in steps.values()] == [2] * len(modes)
     summary = {r["mode"]: r for r in recs if r["kind"] == "summary"}
-    assert summary["always"]["compressed_calls"] > 0 and summary["native"]["compressed_calls"] == 0
-    assert summary["always"]["params_bits_equal_native"] is True
+    for m in modes[1:]:
+        assert [r["loss_bits"] for r in steps[m]] == [r["loss_bits"] for r in steps["native"]], m
+        assert summary[m]["params_bits_equal_native"] is True and summary[m]["bits_equal_native"] is True, m
+    assert summary["native"]["compressed_calls"] == 0
+    for m in ("raw", "always"):
+        assert summary[m]["compressed_calls"] == summary[m]["calls"] > 0, m
+    raw, native = summary["raw"]["step_bytes"], summary["native"]["step_bytes"]
+    for op in ("all_gather", "reduce_scatter"):
+        assert raw[op]["raw_bytes"] == native[op]["raw_bytes"] > 0
+        assert raw[op]["raw_bytes"] < raw[op]["wire_bytes"]  # the values and the headers
+        assert summary["always"]["by_op"][op]["wire_ratio"] < 1
     assert summary["always"]["wire_bytes"] < summary["always"]["raw_bytes"]
+    assert summary["raw"]["first_step_s"] > 0 and summary["raw"]["timed_steps"] == 2
+    ratios = next(r for r in recs if r["kind"] == "ratios")
+    assert set(ratios["median_step_s"]) == set(modes) and ratios["path_speedup"] > 0
+    assert ratios["bits_equal_native"] == {"native": True, "raw": True, "always": True, "auto": True}

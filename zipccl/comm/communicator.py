@@ -455,6 +455,7 @@ class Communicator:
 
             ch = self._slot_channels[eng.device] = SlotChannel(
                 Spills(MPIChannel(self.comm), device=eng.device), CapacityRule(self.capacity))
+        ch.raw = plan.decision.raw  # policy "raw": this call's frames go RAW
         return ch
 
     def _route(self, device: bool, stream):

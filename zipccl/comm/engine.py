@@ -127,9 +127,12 @@ class Engine(Protocol):
         ...
 
     # -- hooks of exchange.slot_exchange (order: see the module docstring) ---------------------
-    def encode_slot(self, values: Array, region: Array) -> None:
+    def encode_slot(self, values: Array, region: Array, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[slots.SLOT_HEADER:]`` on the caller's
-        stream, its codebook chosen from ``values`` (device: on the device, no host read)."""
+        stream, its codebook chosen from ``values`` (device: on the device, no host read).
+
+        ``raw``: the codec is off, the frame is RAW (``exchange.raw_header`` and the values'
+        bytes, copied; the region holds it: ``slots.region_bytes``)."""
         ...
 
     def encode_stream(self):

@@ -17,6 +17,9 @@ Every compressed collective moves its messages through ``slot_exchange``:
 Messages are cut into rounds of ``chunk`` elements (0: one round). On a device engine
 round k's transfer runs on the transfer stream while round k+1 is encoded on the
 caller's stream and round k-1 decoded on the decode stream, ordered by events only.
+With ``channel.raw`` (policy "raw") the codec is off: each frame is RAW (``raw_header``
+and the values' bytes, ``engine.encode_slot(raw=True)``) in a slot sized to hold it whole,
+so the call moves the values plus the two headers through the same rounds and transfers.
 The host reads nothing back: errors (a bad frame, a slot header that does not match the
 call) land in the communicator's sticky error word (``Spills.error``), raised as
 ``CollectiveError`` at the next call.
@@ -34,6 +37,7 @@ from .. import format as fmt
 from ..format import errors
 from ..format import slot as slots
 from .base import CollectiveError, ExchangeStats, chunk_count, piece, value_code
+from .capacity import escape_room
 from .engine import Engine
 
 
@@ -96,7 +100,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
 
     def encode_round(k: int) -> None:
         for src, n, at, region in plan.encodes[k]:
-            eng.encode_slot(send[src:src + n], sbuf[at:at + region])
+            eng.encode_slot(send[src:src + n], sbuf[at:at + region], raw=channel.raw)
         out = [(j, s_base + at, slot(n), region, n) for j, at, region, n in plan.sends[k]]
         inn = [(j, r_base + at, slot(n), region, n) for j, at, region, n in plan.recvs[k]]
         seq = channel.begin(op, code, out, inn)
@@ -129,6 +133,20 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     if not eng.device:  # a host call has finished: what it found raises now
         channel.finished(op, failed)
     return stats
+
+
+@lru_cache(maxsize=4096)
+def raw_header(n: int, code: int = fmt.DTYPE_BF16):
+    """The frame header of a RAW frame of ``n`` values of type ``code`` (no checksum): a
+    function of n and the type alone, so the raw exchange writes it without reading the data.
+
+    >>> fmt.parse_header(raw_header(4), buffer_len=fmt.HEADER_SIZE + 8).raw
+    True
+    """
+    lay = fmt.Layout.for_count(int(n), code)
+    return fmt.pack_header(fmt.Header(n=int(n), n_escapes=0, frame_len=lay.raw_size, flags=fmt.FLAG_RAW,
+                                      codebook=tuple(range(fmt.CODEBOOK_SIZE)), shape=(int(n),),
+                                      dtype=code))
 
 
 @dataclass(frozen=True)
@@ -209,6 +227,10 @@ class SlotChannel:
     received (``Spills.observed``). A round's observation is used ``lag`` rounds later, when
     its device work has long finished; only a host that runs more than ``lag`` rounds ahead of
     its device waits for it (``capacity_waits`` counts those waits).
+
+    ``raw`` (set by the caller from the call's ``Decision.raw`` before the exchange): the
+    round's frames are RAW and every slot holds a whole RAW frame (``escape_room``), so
+    nothing spills.
     """
 
     def __init__(self, spills, rule=None, *, lag: int = 256):
@@ -222,6 +244,7 @@ class SlotChannel:
         self.failed: str | None = None
         self._pending: deque = deque()  # (seq, site, n, code) of rounds to observe
         self._site = None
+        self.raw = False
 
     def check(self, op: str) -> None:
         """Raise the sticky error of an earlier call (a read of mapped memory, no wait)."""
@@ -265,6 +288,8 @@ class SlotChannel:
 
     def capacity(self, n: int, code: int) -> int:
         """Escape bytes reserved in each slot of ``n`` values of the round being planned."""
+        if self.raw:
+            return escape_room(n, code)
         return self.rule.capacity(self._site + (n, code), n, code)
 
     def site(self, op: str, uniform: bool) -> None:

@@ -113,10 +113,18 @@ class HostEngine:
             return str(e)
         return None
 
-    def encode_slot(self, values: np.ndarray, region: np.ndarray) -> None:
-        """Encode into ``region[SLOT_HEADER:]`` with the codebook of ``values``' sample."""
+    def encode_slot(self, values: np.ndarray, region: np.ndarray, raw: bool = False) -> None:
+        """Encode into ``region[SLOT_HEADER:]`` with the codebook of ``values``' sample
+        (``raw``: a RAW frame, the values copied after ``exchange.raw_header``)."""
         from ..format.slot import SLOT_HEADER
 
+        if raw:
+            from .exchange import raw_header
+
+            at = SLOT_HEADER + fmt.HEADER_SIZE
+            region[SLOT_HEADER:at] = raw_header(values.size, value_code(values))
+            region[at:at + values.nbytes] = values.reshape(-1).view(np.uint8)
+            return
         self.encode(values, region[SLOT_HEADER:], self.codebook(values))
 
     def encode_stream(self):

@@ -112,6 +112,7 @@ class DeviceEngine:
         self._stream = cupy.cuda.get_current_stream()
         self._reducers: dict[int, object] = {}
         self._encode_ws = None
+        self._raw_headers: dict[tuple, object] = {}  # encode_slot(raw=True): device frame headers
         self._decode_ws: dict[int, object] = {}
         # slot_exchange: transfer and decode streams, events per round
         self._xfer = None
@@ -292,11 +293,29 @@ class DeviceEngine:
                 out[...] = dst
         return None
 
-    def encode_slot(self, values, region) -> None:
+    def encode_slot(self, values, region, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
-        the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``)."""
+        the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``).
+        ``raw``: a RAW frame, two device copies (its header, kept on the device per size and
+        type, then the values), no codec kernel."""
         from ..format.slot import SLOT_HEADER
 
+        if raw:
+            key = (int(values.size), value_code(values))
+            with self._stream:
+                hdr = self._raw_headers.get(key)
+                if hdr is None:  # once per size and type: a set-up step, as a plan's
+                    from .exchange import raw_header
+
+                    if len(self._raw_headers) >= 256:
+                        self._raw_headers.pop(next(iter(self._raw_headers)))
+                    hdr = self.cp.asarray(raw_header(*key))
+                    self._stream.synchronize()  # uploaded before any stream of a later call reads it
+                    self._raw_headers[key] = hdr
+                at = SLOT_HEADER + hdr.size
+                region[SLOT_HEADER:at] = hdr
+                region[at:at + values.nbytes] = values.view(self.cp.uint8)
+            return
         src, bounced = self._aligned(values, "bounce_in")
         if bounced:
             self.copy(src, values)

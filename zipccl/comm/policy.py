@@ -4,7 +4,10 @@ Compression pays only when moving the saved bytes takes longer than coding them,
 which depends on the link, the codec's speed and the message size. This module
 makes that choice in one place so it is inspectable (``explain``), loggable
 (``logging.getLogger("zipccl.policy")`` at DEBUG, once per new decision) and
-forceable (``mode="always" | "never"``).
+forceable (``mode="always" | "never"``). ``mode="raw"`` takes zipccl's exchange path
+(the same slots, pipeline and transport calls as "always") with the codec switched
+off: every frame is RAW, in a slot that holds it whole (``exchange.SlotChannel.raw``),
+so comparing "raw" with "never" and "always" separates the path from the compression.
 
 ``mode="auto"`` follows a measured ``Profile`` when it has one
 (``Communicator.calibrate``). The profile holds *components*, each measured on
@@ -54,7 +57,7 @@ from dataclasses import dataclass, field
 from .. import costmodel as cm
 from ..costmodel import OPS, Prediction
 
-MODES = ("auto", "always", "never")
+MODES = ("auto", "always", "never", "raw")
 _CODED = ("bfloat16", "float32", "float16", None)  # decide's dtype: a type zipccl codes, or None
 PROFILE_VERSION = 2
 
@@ -71,9 +74,10 @@ class Decision:
     reason: str
     native_s: float | None = None  # the profile's predictions, when there is one
     compressed_s: float | None = None
+    raw: bool = False  # zipccl's exchange with the codec off (policy "raw"): frames sent RAW
 
     def __str__(self) -> str:
-        path = "compressed" if self.compress else "native"
+        path = "raw exchange" if self.raw else "compressed" if self.compress else "native"
         return f"{self.op} {self.nbytes:,} B/rank -> {path} ({self.reason})"
 
 
@@ -266,6 +270,9 @@ class Policy:
             d = Decision(op, nbytes, False, 'policy="never"', **times)
         elif self.mode == "always":
             d = Decision(op, nbytes, True, 'policy="always"', **times)
+        elif self.mode == "raw":
+            d = Decision(op, nbytes, True, 'policy="raw": zipccl\'s exchange, codec off (RAW frames)',
+                         raw=True)
         elif pred is not None:
             d = self._from_profile(op, nbytes, pred)
         elif self.profile is not None and dtype != "bfloat16" and world == self.profile.world:

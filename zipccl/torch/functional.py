@@ -330,6 +330,7 @@ class Collectives:
 
             ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=t.is_cuda),
                                                    CapacityRule(self.capacity))
+        ch.raw = self.last_decision.raw  # policy "raw": this call's frames go RAW
         return ch
 
     def _work(self, result: torch.Tensor, group):
