@@ -6,11 +6,11 @@ or on CPUs over gloo. ``start`` makes the process group and returns the rank's d
 ``link_record`` says in the records where the bytes went: the backend, the GPUs and ranks per
 GPU, and every NCCL setting that changes the link (``NCCL_LINK_VARS``) that is set.
 
-The rank -> GPU mapping (``gpu_for_rank``) is this folder's own for now: the library is to
-offer one mapping for every script, and this one goes when it does.
+Ranks take their GPU by the library's one rule (``zipccl.tools.gpus.torch_place``), as the
+demo and the examples do.
 
->>> gpu_for_rank(3, 2), describe_link("gloo", True, {})
-(1, 'gloo, host-staged (CUDA tensors over TCP)')
+>>> describe_link("gloo", True, {})
+'gloo, host-staged (CUDA tensors over TCP)'
 >>> describe_link("nccl", True, {"NCCL_P2P_DISABLE": "1"})
 'shared memory (NCCL_P2P_DISABLE=1)'
 """
@@ -23,19 +23,13 @@ import platform
 import torch
 import torch.distributed as dist
 
+from zipccl.tools.gpus import torch_place
+
 BACKENDS = ("nccl", "gloo")
 # the environment variables that change which link NCCL takes (and how it uses it)
 NCCL_LINK_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET",
                   "NCCL_P2P_LEVEL", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_SOCKET_IFNAME",
                   "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
-
-
-def gpu_for_rank(local_rank: int, gpus: int) -> int:
-    """The GPU of a local rank: round robin over the GPUs present (several ranks per GPU when
-    there are more ranks than GPUs). Local to this folder (module docstring)."""
-    if gpus < 1:
-        raise ValueError("no GPU to map ranks onto")
-    return int(local_rank) % int(gpus)
 
 
 def describe_link(backend: str, cuda: bool, env: dict) -> str:
@@ -53,26 +47,24 @@ def start(backend: str | None, cpu: bool) -> torch.device:
     """Make the job's process group; returns this rank's device.
 
     ``backend``: "nccl" (one GPU per rank), "gloo" (CUDA tensors when a GPU is present and
-    ``cpu`` is False, ranks mapped onto the GPUs by ``gpu_for_rank``), or None: NCCL on GPUs,
+    ``cpu`` is False, ranks mapped onto the GPUs by ``zipccl.tools.gpus``), or None: NCCL on GPUs,
     gloo on CPUs.
     """
     cuda = torch.cuda.is_available() and not cpu
     backend = backend or ("nccl" if cuda else "gloo")
     if backend not in BACKENDS:
         raise SystemExit(f"--backend must be one of {BACKENDS}, got {backend!r}")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if not cuda:
         if backend == "nccl":
             raise SystemExit("--backend nccl needs GPUs (and not --cpu / --toy)")
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         dist.init_process_group("gloo")
         return torch.device("cpu")
-    gpus = torch.cuda.device_count()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if backend == "nccl" and local_world > gpus:
-        raise SystemExit(f"NCCL takes one GPU per rank: {local_world} ranks, {gpus} GPU(s); "
+    place = torch_place()
+    if backend == "nccl" and place.shared:
+        raise SystemExit(f"NCCL takes one GPU per rank: {place.local_size} ranks, {place.gpus} GPU(s); "
                          f"use --backend gloo")
-    device = torch.device("cuda", gpu_for_rank(local, gpus))
+    device = torch.device("cuda", place.device)
     torch.cuda.set_device(device)
     if backend == "nccl":
         dist.init_process_group("nccl", device_id=device)
