@@ -119,6 +119,7 @@ def launch(out_dir: str, device: str = "cuda", groups=GROUPS, nccl: bool = True,
     """The two ranks (then, on cuda and with ``nccl``, the one-rank NCCL job, which runs even
     if a rank died); returns what went wrong with the processes (a crash, a hang past
     ``timeout`` seconds), empty if nothing. What each check found is in the JSON files."""
+    os.makedirs(out_dir, exist_ok=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
