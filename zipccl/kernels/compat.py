@@ -60,9 +60,9 @@ if SIMULATOR:
     _M64 = (1 << 64) - 1
     # how long a lane waits for the rest of its warp at a shuffle before the kernel fails (only
     # lanes that take different paths wait forever). With the simulator's scheduling below, a
-    # wait lasts as long as the other lanes' Python between two shuffles: well under a second
-    # on a loaded two-core machine
-    EXCHANGE_TIMEOUT_S = 60
+    # wait lasts as long as the other lanes' Python between two shuffles: seconds at most, even
+    # on a two-core machine loaded many times over
+    EXCHANGE_TIMEOUT_S = 120
 
     class _Warp:
         """Rendezvous of the 32 simulated threads of one warp.
@@ -221,7 +221,11 @@ if SIMULATOR:
         caller = _traceback.extract_stack(_sys._getframe())[-2][0:2]
         res = self._allocations.get(caller)
         if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
+            # setdefault, one step under the GIL: with a get-then-store (as Numba's own), two
+            # lanes that both found none each kept an array of their own, so what one stored
+            # the others never saw; lanes of a warp then took different paths and waited at a
+            # warp exchange for lanes that had left
+            res = self._allocations.setdefault(caller, np.empty(shape, dtype))
         return res
 
     _kernelapi.FakeCUDAShared.array = _aligned_shared_array
