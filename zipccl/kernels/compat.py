@@ -34,7 +34,8 @@ Why it exists:
   waits on a condition instead of polling its lanes, and a device function's module takes
   the simulator's fake ``cuda`` once per launch instead of under a lock at every call (see
   the comment above the patch). Same results and errors; no minutes-long stalls on a
-  loaded machine.
+  loaded machine. The shared arrays of a block are made race-free as well (one array per
+  source line for all lanes, also when several lanes reach the line at once).
 
 Nothing here touches a GPU at import time.
 """
