@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP) ## the quick suite (minutes): codec, MPI ranks (1, 2, 4), torch ranks and examples/, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
 	$(PYTEST) -q -m "not gpu and not slow" --durations=15
-	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" $(SIM_TESTS)
+	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" --durations=10 $(SIM_TESTS)
 
 test-sim: $(STAMP) ## every kernel case under the CUDA simulator, quick and slow
 	$(SIM_PYTEST) -m "not gpu and not mpi" $(SIM_TESTS)

@@ -186,3 +186,58 @@ def test_short_buffers_raise_before_launching():
         gpu.decode_into(np.zeros(fmt.HEADER_SIZE - 1, np.uint8), out)
     with pytest.raises(ValueError, match="workspace"):
         gpu.decode_into(np.zeros(4096, np.uint8), out, workspace=gpu.Workspace(16))
+
+
+# -- the simulator's block scheduling (zipccl.kernels.compat) --------------------------------
+if SIMULATOR:
+    from numba import cuda
+
+    from zipccl.kernels import compat
+
+    @cuda.jit(device=True)
+    def _lane():
+        return cuda.threadIdx.x
+
+    @cuda.jit(device=True)
+    def _lane_nested():
+        return _lane() * 10
+
+    @cuda.jit
+    def _rotate(out):
+        s = cuda.shared.array(64, np.int64)
+        i = cuda.threadIdx.x
+        for r in range(3):
+            s[i] = _lane_nested() + r
+            cuda.syncthreads()
+            out[r, i] = s[(i + 1) % 64]
+            cuda.syncthreads()
+
+    @cuda.jit
+    def _lane_fails(out):
+        i = cuda.threadIdx.x
+        if i == 5:
+            raise ValueError("lane 5 fails")
+        out[i] = compat.ballot(True)  # the rest of warp 0 waits here for lane 5
+
+
+@simulator_only
+def test_simulator_block_scheduling():
+    """The simulator as compat runs it: barriers hold (each lane reads what its neighbour
+    wrote before the barrier, three rounds), nested device functions see the simulated cuda
+    module, and a failing lane ends the launch at once with its error, the lanes waiting for
+    it at a warp exchange included (none is left running until the exchange times out)."""
+    import threading
+    import time
+
+    from numba.cuda.simulator.kernel import BlockThread
+
+    out = np.zeros((3, 64), np.int64)
+    _rotate[1, 64](out)
+    assert np.array_equal(out, (np.arange(1, 65) % 64 * 10)[None, :] + np.arange(3)[:, None])
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"tid=\[5, 0, 0\].*lane 5 fails"):
+        _lane_fails[1, 64](np.zeros(64, np.int64))
+    while any(isinstance(t, BlockThread) and t.is_alive() for t in threading.enumerate()):
+        assert time.monotonic() - t0 < compat.EXCHANGE_TIMEOUT_S / 4, "lanes left waiting"
+        time.sleep(0.05)

@@ -30,11 +30,19 @@ Why it exists:
   rendezvous under the simulator, whose ``cuda.shared.array`` is also taught to accept
   ``alignment=`` (NumPy memory is aligned anyway; Numba's simulator refuses the argument).
 
+* The simulator's scheduling (``numba.cuda.simulator.kernel``): the thread that runs a block
+  waits on a condition instead of polling its lanes, and a device function's module takes
+  the simulator's fake ``cuda`` once per launch instead of under a lock at every call (see
+  the comment above the patch). Same results and errors; no minutes-long stalls on a
+  loaded machine. The shared arrays of a block are made race-free as well (one array per
+  source line for all lanes, also when several lanes reach the line at once).
+
 Nothing here touches a GPU at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -51,11 +59,11 @@ FULL_MASK = 0xFFFFFFFF
 if SIMULATOR:
     _LOCK = threading.Lock()
     _M64 = (1 << 64) - 1
-    # how long a lane waits for the rest of its warp at a shuffle before the kernel fails: only
-    # lanes that take different paths wait forever, but on a loaded machine the simulator's 128
-    # threads a block can leave a lane unscheduled for minutes (a fresh-clone test run once
-    # failed a case here after 300 s that passes in 10 s on its own)
-    EXCHANGE_TIMEOUT_S = 1200
+    # how long a lane waits for the rest of its warp at a shuffle before the kernel fails (only
+    # lanes that take different paths wait forever). With the simulator's scheduling below, a
+    # wait lasts as long as the other lanes' Python between two shuffles: seconds at most, even
+    # on a two-core machine loaded many times over
+    EXCHANGE_TIMEOUT_S = 120
 
     class _Warp:
         """Rendezvous of the 32 simulated threads of one warp.
@@ -98,6 +106,8 @@ if SIMULATOR:
                 w.cv.notify_all()
             else:
                 while w.gen == g:
+                    if threading.current_thread().abort:
+                        raise RuntimeError("warp exchange left: another thread of the block failed")
                     if not w.cv.wait(timeout=EXCHANGE_TIMEOUT_S):
                         raise RuntimeError("warp exchange timed out: not all 32 lanes arrived")
         return list(buf), lane
@@ -212,10 +222,135 @@ if SIMULATOR:
         caller = _traceback.extract_stack(_sys._getframe())[-2][0:2]
         res = self._allocations.get(caller)
         if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
+            # setdefault, one step under the GIL: with a get-then-store (as Numba's own), two
+            # lanes that both found none each kept an array of their own, so what one stored
+            # the others never saw; lanes of a warp then took different paths and waited at a
+            # warp exchange for lanes that had left
+            res = self._allocations.setdefault(caller, np.empty(shape, dtype))
         return res
 
     _kernelapi.FakeCUDAShared.array = _aligned_shared_array
+
+    # The simulator's own scheduling, made to wait instead of spin. Stock numba-cuda runs a
+    # block as one Python thread per CUDA thread and (1) the launching thread polls every
+    # lane's is_alive / syncthreads flag in a loop that never sleeps, and (2) every call of a
+    # device function takes the per-module lock of swapped_cuda_module twice (to swap the fake
+    # cuda module into the callee's globals and back). Together they starve the lanes: each
+    # time a lane blocks on that lock or on a warp exchange, the GIL tends to go to the polling
+    # thread, which keeps it for a whole switch interval doing nothing useful; with 128 lanes
+    # making nested device calls, how long a kernel takes then depends on how the OS schedules
+    # the lanes (minutes instead of seconds on a loaded two-core machine). Below, (1) the
+    # launching thread sleeps on a condition that lanes notify when the last of them reaches
+    # syncthreads or exits or a lane fails, and (2) a device function's module is swapped once
+    # per launch (under a lock, by the first lane that calls into it) and restored when the
+    # launch ends, so nested calls take no lock. The kernels see the same cuda module, the same
+    # barriers and the same errors as with the stock simulator.
+    from numba.cuda.simulator import kernel as _simkernel
+
+    _STOCK_THREAD_RUN = _simkernel.BlockThread.run
+    _STOCK_KERNEL_CALL = _simkernel.FakeCUDAKernel.__call__
+    _STOCK_PUSH_CONTEXT = _simkernel._push_kernel_context
+
+    def _lane_run(self):
+        try:
+            _STOCK_THREAD_RUN(self)  # records a failure in self.exception
+        finally:
+            m = self._manager
+            with m._zipccl_cv:
+                m._zipccl_exited += 1
+                if self.exception and m._zipccl_failed is None:
+                    m._zipccl_failed = self
+                if self.exception or m._zipccl_at_barrier + m._zipccl_exited == m._zipccl_lanes:
+                    m._zipccl_cv.notify()
+
+    def _lane_syncthreads(self):
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads call")
+        m = self._manager
+        with m._zipccl_cv:
+            self.syncthreads_blocked = True
+            m._zipccl_at_barrier += 1
+            if m._zipccl_at_barrier + m._zipccl_exited == m._zipccl_lanes:
+                m._zipccl_cv.notify()
+        self.syncthreads_event.wait()
+        self.syncthreads_event.clear()
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
+
+    def _abort_block(mgr, threads):
+        for t in threads:
+            t.abort = True
+            t.syncthreads_blocked = False
+            t.syncthreads_event.set()
+        for w in list(mgr.__dict__.get("_zipccl_warps", {}).values()):
+            with w.cv:
+                w.cv.notify_all()  # lanes waiting at a warp exchange see t.abort and leave
+
+    def _run_block(self, grid_point, *args):
+        """BlockManager.run: the same lanes, barriers and errors, without polling."""
+        self._zipccl_cv = cv = threading.Condition()
+        self._zipccl_at_barrier = self._zipccl_exited = 0
+        self._zipccl_failed = None
+        self._zipccl_lanes = n = int(np.prod(self._block_dim))
+
+        def target():
+            self._f(*args)
+
+        threads = [_simkernel.BlockThread(target, self, grid_point, p, self._debug)
+                   for p in np.ndindex(*self._block_dim)]
+        for t in threads:
+            t.start()
+        with cv:
+            while True:
+                failed = self._zipccl_failed
+                if failed is not None:
+                    _abort_block(self, threads)
+                    raise failed.exception[0].with_traceback(failed.exception[1])
+                if self._zipccl_exited == n:
+                    break
+                if self._zipccl_at_barrier and self._zipccl_at_barrier + self._zipccl_exited == n:
+                    self._zipccl_at_barrier = 0  # every live lane waits at syncthreads: release
+                    for t in threads:
+                        if t.syncthreads_blocked:
+                            t.syncthreads_blocked = False
+                            t.syncthreads_event.set()
+                cv.wait()
+        for t in threads:
+            t.join()
+
+    _launch_swaps = {}  # id(module globals) -> its swapped_cuda_module context, this launch
+
+    def _call_in_launch(self, *args):
+        """FakeCUDAKernel.__call__: inside a launch, swap the callee's module once."""
+        ctx = _simkernel._kernel_context
+        if ctx is None:
+            return _STOCK_KERNEL_CALL(self, *args)
+        key = id(self.fn.__globals__)
+        if key not in _launch_swaps:
+            with _LOCK:
+                if key not in _launch_swaps:
+                    swap = _kernelapi.swapped_cuda_module(self.fn, ctx)
+                    swap.__enter__()
+                    _launch_swaps[key] = swap
+        return self.fn(*args)
+
+    @contextlib.contextmanager
+    def _push_context_and_restore(mod):
+        with _STOCK_PUSH_CONTEXT(mod):
+            try:
+                yield
+            finally:
+                with _LOCK:
+                    swaps = list(_launch_swaps.values())
+                    _launch_swaps.clear()
+                for swap in swaps:
+                    swap.__exit__(None, None, None)
+
+    _simkernel.BlockThread.run = _lane_run
+    _simkernel.BlockThread.syncthreads = _lane_syncthreads
+    _simkernel.BlockManager.run = _run_block
+    _simkernel.FakeCUDAKernel.__call__ = _call_in_launch
+    _simkernel._push_kernel_context = _push_context_and_restore
 
 else:
     from llvmlite import ir

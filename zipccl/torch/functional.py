@@ -529,12 +529,20 @@ def forget_groups() -> None:
     module functions' shared ``Collectives``), then collect. Run at interpreter exit (``atexit``):
     a gloo group that survives into finalization, its work objects holding tensors, aborts the
     process there ("terminate called without an active exception"); dropping the references
-    while the interpreter is whole lets the groups go in order. Later calls set them up anew."""
+    while the interpreter is whole lets the groups go in order. Each slot channel is closed
+    first: its progress thread (a daemon thread, which would otherwise keep the channel's own
+    gloo group alive into finalization) is stopped and joined. Later calls set them up anew."""
     import gc
 
     for c in list(_LIVE):
         c._routes.clear()
+        channels = list(c._channels.values())
         c._channels.clear()
+        for ch in channels:
+            try:
+                ch.spills.close(timeout=10.0)
+            except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
+                pass
         c._uneven.clear()
     _DEFAULTS.clear()
     from . import autotune
