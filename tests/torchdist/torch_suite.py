@@ -52,12 +52,16 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
 
 class _Tally(unittest.TextTestResult):
+    out = ""  # the tally file, rewritten after every test (a run cut short keeps what it did)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tally: dict[str, list[str]] = {}
 
     def _put(self, test, status, detail=""):
         self.tally[test._testMethodName] = [status, detail[-2000:]]
+        with open(self.out, "w") as f:
+            json.dump(self.tally, f, indent=1, sort_keys=True)
 
     def addSuccess(self, test):  # noqa: N802 -- unittest's names
         super().addSuccess(test)
@@ -80,9 +84,8 @@ def main(out: str, patterns: list[str]) -> int:
     names = sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_")
                    and any(re.search(p, n) for p in (patterns or [FAMILIES])))
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
+    _Tally.out = out
     result = unittest.TextTestRunner(resultclass=_Tally, verbosity=1, stream=sys.stderr).run(suite)
-    with open(out, "w") as f:
-        json.dump(result.tally, f, indent=1, sort_keys=True)
     counts = {s: sum(v[0] == s for v in result.tally.values()) for s in ("pass", "skip", "fail", "error")}
     print(os.environ["BACKEND"], os.environ.get("ZIPCCL_POLICY", ""), json.dumps(counts))
     return 0
