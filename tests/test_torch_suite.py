@@ -45,8 +45,12 @@ def _same_as_gloo(tmp_path: Path, patterns: list[str]) -> None:
     for policy in ("always", "auto"):
         zipccl = _tally("zipccl", policy, tmp_path, patterns)
         assert sorted(zipccl) == sorted(gloo)
+        # tests the suite runs on gloo alone by name (require_backend_is_available({"gloo"}),
+        # e.g. all_reduce_coalesced_*) are not run for zipccl: nothing to compare
+        gated = {n for n, v in zipccl.items() if v[0] == "skip" and "to be one of {'gloo'}" in v[1]}
         differ = {name: (gloo[name][0], zipccl[name][0], zipccl[name][1][-1500:])
-                  for name in gloo if gloo[name][0] != zipccl[name][0] and name not in KNOWN}
+                  for name in gloo if gloo[name][0] != zipccl[name][0]
+                  and name not in KNOWN and name not in gated}
         assert not differ, f"policy {policy}: {json.dumps(differ, indent=1)}"
 
 
