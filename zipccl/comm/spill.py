@@ -155,14 +155,14 @@ class TorchChannel:
     of the job would have to reach it, also those outside ``group``), and two channels over the
     same ranks never meet. The group's ranks must make their channels in the same order (they
     do: a channel is made at the group's first compressed call, which every rank of the group
-    makes). Ranks and peers are ranks in ``group``.
+    makes). Ranks and peers are ranks in ``group``. Its timeout is the group's
+    (``group_timeout``), so a peer that never comes fails this rank in that time, as the
+    group's own collectives would.
     """
 
     _made: dict[str, int] = {}  # channels made so far in this process, by group name
 
     def __init__(self, group=None):
-        import datetime
-
         import torch.distributed as dist
 
         self._dist = dist
@@ -172,7 +172,8 @@ class TorchChannel:
         k = TorchChannel._made.get(name, 0)
         TorchChannel._made[name] = k + 1
         store = dist.PrefixStore(f"zipccl-spill/{name}/{k}", dist.distributed_c10d._get_default_store())
-        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(minutes=30))
+        self.timeout = group_timeout(group)
+        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
 
     def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
         import torch
@@ -188,6 +189,21 @@ class TorchChannel:
 
     def close(self) -> None:
         self.group = None  # the backend goes with its last reference; nothing collective
+
+
+def group_timeout(group):
+    """The timeout ``group``'s collectives run under (a ``datetime.timedelta``): its CPU or CUDA
+    backend's options (torch 2.11 and 2.13 keep it there), else torch's default for groups.
+    A zipccl backend group answers with the gloo group it wraps, made with its timeout."""
+    import torch
+    import torch.distributed as dist
+
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return dist.distributed_c10d.default_pg_timeout
 
 
 def describe(bits: int) -> str:

@@ -77,6 +77,7 @@ from torch._C._distributed_c10d import (
 
 from ..comm.policy import MODES, Policy
 from .functional import _CODED, Collectives, Stats, _op_name
+from .transport import post_failure
 
 BACKEND = "zipccl"
 STAT_OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -203,9 +204,16 @@ class ZipProcessGroup(dist.ProcessGroup):
 
     # -- dispatch ---------------------------------------------------------------------------
     def _pass(self, name: str, *args, **kwargs):
-        if not self._pt.depth:
-            self._passed[name] = self._passed.get(name, 0) + 1
-        return getattr(self._inner, name)(*args, **kwargs)
+        if self._pt.depth:
+            return getattr(self._inner, name)(*args, **kwargs)
+        self._passed[name] = self._passed.get(name, 0) + 1
+        try:
+            return getattr(self._inner, name)(*args, **kwargs)
+        except Exception as e:
+            # torch's own error for this rank's call; its peers may be waiting in a compressed
+            # exchange, whose timeout error then names this one (transport.peer_failures)
+            post_failure(self, f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            raise
 
     def _run(self, op: str, device: torch.device, call):
         """Run ``call(collectives)`` with this group's calls passed through; counts into stats[op]."""

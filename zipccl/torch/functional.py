@@ -39,6 +39,7 @@ torch.distributed does (a mismatch between ranks is the caller's bug, as there).
 from __future__ import annotations
 
 import atexit
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -46,7 +47,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..comm.base import ExchangeStats, chunk_elements
+from ..comm.agreement import Agreement, describe, sig_hash
+from ..comm.base import CollectiveError, ExchangeStats, chunk_elements
 from ..comm.collectives import (
     CANONICAL_NAN,
     CANONICAL_NAN_FP16,
@@ -249,6 +251,39 @@ def _cupy_view(v: torch.Tensor):
     return cupy.ndarray((v.numel(),), _CUPY_DTYPES[v.dtype], cupy.cuda.MemoryPointer(mem, 0))
 
 
+def _guarded(op: str, group_at: int):
+    """Wrap a ``Collectives`` method (its ``group`` is positional argument ``group_at`` or the
+    keyword): a group this rank is not in warns and returns None, as torch.distributed's
+    functions do; a check this rank fails is posted for its peers (``transport.post_failure``);
+    a peer that fails its own checks leaves this rank in an exchange until the group's timeout,
+    and the error raised then is a ``CollectiveError`` naming the peer's failure."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            group = kwargs.get("group", args[group_at] if len(args) > group_at else None)
+            if group is not None and dist.distributed_c10d._rank_not_in_group(group):
+                dist.distributed_c10d._warn_not_in_group(op)
+                return None
+            try:
+                return method(self, *args, **kwargs)
+            except CollectiveError:
+                raise
+            except (ValueError, TypeError) as e:
+                _tr.post_failure(group, f"{op}: {type(e).__name__}: {e}")
+                raise
+            except RuntimeError as e:  # gloo's timeout, a store's: was it a peer's mistake?
+                peers = _tr.peer_failures(group)
+                if peers:
+                    raise CollectiveError(f"zipccl {op}: a peer's call failed before the exchange "
+                                          f"({peers}); here: {str(e).splitlines()[0][:200]}") from e
+                raise
+
+        return call
+
+    return wrap
+
+
 _CUPY_DTYPES = {torch.int16: np.int16, torch.float32: np.float32, torch.float16: np.float16,
                 torch.uint8: np.uint8}
 
@@ -291,6 +326,7 @@ class Collectives:
         self._routes: dict[tuple, ProcessGroupTransport] = {}
         self._channels: dict[tuple, object] = {}
         self._uneven: dict[tuple, object] = {}  # auto's agreed decision for uneven all-to-alls
+        self._agreements: dict[tuple, Agreement] = {}  # host tensors: the control row per route
         _LIVE.add(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -333,6 +369,20 @@ class Collectives:
         ch.raw = self.last_decision.raw  # policy "raw": this call's frames go RAW
         return ch
 
+    def _agree(self, tr: ProcessGroupTransport, t: torch.Tensor, sig: tuple) -> None:
+        """Host tensors: before a compressed call's exchange, the ranks all-gather the control row
+        (``comm.agreement``: a hash of ``sig``, the call's op, dtype and counts; a few dozen
+        bytes), so ranks whose calls differ -- whose slot exchanges would differ in size, which
+        gloo answers by aborting the process -- all raise the same ``CollectiveError`` instead.
+        CUDA tensors skip it (no host wait there): their slot headers carry the call."""
+        if t.is_cuda:
+            return
+        key = (tr.group, t.device)
+        ag = self._agreements.get(key)
+        if ag is None:
+            ag = self._agreements[key] = Agreement(tr, tr.size)
+        ag.control(sig[0], sig_hash(sig), None, describe=describe(sig))
+
     def _work(self, result: torch.Tensor, group):
         """The ``Work`` of a compressed ``async_op=True`` call: ordered on the current stream
         (CUDA) or complete (CPU); on CUDA its ``wait()`` also raises the group's sticky device
@@ -373,6 +423,7 @@ class Collectives:
         return work if async_op else None
 
     # -- the collectives --------------------------------------------------------------------
+    @_guarded("all_gather", 2)
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                                group=None, async_op: bool = False):
         """output = concatenation over ranks (rank order) of every rank's ``input_tensor``.
@@ -390,6 +441,7 @@ class Collectives:
             return self._native("all_gather", lambda: _tr.all_gather_single(
                 output_tensor, input_tensor, group, async_op), raw, async_op)
         eng, tr, stream = self._route(group, input_tensor)
+        self._agree(tr, input_tensor, ("all_gather", _CODED[input_tensor.dtype], n, ""))
         send = input_tensor
         own = output_tensor.reshape(-1)[tr.rank * n:(tr.rank + 1) * n]
         if _overlaps(send, output_tensor) and send.data_ptr() != own.data_ptr():
@@ -400,6 +452,7 @@ class Collectives:
         self.stats.add(True, ex, "all_gather")
         return self._work(output_tensor, group) if async_op else None
 
+    @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
                               group=None, async_op: bool = False):
         """output = reduction over ranks of block ``rank`` of every rank's ``input``.
@@ -418,6 +471,7 @@ class Collectives:
             return self._native("reduce_scatter", lambda: _tr.reduce_scatter_single(
                 output, input, op, group, async_op), raw, async_op)
         eng, tr, stream = self._route(group, input)
+        self._agree(tr, input, ("reduce_scatter", _CODED[input.dtype], m, name, ""))
         send = input.clone() if _overlaps(input, output) else input
         ex = reduce_scatter_values(eng, tr, self._bits(send), self._bits(output), [m] * p,
                                  compress=True, stream=stream, chunk=self._chunk_of(send),
@@ -431,6 +485,7 @@ class Collectives:
     all_gather_single = all_gather_into_tensor
     reduce_scatter_single = reduce_scatter_tensor
 
+    @_guarded("all_to_all", 4)
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op: bool = False):
@@ -479,6 +534,8 @@ class Collectives:
                 output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
                 raw, async_op)
         eng, tr, stream = self._route(group, input)
+        # per-peer counts differ between ranks by design: the uneven call agrees on its kind only
+        self._agree(tr, input, ("all_to_all", _CODED[input.dtype], "uneven" if uneven else sum(sc), ""))
         send = input.clone() if _overlaps(input, output) else input
         # uneven: the slot exchange in one round, so no rank needs the others' largest message
         chunk = 0 if uneven else self._chunk_of(send)
@@ -489,6 +546,7 @@ class Collectives:
         self.stats.add(True, ex, "all_to_all")
         return self._work(output, group) if async_op else None
 
+    @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
 
@@ -505,6 +563,7 @@ class Collectives:
             return self._native("all_reduce", lambda: dist.all_reduce(
                 tensor, op=op, group=group, async_op=async_op), raw, async_op)
         eng, tr, stream = self._route(group, tensor)
+        self._agree(tr, tensor, ("all_reduce", _CODED[tensor.dtype], tensor.numel(), name, ""))
         ex = all_reduce_values(eng, tr, self._bits(tensor), compress=True, stream=stream,
                                chunk=self._chunk_of(tensor), channel=self._channel(group, tensor))
         if name == "avg":
@@ -544,6 +603,7 @@ def forget_groups() -> None:
             except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
                 pass
         c._uneven.clear()
+        c._agreements.clear()
     _DEFAULTS.clear()
     from . import autotune
 

@@ -224,6 +224,51 @@ class GroupAgreement:
             raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
 
 
+# -- a rank's failure, told to its peers through the job's store ------------------------------
+# A rank whose call fails its own checks never reaches the exchange its peers wait in; they fail
+# when the group's timeout runs out (every channel zipccl makes runs under it), and then read
+# here why. Posting costs one store write, and only on failure; nothing is read on success.
+_POSTS: dict[str, int] = {}  # failures this process posted, per key
+_SEEN: dict[str, int] = {}  # the latest post read, per key
+
+
+def _fail_key(group, rank: int) -> str:
+    name = str(getattr(group, "group_name", "") or dist.get_process_group_ranks(group))
+    return f"zipccl-failed/{name}/{rank}"
+
+
+def post_failure(group, text: str) -> None:
+    """Record in the job's store that this rank's call on ``group`` (None: the world) failed,
+    and why."""
+    try:
+        group = resolve_group(group)
+        key = _fail_key(group, dist.get_rank(group))
+        n = _POSTS[key] = _POSTS.get(key, 0) + 1
+        dist.distributed_c10d._get_default_store().set(key, f"{n}|{text[:400]}")
+    except Exception:  # noqa: BLE001 -- best effort: the caller raises its own error next
+        pass
+
+
+def peer_failures(group) -> str:
+    """The failures ``group``'s other ranks posted since this rank last read them ("" if none)."""
+    try:
+        group = resolve_group(group)
+        store = dist.distributed_c10d._get_default_store()
+        me = dist.get_rank(group)
+        found = []
+        for r in range(dist.get_world_size(group)):
+            key = _fail_key(group, r)
+            if r == me or not store.check([key]):
+                continue
+            n, text = store.get(key).decode().split("|", 1)
+            if int(n) > _SEEN.get(key, 0):
+                _SEEN[key] = int(n)
+                found.append(f"rank {r}: {text}")
+        return "; ".join(found)
+    except Exception:  # noqa: BLE001 -- the store itself may be gone: then nothing to name
+        return ""
+
+
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
 # warn); torch 2.11 on the GPU machines has only the old ones.
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
