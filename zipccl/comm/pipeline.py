@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
-from .collectives import value_code
+from .base import value_code
 
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
