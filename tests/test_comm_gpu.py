@@ -12,7 +12,16 @@ import subprocess
 import sys
 
 import pytest
-from test_comm_mpi import ROOT, TIMEOUT_S, clean_env, mpiexec
+from test_comm_mpi import (
+    DEVICE_COLLECTIVE_CASES,
+    ROOT,
+    TIMEOUT_S,
+    check_cases,
+    clean_env,
+    mpiexec,
+    pytest_command,
+    report_env,
+)
 
 
 def launcher(n: int) -> list[str]:
@@ -37,18 +46,16 @@ def gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_collectives_on_gpus():
+def test_collectives_on_gpus(tmp_path):
     if gpus() == 0:
         pytest.skip("no CUDA device / CuPy")
     if gpus() < 2:  # the suite's device cases run over NCCL, which refuses two ranks on one GPU
         pytest.skip("needs 2 GPUs: NCCL takes one GPU per rank (one GPU: test_spill_gpu.py and "
                     "tests/torchdist/gpu_slots_check.py run the device paths over gloo)")
-    cmd = launcher(2) + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-W", "ignore::RuntimeWarning", "tests/mpi/mpi_collectives.py", "-k", "cupy"]
-    r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                       timeout=2 * TIMEOUT_S)  # every case of the suite on CuPy arrays: ~600 per rank
-    assert r.returncode == 0, f"{r.stdout[-8000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+    cmd = launcher(2) + pytest_command() + ["tests/mpi/mpi_collectives.py", "-k", "cupy"]
+    r = subprocess.run(cmd, cwd=ROOT, env=report_env(clean_env(), tmp_path), capture_output=True,
+                       text=True, timeout=2 * TIMEOUT_S)  # every case of the suite on CuPy arrays
+    check_cases(tmp_path, 2, r, DEVICE_COLLECTIVE_CASES)  # each case passed on both ranks, none skipped
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,7 @@ _STATS = re.compile(r"^rank (\d) (\w+): (\d+) calls, (\d+) compressed, ([\d,]+) 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ddp" else n
                                   for n in sorted(COLLECTIVES)])
 def test_example_matches_native_and_counts_each_collective(name):
-    pytest.importorskip("torch")
+    need_torch()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "examples" / f"{name}.py"), "--steps", "2", "--device", "cpu"]
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
