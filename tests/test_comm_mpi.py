@@ -106,7 +106,7 @@ DEVICE_COLLECTIVE_CASES = 777  # the CuPy cases (tests/test_comm_gpu.py runs the
 STAND_IN_CUPY_CASES = DEVICE_COLLECTIVE_CASES - 1  # less test_torch_tensors[cupy]
 MISMATCH_CASES = 76
 NO_HOST_WAIT_CASES = 11
-DEVICE_SIM_CASES = 8
+DEVICE_SIM_CASES = 10
 
 
 def collective_skips(ranks: int):
