@@ -6,6 +6,7 @@ Everything a test compares is a bit pattern (uint16), never a float.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +22,86 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 #: Makefile's SIM_TESTS names every file that uses it (``tests/test_makefile.py`` checks).
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="a kernel case: runs under the CUDA simulator "
                                     "(make test runs the quick ones, make test-sim all)")
+
+
+#: True under ``make test-gpu`` (``ZIPCCL_REQUIRE_GPU=1``): the GPU tests were promised a GPU, so
+#: a missing or broken CuPy, driver or device fails the run with its cause instead of skipping.
+REQUIRE_GPU = os.environ.get("ZIPCCL_REQUIRE_GPU") == "1"
+
+#: The one skip a GPU test may still take there: a stated need for another number of GPUs than the
+#: machine has ("needs 2 GPUs: ...", or "needs exactly one GPU ..." for the shared-GPU cases).
+MORE_GPUS_SKIP = re.compile(r"^needs (\d+ GPUs|exactly one GPU)")
+
+
+def gpu_problem() -> str | None:
+    """Why the GPU tests cannot run here (CuPy, the driver, the device, Numba's CUDA target,
+    torch's CUDA build), or None when a CuPy and a Numba computation ran on the device."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+        if int(cupy.arange(4, dtype=cupy.int32).sum()) != 6:
+            return "CuPy computed a wrong sum on the device"
+    except Exception as e:  # noqa: BLE001 -- any failure here is the cause to report
+        return f"CuPy cannot run on a CUDA device: {type(e).__name__}: {e}"
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return "numba.cuda sees no CUDA device (driver or numba-cuda missing)"
+    except Exception as e:  # noqa: BLE001
+        return f"numba.cuda does not load: {type(e).__name__}: {e}"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"torch {torch.__version__} sees no CUDA device (a CPU-only build?)"
+    except Exception as e:  # noqa: BLE001
+        return f"torch does not load: {type(e).__name__}: {e}"
+    return None
+
+
+def pytest_sessionstart(session):
+    if REQUIRE_GPU:
+        problem = gpu_problem()
+        if problem:
+            pytest.exit(f"ZIPCCL_REQUIRE_GPU=1 (make test-gpu) but the GPU tests cannot run: {problem}",
+                        returncode=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``ZIPCCL_REQUIRE_GPU=1`` a GPU test that skips fails, naming the skip's reason
+    (a ``pytest.importorskip("cupy")``, a caught driver error), unless it needs more GPUs."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not (REQUIRE_GPU and rep.skipped and item.get_closest_marker("gpu")) or hasattr(rep, "wasxfail"):
+        return
+    longrepr = rep.longrepr
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if MORE_GPUS_SKIP.match(reason):
+        return
+    rep.outcome = "failed"
+    rep.longrepr = f"a GPU test skipped under ZIPCCL_REQUIRE_GPU=1 (make test-gpu): {reason}"
+
+
+def need_torch():
+    """torch, which the development install includes (``make install``): where it is missing,
+    every torch test fails saying so, rather than skipping."""
+    try:
+        import torch
+    except ImportError as e:
+        pytest.fail(f"torch is not installed ({e}): `make install` installs the CPU wheel (docs/TORCH.md)",
+                    pytrace=False)
+    return torch
+
+
+@pytest.fixture(scope="session")
+def torch_installed():
+    """``need_torch`` for a whole module: ``pytestmark = pytest.mark.usefixtures("torch_installed")``."""
+    return need_torch()
 
 
 def long_under_simulator(test):

@@ -24,7 +24,12 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 import pytest
-from test_comm_mpi import ROOT, TIMEOUT_S, clean_env, mpiexec
+from test_comm_mpi import (
+    ROOT,
+    TIMEOUT_S,
+    clean_env,
+    mpiexec,
+)
 
 SUITE = ROOT / "tests" / "mpi" / "mpi_collectives.py"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,33 +44,106 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_ranks(n: int, target: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", target]
+def pytest_command() -> list[str]:
+    """``python -m pytest`` for a suite in other processes, each writing its case report
+    (``tests/mpi/case_report.py``; ``report_env`` says where)."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "case_report",
+            "-W", "ignore::RuntimeWarning"]
+
+
+def report_env(env: dict[str, str], report_dir: Path) -> dict[str, str]:
+    """``env`` with ``tests/mpi`` on the path (the case_report plugin) and its output directory."""
+    env = dict(env, ZIPCCL_CASE_REPORT=str(report_dir))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "mpi"), env["PYTHONPATH"]])
+    return env
+
+
+def run_ranks(n: int, target: str, report_dir: Path, timeout: float = TIMEOUT_S,
+              args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = [mpiexec(), "-n", str(n), *pytest_command(), target, *args]
     try:
-        return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(cmd, cwd=ROOT, env=report_env(clean_env(), report_dir),
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")[-4000:]
         pytest.fail(f"{n} ranks did not finish in {timeout} s (a hang?):\n{out!r}")
 
 
+def check_cases(report_dir: Path, ranks: int, r: subprocess.CompletedProcess, at_least: int,
+                expect_skip=lambda case: None) -> list[dict]:
+    """The per-case reports of a suite run on ``ranks`` ranks (``tests/mpi/case_report.py``).
+
+    Every rank wrote one; no case failed; at least ``at_least`` cases were selected (a case
+    that disappears from collection is noticed); the skipped cases are exactly those that
+    ``expect_skip(node_id)`` names, each for the reason it gives (a regular expression), and
+    every other selected case passed. Returns the reports.
+    """
+    tail = f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    missing = [k for k in range(ranks) if not (report_dir / f"rank{k}.json").exists()]
+    assert not missing, f"ranks {missing} wrote no case report (exit {r.returncode}):\n{tail}"
+    reports = [json.loads((report_dir / f"rank{k}.json").read_text()) for k in range(ranks)]
+    for k, rep in enumerate(reports):
+        assert not rep["failed"], f"rank {k}: {len(rep['failed'])} failed: {rep['failed'][:20]}\n{tail}"
+        assert len(rep["collected"]) >= at_least, \
+            f"rank {k}: {len(rep['collected'])} cases selected, expected at least {at_least}"
+        want_skipped = {c: expect_skip(c) for c in rep["collected"] if expect_skip(c)}
+        assert sorted(rep["skipped"]) == sorted(want_skipped), (
+            f"rank {k}: skipped unexpectedly: "
+            f"{ {c: why for c, why in rep['skipped'].items() if c not in want_skipped} }; "
+            f"ran though expected to skip: {sorted(set(want_skipped) - set(rep['skipped']))[:20]}")
+        wrong = {c: why for c, why in rep["skipped"].items() if not re.search(want_skipped[c], why)}
+        assert not wrong, f"rank {k}: skipped for another reason than expected: {wrong}"
+        assert sorted(rep["passed"]) == sorted(set(rep["collected"]) - set(want_skipped)), \
+            f"rank {k}: cases that neither passed nor skipped"
+    assert r.returncode == 0, f"exit {r.returncode} with every case passed or skipped as expected:\n{tail}"
+    return reports
+
+
+#: cases each suite selects at least (on every rank): a floor, so that a case that stops being
+#: collected is noticed; the exact set that must pass is the selected cases minus the stated skips
+HOST_COLLECTIVE_CASES = 523
+DEVICE_COLLECTIVE_CASES = 777  # the CuPy cases (tests/test_comm_gpu.py runs them on GPUs)
+STAND_IN_CUPY_CASES = DEVICE_COLLECTIVE_CASES - 1  # less test_torch_tensors[cupy]
+MISMATCH_CASES = 76
+NO_HOST_WAIT_CASES = 11
+DEVICE_SIM_CASES = 10
+
+
+def collective_skips(ranks: int):
+    """The host collective suite's stated skips on ``ranks`` ranks (``tests/mpi/mpi_collectives.py``)."""
+    def why(case: str) -> str | None:
+        if ranks == 1 and "::test_corrupted_frame_detected_everywhere[" in case:
+            return "one rank sends no frames"
+        if ranks != 2 and "::test_torch_tensors[" in case:
+            return "importing torch on every rank is slow"
+        return None
+    return why
+
+
+def mismatch_skips(case: str) -> str | None:
+    """An agreed native call is not checked again, as documented (``tests/mpi/mpi_mismatch.py``)."""
+    never_once = "never-None-first" in case
+    if never_once and ("::test_agreed_call_against_another[" in case
+                       or ("::test_one_rank_local_error[" in case and case.endswith("-True]"))):
+        return "documented: agreed native calls are not checked again"
+    return None
+
+
 @pytest.mark.mpi
 # more than two ranks: the slow tier (CI runs it after make test), for make test's time bound
 @pytest.mark.parametrize("ranks", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
-def test_collectives_under_mpiexec(ranks):
-    r = run_ranks(ranks, "tests/mpi/mpi_collectives.py")
-    assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+def test_collectives_under_mpiexec(ranks, tmp_path):
+    """The NumPy cases (the CuPy ones: test_device_path_with_stand_in_cupy and test_comm_gpu.py)."""
+    r = run_ranks(ranks, "tests/mpi/mpi_collectives.py", tmp_path, args=("-k", "not cupy"))
+    check_cases(tmp_path, ranks, r, HOST_COLLECTIVE_CASES, collective_skips(ranks))
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.slow)])
-def test_mismatches_raise_everywhere(ranks):
+def test_mismatches_raise_everywhere(ranks, tmp_path):
     """Different settings, sizes, dtypes, ops and counts: one CollectiveError on every rank, no hang."""
-    r = run_ranks(ranks, "tests/mpi/mpi_mismatch.py", timeout=120)
-    assert r.returncode == 0, f"{ranks} ranks failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+    r = run_ranks(ranks, "tests/mpi/mpi_mismatch.py", tmp_path, timeout=120)
+    check_cases(tmp_path, ranks, r, MISMATCH_CASES, mismatch_skips)
 
 
 @pytest.mark.mpi
@@ -84,11 +158,15 @@ def test_demo_is_bit_exact(ranks):
     assert "all-MiniLM-L6-v2" in r.stdout or "generated" in r.stdout
 
 
-def run_with_fake_cupy(n: int, args: list[str], sim: bool = False) -> subprocess.CompletedProcess:
-    """``tests/mpi/with_fake_cupy.py`` on n ranks: GPU code paths with CuPy / NCCL stood in for."""
+def run_with_fake_cupy(n: int, args: list[str], sim: bool = False,
+                       report_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """``tests/mpi/with_fake_cupy.py`` on n ranks: GPU code paths with CuPy / NCCL stood in for.
+    With ``report_dir``, ``args`` run pytest with the case report plugin (see ``check_cases``)."""
     env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT / "tests" / "mpi"),
                                          env["PYTHONPATH"]])
+    if report_dir is not None:
+        env = report_env(env, report_dir)
     if sim:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(ROOT / "tests" / "mpi" / "with_fake_cupy.py"),
@@ -100,14 +178,20 @@ def run_with_fake_cupy(n: int, args: list[str], sim: bool = False) -> subprocess
         pytest.fail(f"did not finish in {TIMEOUT_S} s (a hang?):\n{(e.stdout or b'')[-4000:]!r}")
 
 
+def run_suite_with_fake_cupy(n: int, target: str, report_dir: Path, *args: str,
+                             sim: bool = False) -> subprocess.CompletedProcess:
+    """A suite of ``tests/mpi`` under pytest on n ranks, CuPy and NCCL stood in for (the GPU
+    codec too unless ``sim``: then its kernels run in Numba's simulator)."""
+    pytest_args = pytest_command()[1:]  # after the interpreter: "-m pytest ..."
+    return run_with_fake_cupy(n, [*([] if sim else ["--cpu-codec"]), *pytest_args, target, *args],
+                              sim=sim, report_dir=report_dir)
+
+
 @pytest.mark.mpi
-def test_device_path_with_stand_in_cupy():
+def test_device_path_with_stand_in_cupy(tmp_path):
     """The collective tests' CuPy cases on 2 ranks with CuPy, NCCL and the GPU codec stood in for."""
-    r = run_with_fake_cupy(2, ["--cpu-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-                               "ignore::RuntimeWarning", "mpi/mpi_collectives.py",
-                               "-k", "cupy and not torch"])
-    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+    r = run_suite_with_fake_cupy(2, "mpi/mpi_collectives.py", tmp_path, "-k", "cupy and not torch")
+    check_cases(tmp_path, 2, r, STAND_IN_CUPY_CASES)
 
 
 @pytest.mark.mpi
@@ -121,13 +205,11 @@ def test_ranks_sharing_a_gpu_take_mpi_and_forced_nccl_says_why(monkeypatch):
 
 
 @pytest.mark.mpi
-def test_compressed_device_calls_make_no_host_wait():
+def test_compressed_device_calls_make_no_host_wait(tmp_path):
     """Steady-state compressed calls on (stand-in) device arrays: no synchronisation, no
     device-to-host read, no host agreement on the caller's thread (tests/mpi/mpi_no_host_wait.py)."""
-    r = run_with_fake_cupy(2, ["--cpu-codec", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-                               "ignore::RuntimeWarning", "mpi/mpi_no_host_wait.py"])
-    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+    r = run_suite_with_fake_cupy(2, "mpi/mpi_no_host_wait.py", tmp_path)
+    check_cases(tmp_path, 2, r, NO_HOST_WAIT_CASES)
 
 
 @pytest.mark.mpi
@@ -172,9 +254,7 @@ def test_bench_collectives_other_dtypes(tmp_path, dtype):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_device_engine_in_the_simulator():
+def test_device_engine_in_the_simulator(tmp_path):
     """DeviceEngine with the GPU codec's kernels in Numba's simulator, pipelined and two-phase."""
-    r = run_with_fake_cupy(2, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-                               "ignore::RuntimeWarning", "mpi/mpi_device_sim.py"], sim=True)
-    assert r.returncode == 0, f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert "passed" in r.stdout and "failed" not in r.stdout
+    r = run_suite_with_fake_cupy(2, "mpi/mpi_device_sim.py", tmp_path, sim=True)
+    check_cases(tmp_path, 2, r, DEVICE_SIM_CASES)

@@ -2,7 +2,8 @@
 with torch made to look as if it had a GPU that any call into torch.cuda would touch.
 
 Each example trains its model with and without zipccl and prints whether the losses and the
-parameters are the same bits, and per rank what zipccl's ``stats`` counted per collective.
+parameters are the same bits, and per rank what zipccl's ``stats`` counted per collective; the
+test reads that report line by line: each comparison once and "yes", each collective of each rank.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: the collectives each example's zipccl run must have compressed, on every rank
 COLLECTIVES = {"ddp": ["all_reduce"], "fsdp2": ["all_gather", "reduce_scatter"]}
+_HEADER = re.compile(r"^(\w+): (\d+) ranks, [\w:,]+ on cpu, (\d+) steps, policy \"always\"$", flags=re.M)
+_MATCH = re.compile(r"^(\w+) match: (yes|no) \(bit for bit, every rank\)$", flags=re.M)
 _STATS = re.compile(r"^rank (\d) (\w+): (\d+) calls, (\d+) compressed, ([\d,]+) raw -> ([\d,]+) wire bytes",
                     flags=re.M)
 
@@ -28,7 +32,7 @@ _STATS = re.compile(r"^rank (\d) (\w+): (\d+) calls, (\d+) compressed, ([\d,]+) 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ddp" else n
                                   for n in sorted(COLLECTIVES)])
 def test_example_matches_native_and_counts_each_collective(name):
-    pytest.importorskip("torch")
+    need_torch()
     # under tests/torchdist/no_cuda.py: torch looks as if it had a GPU and any call into torch.cuda
     # raises, so this also checks that --device cpu never touches CUDA (FSDP2's mesh included)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -39,7 +43,9 @@ def test_example_matches_native_and_counts_each_collective(name):
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
-    assert "losses match: yes" in out and "parameters match: yes" in out, out
+    # the example's report, case by case: what ran, each comparison once, each collective per rank
+    assert _HEADER.findall(out) == [(name, "2", "2")], out
+    assert _MATCH.findall(out) == [("losses", "yes"), ("parameters", "yes")], out
     counted = {(int(rank), op): (int(calls), int(zipped), int(raw.replace(",", "")),
                                  int(wire.replace(",", "")))
                for rank, op, calls, zipped, raw, wire in _STATS.findall(out)}

@@ -25,6 +25,7 @@ hand-off checked for happens-before (see that file).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -36,15 +37,23 @@ from conftest import SIMULATOR, gaussian_bits, simulator_only
 
 @pytest.mark.mpi
 @pytest.mark.skipif(SIMULATOR, reason="runs outside the simulator")
-def test_stream_order():
+def test_stream_order(tmp_path):
     """Every cross-stream buffer hand-off of the device collectives is ordered by an event or
     a host wait (pipelined and two-phase, growing messages, no host sync between calls)."""
     from test_comm_mpi import ROOT, clean_env, mpiexec
 
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi" / "stream_order.py")]
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi" / "stream_order.py"),
+           str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "no race on 2 ranks" in r.stdout and "both negative controls caught" in r.stdout
+    out = r.stdout[-4000:] + r.stderr[-4000:]
+    cases = ["outgrown_workspace_keeps_its_errors", "pipelined", "one_round",
+             "negative_control_decode_wait", "negative_control_spill_in"]
+    for rank in range(2):
+        assert (tmp_path / f"rank{rank}.json").exists(), f"rank {rank} wrote no report:\n{out}"
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert found["failed"] is None, f"rank {rank}: {found['failed']} failed:\n{out}"
+        assert found["passed"] == cases, f"rank {rank} passed {found['passed']}, expected {cases}"
+    assert r.returncode == 0, out
 
 
 if SIMULATOR:

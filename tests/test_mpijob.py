@@ -7,6 +7,7 @@ in a collective, and requires the job to end, non-zero, well inside a timeout
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +35,18 @@ def run_job(*ranks: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     return r, time.perf_counter() - t0
 
 
+def assert_rank_1_ended_the_job(r: subprocess.CompletedProcess, says: str) -> None:
+    """The job failed because rank 1 failed, for its own reason, and rank 1 alone aborted it:
+    rank 0 neither failed on its own nor got past the collective it waited in."""
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert says in r.stderr, r.stderr[-3000:]
+    aborted = re.findall(r"rank (\d+) of 2: aborting the MPI job", r.stderr)
+    assert aborted == ["1"], f"abort lines of ranks {aborted}, expected rank 1's alone:\n{r.stderr[-3000:]}"
+    assert PAST not in r.stdout and "bit-exact" not in r.stdout, r.stdout[-3000:]
+
+
+PAST = "rank 0 got past the collective"
+
 WAITER = """
 import sys
 from mpi4py import MPI
@@ -44,6 +57,7 @@ def main():
     if comm.Get_rank() == 1:
         {fail}
     comm.Barrier()  # rank 0 waits here for a rank that never comes
+    print("{past}", flush=True)
     return 0
 
 sys.exit(run_main(main, MPI.COMM_WORLD))
@@ -56,10 +70,9 @@ sys.exit(run_main(main, MPI.COMM_WORLD))
     ("raise SystemExit('check failed on rank 1')", "check failed on rank 1"),
 ])
 def test_run_main_aborts_the_job(fail, says):
-    script = WAITER.replace("{fail}", fail)
+    script = WAITER.replace("{fail}", fail).replace("{past}", PAST)
     r, _ = run_job([sys.executable, "-c", script], [sys.executable, "-c", script])
-    assert r.returncode != 0
-    assert says in r.stderr and "rank 1 of 2: aborting the MPI job" in r.stderr, r.stderr[-3000:]
+    assert_rank_1_ended_the_job(r, says)
 
 
 @pytest.mark.mpi
@@ -73,8 +86,7 @@ def test_demo_aborts_when_one_rank_raises():
               "sys.exit(d.main(['--limit', '4096', '--host']))\n")
     r, _ = run_job([sys.executable, "-m", "zipccl", "demo", "--limit", "4096", "--host"],
                    [sys.executable, "-c", broken])
-    assert r.returncode != 0
-    assert "rank 1 cannot read the checkpoint" in r.stderr, r.stderr[-3000:]
+    assert_rank_1_ended_the_job(r, "rank 1 cannot read the checkpoint")
 
 
 @pytest.mark.mpi
@@ -85,8 +97,7 @@ def test_experiment_aborts_when_one_rank_raises(tmp_path):
     common = ["--samples", "1", "--seconds", "0.01", "--calls", "1", "--out", str(tmp_path / "x")]
     r, _ = run_job([sys.executable, script, "--counts", "16", *common],
                    [sys.executable, script, "--counts", "-1", *common])
-    assert r.returncode != 0
-    assert "uncaught exception: rank 1 of 2: aborting" in r.stderr, r.stderr[-3000:]
+    assert_rank_1_ended_the_job(r, "uncaught exception: rank 1 of 2: aborting")
     assert not (tmp_path / "x").exists()
 
 

@@ -16,7 +16,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "torchdist"))
 
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("torch_installed")  # missing torch: each test fails saying so
 
 DTYPES = ("bfloat16", "float32", "float16")
 COMPRESSED = [f"{name}/{dt}" for dt in DTYPES for name in (
@@ -135,6 +135,8 @@ def test_backend_options():
 
 
 def test_cache_dir_and_sizes(monkeypatch, tmp_path):
+    import torch
+
     from zipccl.torch import autotune
 
     monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("torch_installed")  # missing torch: each test fails saying so
 
 
 class _Channel:
@@ -24,6 +24,8 @@ class _Channel:
 
 
 def test_wait_raises_the_sticky_error_and_keeps_the_future():
+    import torch
+
     from zipccl.comm import CollectiveError
     from zipccl.torch.functional import _CheckedWork, _done_work
 

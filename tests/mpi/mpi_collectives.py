@@ -28,7 +28,7 @@ import contextlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import edge_corpus, gaussian_bits
+from conftest import edge_corpus, gaussian_bits, need_torch
 from mpi4py import MPI
 
 import zipccl
@@ -188,7 +188,7 @@ def test_torch_tensors(place):
     device also Numba arrays and a caller's non-blocking stream."""
     if not place.device and P != 2:
         pytest.skip("importing torch on every rank is slow; 1 rank: test_comm.py")
-    torch = pytest.importorskip("torch")
+    torch = need_torch()
     c = zipccl.Communicator(WORLD, backend=place.backend, policy="always")
     n = 2048 if not place.device else 50_000
     want = gathered("gaussian", n)

@@ -14,7 +14,8 @@ their sizes, which frames spill and their bytes. The test itself moves each slot
 move the tails. Each receiver then checks the whole region byte for byte: the slot header
 against ``slots.pack_slot_header`` (the sender's largest escape count included) and the frame.
 Each rank prints one line ``SPILL_RESULT {json}`` (and writes it to ``$SPILL_OUT/rank<r>.json``
-when that is set); a problem makes the rank exit non-zero.
+when that is set): per case of ``CASES``, whether every rank found it right and the problems
+this rank found (``check`` asserts it); a problem makes the rank exit non-zero.
 """
 
 from __future__ import annotations
@@ -209,17 +210,25 @@ def soak(spills, me: int, size: int, calls: int, mem: Memory, transfer, seed: in
             "stats_warm": stats_warm, "stats_end": stats_end, "seconds": time.perf_counter() - t0}
 
 
-def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> list[str]:
+#: the fields of a received slot header that ``errors`` tampers with, one case each
+TAMPERED = ("seq", "op", "dtype", "n", "slot_bytes", "crc")
+#: every case a rank reports, in order (``gpu`` mode skips the tampered ones: host-side edits)
+CASES = ("soak", "close", "record_error", *[f"tampered_{name}" for name in TAMPERED], "op_mismatch")
+GPU_SKIPS = {f"tampered_{name}": "host-side header edits" for name in TAMPERED}
+
+
+def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> dict[str, list[str]]:
     """The sticky word: a recorded decode error reaches every peer through the next slot
     headers; each tampered received header sets its bit and only it; a call whose op
     disagrees between ranks is flagged on every rank while its spills keep the channel in
-    step. Returns the problems found."""
+    step. Returns the problems found per case."""
     import dataclasses
 
     from zipccl.format import slot as slots
     from zipccl.kernels import spill as kern
 
-    problems = []
+    cases = {}
+    problems = cases["record_error"] = []
     # 1. record_error on rank 0, then one call: its slot headers carry the bits to every peer
     spills = make_spills()
     bits, bits_ptr = mem.buffer(4)
@@ -239,7 +248,9 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> list[str]:
         "slot_bytes": (lambda h: dataclasses.replace(h, slot_bytes=h.slot_bytes + 128), kern.ERR_SLOT_SIZE),
         "crc": (None, kern.ERR_SLOT_HEADER),
     }
+    assert tuple(tamper) == TAMPERED
     for name, (change, bit) in tamper.items() if mem.mode != "gpu" else ():  # host-side edits
+        problems = cases[f"tampered_{name}"] = []
         spills = make_spills()
         p = plan(6, 1, size, "random")
         for fs in p["frames"].values():
@@ -265,6 +276,7 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> list[str]:
         spills.close()
     # 3. rank 0 names another op and every frame that can spills: flagged on every rank; the
     # spills of the next call still arrive (the channel stayed in step)
+    problems = cases["op_mismatch"] = []
     spills = make_spills()
     p = plan(8, 1, size, "every")
     if me == 0:
@@ -276,7 +288,19 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> list[str]:
                      {i: kern.ERR_SLOT_CALL for i in range(size)})
     problems += [f"after an op mismatch: {x}" for x in later]
     spills.close()
-    return problems
+    return cases
+
+
+def check(found: dict, calls: int, mode: str) -> None:
+    """Assert one rank's result: every case of ``CASES`` ran (but the stated ``gpu`` skips),
+    none found a problem on any rank, and the soak made ``calls`` calls, a third spilling."""
+    skipped = GPU_SKIPS if mode == "gpu" else {}
+    want = [c for c in CASES if c not in skipped]
+    assert list(found["cases"]) == want, f"rank {found['rank']} ran {list(found['cases'])}, expected {want}"
+    assert found["skipped"] == skipped, found["skipped"]
+    bad = {c: r["problems"] or "a peer's" for c, r in found["cases"].items() if not r["ok"]}
+    assert not bad, f"rank {found['rank']}: {bad}"
+    assert found["ok"] and found["calls"] == calls and found["spilled_calls"] > calls // 3, found
 
 
 def close_check(spills) -> list[str]:
@@ -349,10 +373,13 @@ def main(mode: str, calls: int, torch_rank: tuple[int, int] | None) -> int:
 
     spills = make_spills()
     result = soak(spills, me, size, calls, mem, transfer)
-    result["problems"] += close_check(spills)
-    result["problems"] += errors(make_spills, me, size, mem, transfer)
-    everyone = gather(result["problems"])
-    result["ok"] = not any(everyone)
+    cases = {"soak": result.pop("problems"), "close": close_check(spills),
+             **errors(make_spills, me, size, mem, transfer)}
+    everyone = gather(cases)  # a case is ok where no rank found a problem in it
+    result["cases"] = {c: {"ok": not any(e[c] for e in everyone), "problems": cases[c]} for c in cases}
+    result["skipped"] = GPU_SKIPS if mode == "gpu" else {}
+    result["problems"] = [f"{c}: {x}" for c in cases for x in cases[c]]
+    result["ok"] = all(r["ok"] for r in result["cases"].values())
     line = json.dumps({"rank": me, **result})
     print("SPILL_RESULT " + line, flush=True)
     if os.environ.get("SPILL_OUT"):  # ranks' stdout lines may interleave: a file each

@@ -1,6 +1,6 @@
 """Stream-order check of the device collectives: every buffer hand-off between streams is ordered.
 
-    mpiexec -n 2 python tests/mpi/stream_order.py            # exits 0 when no race is found
+    mpiexec -n 2 python tests/mpi/stream_order.py [DIR]      # exits 0 when no race is found
 
 On a GPU the device engine splits each collective over three streams (the caller's
 for encoding, a transfer stream for NCCL, a decode stream), ordered only by events.
@@ -32,6 +32,7 @@ stream without its wait for the transfer, and the spill-in kernel on the caller'
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -396,15 +397,40 @@ def outgrown_workspace_keeps_its_errors() -> None:
     assert "bad header" in eng.gpu.Workspace.describe(found), hex(found)
 
 
-def main() -> None:
-    outgrown_workspace_keeps_its_errors()
-    run(2 * fmt.BLOCK)  # pipelined: rounds of one escape block
-    run(0)  # one round
-    _history.clear()
-    negative_control()
-    _history.clear()
-    negative_control_spill_in()
+def _fresh(check):
+    def case():
+        _history.clear()
+        check()
+    return case
+
+
+#: the cases, in the order they run: (name, what runs)
+CASES = (("outgrown_workspace_keeps_its_errors", outgrown_workspace_keeps_its_errors),
+         ("pipelined", lambda: run(2 * fmt.BLOCK)),  # rounds of one escape block
+         ("one_round", lambda: run(0)),
+         ("negative_control_decode_wait", _fresh(negative_control)),
+         ("negative_control_spill_in", _fresh(negative_control_spill_in)))
+
+
+def main(out_dir: str | None) -> None:
+    """Run every case; with ``out_dir`` each rank writes ``rank<r>.json``: the cases that
+    passed, in order, and the one that failed (then the job aborts)."""
+    passed = []
+
+    def report(failed: str | None) -> None:
+        if out_dir:
+            with open(os.path.join(out_dir, f"rank{ME}.json"), "w") as f:
+                json.dump({"rank": ME, "passed": passed, "failed": failed}, f)
+
+    for name, case in CASES:
+        try:
+            case()
+        except BaseException:
+            report(name)
+            raise
+        passed.append(name)
     WORLD.Barrier()
+    report(None)
     if ME == 0:
         print(f"stream order: no race on {P} ranks (pipelined and in one round); "
               "both negative controls caught")
@@ -412,7 +438,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     try:
-        main()
+        main(sys.argv[1] if len(sys.argv) > 1 else None)
     except BaseException:  # the peer would wait forever in its next collective
         import traceback
 
