@@ -15,7 +15,7 @@ SIM_TESTS := tests/test_gpu_codec.py tests/test_gpu_dtypes.py tests/test_gpu_rob
              tests/test_kernel_variants_sim.py
 SIM_PYTEST := NUMBA_ENABLE_CUDASIM=1 $(PYTEST) -q -W ignore::RuntimeWarning
 
-.PHONY: help install test test-sim test-slow test-gpu lint demo analyze figures notebooks bench-cpu bench-codec clean
+.PHONY: help install test test-sim test-slow test-torch-suite test-gpu lint demo analyze figures notebooks bench-cpu bench-codec clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(MAKE) install
 
 test: $(STAMP) ## the quick suite (minutes): codec, MPI ranks (1, 2, 4), torch ranks and examples/, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
-	$(PYTEST) -q -m "not gpu and not slow" --durations=15
+	$(PYTEST) -q -m "not gpu and not slow and not torch_suite" --durations=15
 	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" --durations=10 $(SIM_TESTS)
 
 test-sim: $(STAMP) ## every kernel case under the CUDA simulator, quick and slow
@@ -39,6 +39,9 @@ test-sim: $(STAMP) ## every kernel case under the CUDA simulator, quick and slow
 test-slow: $(STAMP) ## what make test leaves out: long fuzzing, large sizes, the long simulator cases (CI runs it after make test)
 	$(PYTEST) -q -m "slow and not gpu"
 	$(SIM_PYTEST) -m "slow and not gpu and not mpi" $(SIM_TESTS)
+
+test-torch-suite: $(STAMP) ## torch's own distributed tests (DistributedTest._DistTestBase, 4 families) with gloo and with zipccl: hours on 2 cores, not in CI
+	$(PYTEST) -q -m torch_suite
 
 test-gpu: $(STAMP) ## GPU kernels and collectives on a real GPU (a missing or broken CuPy, driver or device fails it)
 	ZIPCCL_REQUIRE_GPU=1 $(PYTEST) -q -m gpu

@@ -4,7 +4,8 @@
 reduce-scatter, all-to-all and all-reduce tests (the CPU ones: names without "cuda") on 2
 spawned CPU ranks, once with gloo and once with zipccl per policy; every test must end the same
 way with zipccl as with gloo (pass, or the same skip). Each run writes its tally to the test's
-temporary directory and prints it. Slow: every test spawns 2 fresh processes.
+temporary directory and prints it. Hours on 2 cores (every test spawns 2 fresh processes), so
+it has a target of its own, ``make test-torch-suite``, outside ``make test`` and ``make test-slow``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,6 @@ def _same_as_gloo(tmp_path: Path, patterns: list[str]) -> None:
         assert not differ, f"policy {policy}: {json.dumps(differ, indent=1)}"
 
 
-@pytest.mark.slow
+@pytest.mark.torch_suite
 def test_families_end_as_with_gloo(tmp_path):
     _same_as_gloo(tmp_path, [CPU_FAMILIES])
