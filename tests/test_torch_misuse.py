@@ -116,3 +116,30 @@ def test_spill_channels_take_their_groups_timeout():
                          capture_output=True, text=True, timeout=WALL)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[-2] == "[7.0, 3.0, 4.0]", run.stdout
+
+
+SPLIT_SIZES = """
+import os, sys, torch
+import torch.distributed as dist
+import zipccl.torch as zt
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+x = torch.zeros(4, dtype=torch.bfloat16)
+for splits in ([4.0], ["4"], [True]):
+    try:
+        zt.all_to_all_single(torch.empty_like(x), x, splits, splits, policy="always")
+        print("accepted", splits)
+    except TypeError as e:
+        print("refused", e)
+"""
+
+
+def test_torch_split_sizes_are_never_coerced():
+    """One rank: float, string and bool split sizes are refused (TypeError naming the entry),
+    not truncated or parsed as int() would."""
+    run = subprocess.run([sys.executable, "-c", SPLIT_SIZES, str(_free_port())],
+                         capture_output=True, text=True, timeout=WALL)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("refused", "accepted"))]
+    assert len(lines) == 3 and all(ln.startswith("refused") for ln in lines), run.stdout
+    assert "input_split_sizes[0] must be an integer" in lines[0], lines[0]

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.agreement import Agreement, describe, sig_hash
+from ..comm.args import check_counts
 from ..comm.base import CollectiveError, ExchangeStats, chunk_elements
 from ..comm.collectives import (
     CANONICAL_NAN,
@@ -508,8 +509,8 @@ class Collectives:
                 if rows % p:
                     raise ValueError(f"{role}: {rows} rows do not split into {p} equal blocks")
                 return [rows // p * per_row] * p
-            splits = [int(s) for s in splits]
-            if len(splits) != p or sum(splits) != rows or min(splits) < 0:
+            splits = check_counts(splits, p, f"{role}_split_sizes")  # ints only: never truncated
+            if sum(splits) != rows:
                 raise ValueError(f"{role} split sizes {splits} do not cover its {rows} rows on {p} ranks")
             return [s * per_row for s in splits]
 
