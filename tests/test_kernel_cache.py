@@ -300,7 +300,9 @@ def test_every_library_kernel_has_an_entry_of_its_own_the_same_in_every_process(
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     there = json.loads(subprocess.run([sys.executable, "-c", _IDENTS], capture_output=True, text=True,
                                       env=env, check=True, timeout=300).stdout)
-    assert here == there  # another process describes every kernel the same way
+    # another process describes every kernel the same way (the order in which the kernel modules
+    # were first imported, here by earlier tests, does not matter)
+    assert sorted(map(json.dumps, here)) == sorted(map(json.dumps, there))
     names = {n for n, _, _ in here}
     assert {"encode_tiles", "encode_finish", "decode_tiles", "decode_finish", "decode_tiles16",
             "wide_finish", "scan_counts", "decode_warps", "choose_codebook"} <= names

@@ -39,12 +39,9 @@ import numpy as np
 from numba import cuda
 
 from zipccl import format as fmt
+from zipccl.format.errors import ERR_COUNTS, ERR_ESCAPE_RANGE, ERR_HEADER, ERR_TOTAL
 from zipccl.kernels import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from zipccl.kernels._common import (
-    ERR_COUNTS,
-    ERR_ESCAPE_RANGE,
-    ERR_HEADER,
-    ERR_TOTAL,
     STATUS_AGG,
     STATUS_INC,
     TPB,

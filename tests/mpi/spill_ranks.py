@@ -224,8 +224,8 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> dict[str, 
     step. Returns the problems found per case."""
     import dataclasses
 
+    from zipccl.format import errors
     from zipccl.format import slot as slots
-    from zipccl.kernels import spill as kern
 
     cases = {}
     problems = cases["record_error"] = []
@@ -235,18 +235,18 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> dict[str, 
     mem.put(bits, 0, np.array([0x24 if me == 0 else 0], "<u4").view(np.uint8))
     spills.record_error(mem.streams[0], bits_ptr)  # the stream that wrote the bits
     problems += run_call(spills, me, size, 1, plan(5, 1, size, "every"), mem, transfer, {0: 0x24})
-    want = 0x24 if me == 0 else 0x24 | kern.ERR_PEER
+    want = 0x24 if me == 0 else 0x24 | errors.ERR_PEER
     if spills.error() != want:
         problems.append(f"after record_error: error word {spills.error():#x}, expected {want:#x}")
     spills.close()
     # 2. one received header tampered with before launch_in (no frame spills in these calls)
     tamper = {
-        "seq": (lambda h: dataclasses.replace(h, seq=h.seq + 1), kern.ERR_SLOT_SEQ),
-        "op": (lambda h: dataclasses.replace(h, op=h.op % 4 + 1), kern.ERR_SLOT_CALL),
-        "dtype": (lambda h: dataclasses.replace(h, dtype=h.dtype % 3 + 1), kern.ERR_SLOT_CALL),
-        "n": (lambda h: dataclasses.replace(h, n=h.n + 1), kern.ERR_SLOT_CALL),
-        "slot_bytes": (lambda h: dataclasses.replace(h, slot_bytes=h.slot_bytes + 128), kern.ERR_SLOT_SIZE),
-        "crc": (None, kern.ERR_SLOT_HEADER),
+        "seq": (lambda h: dataclasses.replace(h, seq=h.seq + 1), errors.ERR_SLOT_SEQ),
+        "op": (lambda h: dataclasses.replace(h, op=h.op % 4 + 1), errors.ERR_SLOT_CALL),
+        "dtype": (lambda h: dataclasses.replace(h, dtype=h.dtype % 3 + 1), errors.ERR_SLOT_CALL),
+        "n": (lambda h: dataclasses.replace(h, n=h.n + 1), errors.ERR_SLOT_CALL),
+        "slot_bytes": (lambda h: dataclasses.replace(h, slot_bytes=h.slot_bytes + 128), errors.ERR_SLOT_SIZE),
+        "crc": (None, errors.ERR_SLOT_HEADER),
     }
     assert tuple(tamper) == TAMPERED
     for name, (change, bit) in tamper.items() if mem.mode != "gpu" else ():  # host-side edits
@@ -271,7 +271,7 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> dict[str, 
         if name == "crc":  # the next clean call carries every rank's bits to its peers
             run_call(spills, me, size, 2, plan(7, 2, size, "every"), mem, transfer,
                      {i: bit for i in range(size)})
-            if spills.error() != bit | kern.ERR_PEER:
+            if spills.error() != bit | errors.ERR_PEER:
                 problems.append(f"after a peer's error: error word {spills.error():#x}")
         spills.close()
     # 3. rank 0 names another op and every frame that can spills: flagged on every rank; the
@@ -282,10 +282,10 @@ def errors(make_spills, me: int, size: int, mem: Memory, transfer) -> dict[str, 
     if me == 0:
         p = dict(p, op="all_gather" if p["op"] != "all_gather" else "all_to_all")
     run_call(spills, me, size, 1, p, mem, transfer)
-    if spills.error() != kern.ERR_SLOT_CALL:
+    if spills.error() != errors.ERR_SLOT_CALL:
         problems.append(f"op mismatch: error word {spills.error():#x}")
     later = run_call(spills, me, size, 2, plan(8, 2, size, "every"), mem, transfer,
-                     {i: kern.ERR_SLOT_CALL for i in range(size)})
+                     {i: errors.ERR_SLOT_CALL for i in range(size)})
     problems += [f"after an op mismatch: {x}" for x in later]
     spills.close()
     return cases

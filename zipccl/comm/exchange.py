@@ -274,9 +274,7 @@ class SlotChannel:
         header this rank sends from now on reports it to its peers) or a received slot
         header that did not match the call."""
         if failed is not None:
-            from ..kernels.spill import ERR_HOST_DECODE
-
-            self.spills.report(ERR_HOST_DECODE)
+            self.spills.report(errors.ERR_HOST_DECODE)
             raise CollectiveError(f"zipccl {op}: {failed}")
         text = self.error_text()
         if text:
