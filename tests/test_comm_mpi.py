@@ -130,8 +130,9 @@ def mismatch_skips(case: str) -> str | None:
 
 
 @pytest.mark.mpi
-# more than two ranks: the slow tier (CI runs it after make test), for make test's time bound
-@pytest.mark.parametrize("ranks", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
+# one rank and four ranks: the slow tier (CI runs it after make test), for make test's time bound
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.slow), 2,
+                                   pytest.param(4, marks=pytest.mark.slow)])
 def test_collectives_under_mpiexec(ranks, tmp_path):
     """The NumPy cases (the CuPy ones: test_device_path_with_stand_in_cupy and test_comm_gpu.py)."""
     r = run_ranks(ranks, "tests/mpi/mpi_collectives.py", tmp_path, args=("-k", "not cupy"))
@@ -213,6 +214,7 @@ def test_compressed_device_calls_make_no_host_wait(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # a benchmark run through end to end: the slow tier (CI runs it)
 def test_bench_collectives_runs_through(tmp_path):
     """experiments/bench_collectives.py end to end on stand-ins: records written, all exact."""
     out = tmp_path / "bench.jsonl"
@@ -235,6 +237,7 @@ def test_bench_collectives_runs_through(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_bench_collectives_other_dtypes(tmp_path, dtype):
     """The benchmark on FP32 / FP16 data: compressed, checked against the stated sum, exact."""

@@ -54,8 +54,10 @@ def _env(out_dir) -> dict:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode,ranks,calls", [("host", 2, 2000), ("host", 4, 300),
-                                              ("fake", 2, 600), ("fake", 4, 150)])
+@pytest.mark.parametrize("mode,ranks,calls", [  # the long soaks: the slow tier (CI runs it)
+    pytest.param("host", 2, 2000, marks=pytest.mark.slow),
+    pytest.param("host", 4, 300, marks=pytest.mark.slow),
+    ("fake", 2, 600), pytest.param("fake", 4, 150, marks=pytest.mark.slow)])
 def test_soak_under_mpiexec(mode, ranks, calls, tmp_path):
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(ROOT / "tests" / "mpi" / "spill_ranks.py"),
            mode, str(calls)]
@@ -68,7 +70,7 @@ def test_soak_under_mpiexec(mode, ranks, calls, tmp_path):
     _check(_results(tmp_path, ranks, r.stdout), calls, mode)
 
 
-@pytest.mark.parametrize("mode,calls", [("host", 600), ("fake", 100)])
+@pytest.mark.parametrize("mode,calls", [pytest.param("host", 600, marks=pytest.mark.slow), ("fake", 100)])
 def test_soak_over_gloo(mode, calls, tmp_path):
     need_torch()
     script = str(ROOT / "tests" / "mpi" / "spill_ranks.py")

@@ -77,6 +77,7 @@ def test_no_unexpected_failures(rank_results):
         assert not bad, f"rank {r}: {bad}"
 
 
+@pytest.mark.slow  # four modes of the toy model on 2 ranks: the slow tier (CI runs it)
 def test_train_e2e_toy(tmp_path):
     """experiments/train_e2e.py under torchrun on 2 CPU ranks (gloo), toy model, every mode
     (native, raw, always, auto): the losses of every step and the final parameters are the
