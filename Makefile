@@ -29,7 +29,7 @@ install: ## install zipccl and everything the tests, notebooks and demo need (no
 $(STAMP): pyproject.toml
 	$(MAKE) install
 
-test: $(STAMP) ## the quick suite (minutes): codec, 2 MPI ranks (1, 3, 4 in test-slow), torch ranks and examples/, notebooks on small inputs, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
+test: $(STAMP) ## the quick suite (minutes): codec, 2 MPI ranks (1, 3, 4 in test-slow), torch ranks and examples/, docstring examples, then the quick kernel cases under the CUDA simulator (installs first if needed)
 	$(PYTEST) -q -m "not gpu and not slow and not torch_suite" --durations=15
 	$(SIM_PYTEST) -m "not gpu and not slow and not mpi" --durations=10 $(SIM_TESTS)
 

@@ -107,6 +107,7 @@ def test_communicator_threads_nest_on_one_thread():
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # an MPI job of its own: the slow tier (CI runs it after make test)
 def test_communicator_threads_on_two_ranks():
     """Two ranks: the refusal while a peer waits, and threads that take turns (the script)."""
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

@@ -28,6 +28,7 @@ NOTEBOOKS = {  # notebook -> checks it must state (label fragments)
 }
 
 
+@pytest.mark.slow  # a notebook kernel each: the slow tier (CI runs it after make test)
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_notebook_runs_and_its_predictions_match(name, monkeypatch):
     monkeypatch.delenv("ZIPCCL_NOTEBOOK_FULL", raising=False)  # small inputs

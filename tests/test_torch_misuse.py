@@ -109,6 +109,7 @@ print([TorchChannel(x).timeout.total_seconds() for x in (None, g, z)])
 """
 
 
+@pytest.mark.slow  # a torch process of its own: the slow tier (CI runs it after make test)
 def test_spill_channels_take_their_groups_timeout():
     """One rank: the spill channel of the world, of a gloo subgroup and of a zipccl group each
     run under that group's own timeout (7, 3 and 4 s), not a fixed one."""
@@ -134,6 +135,7 @@ for splits in ([4.0], ["4"], [True]):
 """
 
 
+@pytest.mark.slow  # a torch process of its own: the slow tier (CI runs it after make test)
 def test_torch_split_sizes_are_never_coerced():
     """One rank: float, string and bool split sizes are refused (TypeError naming the entry),
     not truncated or parsed as int() would."""
