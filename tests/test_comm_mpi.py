@@ -148,7 +148,7 @@ def test_mismatches_raise_everywhere(ranks, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: make demo's job
 def test_demo_is_bit_exact(ranks):
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "zipccl", "demo", "--limit", "400000",
            "--repeat", "1", "--host"]

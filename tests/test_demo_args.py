@@ -39,6 +39,7 @@ def test_bad_arguments_are_usage_errors(args, says):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # an MPI job of its own: the slow tier (CI runs it after make test)
 def test_header_counts_the_values_it_gathers():
     """1003 values on 3 ranks: shards of 334, so 1002 values used, said in the header and the check."""
     r = demo(3, "--limit", "1003", "--repeat", "1")
