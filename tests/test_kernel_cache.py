@@ -406,7 +406,7 @@ def test_the_simulator_compiles_nothing_and_leaves_the_cache_alone(tmp_path):
 # -- the command ----------------------------------------------------------------------------------
 
 def test_warmup_without_a_gpu_says_so_and_exits_2(tmp_path):
-    if warmup.gpu_count()[0]:
+    if cache.gpu_count()[0]:
         pytest.skip("this machine has a GPU (the H200 check runs warmup itself)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZIPCCL_CACHE_DIR": str(tmp_path / "k")}
     r = subprocess.run([sys.executable, "-m", "zipccl", "warmup"], capture_output=True, text=True, env=env,
@@ -460,7 +460,7 @@ print(json.dumps({"exact": bool(cp.array_equal(y.reshape(-1), x)), "origins": or
 @pytest.mark.skipif(SIMULATOR, reason="compiles real kernels")
 def test_a_second_process_loads_every_kernel_from_the_cache(tmp_path):
     pytest.importorskip("cupy")
-    if not warmup.gpu_count()[0]:
+    if not cache.gpu_count()[0]:
         pytest.skip("no CUDA GPU")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZIPCCL_CACHE_DIR": str(tmp_path / "k")}
     env.pop("ZIPCCL_KERNEL_CACHE", None)

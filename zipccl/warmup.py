@@ -26,25 +26,6 @@ from .kernels import cache
 KERNEL_MODULES = ("encode", "decode", "decode_fp16", "decode_warps", "stats")
 
 
-def gpu_count() -> tuple[int, str]:
-    """(number of CUDA devices, why none) without creating a context; (0, reason) where there is
-    no driver, no device or only the CUDA simulator."""
-    from numba import config
-
-    if config.ENABLE_CUDASIM:
-        return 0, "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it compiles nothing"
-    try:
-        from cuda.bindings import driver
-
-        err = driver.cuInit(0)[0]
-        if err:
-            return 0, f"cuInit failed ({driver.cuGetErrorName(err)[1].decode()})"
-        err, n = driver.cuDeviceGetCount()
-        return (int(n), "") if not err and n else (0, "no CUDA device")
-    except Exception as e:  # no libcuda, no cuda.bindings
-        return 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-
-
 def library_kernels() -> tuple:
     """Every ``launch.Kernel`` of the library's kernel modules (importing them)."""
     import importlib
@@ -73,9 +54,7 @@ def build_all(device: int, report: Callable[[int, int, str, str, float], None]) 
     how many of each ``how``. Raises what a compilation raises."""
     import time
 
-    from numba import cuda
-
-    cuda.select_device(device)
+    cache.select_device(device)
     from .kernels import launch
 
     todo = library_kernels()
@@ -126,7 +105,7 @@ def main(argv: list[str] | None = None, prog: str = "zipccl warmup") -> int:
     if args.clear:
         n = cache.clear()
         print(f"{prog}: removed {n} files from {cache.directory()}", file=sys.stderr)
-    count, why = gpu_count()
+    count, why = cache.gpu_count()
     if count == 0:
         print(f"{prog}: no CUDA GPU to compile for ({why}); nothing done", file=sys.stderr)
         return 2

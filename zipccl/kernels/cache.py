@@ -508,3 +508,29 @@ def cupy_module(cupy, code: str, options: tuple[str, ...]):
             else:
                 os.environ["CUPY_CACHE_IN_MEMORY"] = before
     return mod
+
+
+def gpu_count() -> tuple[int, str]:
+    """(number of CUDA devices, why none) without creating a context; (0, reason) where there is
+    no driver, no device or only the CUDA simulator."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return 0, "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it compiles nothing"
+    try:
+        from cuda.bindings import driver
+
+        err = driver.cuInit(0)[0]
+        if err:
+            return 0, f"cuInit failed ({driver.cuGetErrorName(err)[1].decode()})"
+        err, n = driver.cuDeviceGetCount()
+        return (int(n), "") if not err and n else (0, "no CUDA device")
+    except Exception as e:  # no libcuda, no cuda.bindings
+        return 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def select_device(device: int) -> None:
+    """Make ``device`` current for the compilations and loads that follow (Numba's context)."""
+    from numba import cuda
+
+    cuda.select_device(device)
