@@ -113,7 +113,7 @@ def main(argv=None) -> int:
 
     import zipccl
     from zipccl import metrics
-    from zipccl.comm.collectives import offsets
+    from zipccl.comm.base import offsets
     from zipccl.comm.transport import NCCLTransport, current_gpu_id, shared_gpus
     from zipccl.tools.gpus import mpi_place
 
@@ -458,7 +458,7 @@ def stated_reduction(cupy, native, stream, op, x, p, me, m):
     """zipccl's stated reduction of the data, as bit patterns: the ranks' shards exchanged
     uncompressed by NCCL, reduced on the host by the NumPy oracle (``harness.stated_sum``),
     not the library."""
-    from zipccl.comm.collectives import offsets, split_counts
+    from zipccl.comm.base import offsets, split_counts
 
     if op == "reduce_scatter":
         counts = [m] * p

@@ -219,10 +219,10 @@ def single_process_costs(args) -> list[dict]:
     itself: to compare with their cost inside a two-rank call (``--stages``)."""
     import cupy
 
+    from zipccl.comm.args import cupy_view as _cupy_view
     from zipccl.comm.pipeline import DeviceEngine
     from zipccl.format import slot as slots
     from zipccl.kernels import spill as kern
-    from zipccl.torch.functional import _cupy_view
 
     n = 1 << 19  # 1 MiB of BF16
     x = (torch.randn(n, device="cuda") * 0.02).to(torch.bfloat16)

@@ -17,7 +17,7 @@ nearest even, on the host (NumPy's ``default_rng``) or on the device (CuPy's
 ``checkpoint_bits``: the bundled real checkpoint's floating tensors as BF16.
 
 Oracle (``stated_sum_bf16``): the reduction zipccl promises for BF16 sums
-(``zipccl.comm.collectives.reduce_sum_bf16``: FP32 accumulation in rank order
+(``zipccl.comm.reduction.reduce_sum_bf16``: FP32 accumulation in rank order
 starting from rank 0's value, one rounding to nearest even, NaN as 0x7FC0),
 written here with NumPy alone so that a benchmark checks the library against it
 rather than against itself.

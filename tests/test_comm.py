@@ -16,7 +16,8 @@ from conftest import edge_corpus, gaussian_bits
 
 import zipccl
 from zipccl.comm import CollectiveError, Policy, transport
-from zipccl.comm.collectives import f32_to_bf16_bits, reduce_sum_bf16, split_counts
+from zipccl.comm.base import split_counts
+from zipccl.comm.reduction import f32_to_bf16_bits, reduce_sum_bf16
 from zipccl.format import slot as slots
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zipccl.comm.collectives import reduce_sum
+from zipccl.comm.reduction import reduce_sum
 
 pytestmark = pytest.mark.gpu
 

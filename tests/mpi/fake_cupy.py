@@ -223,7 +223,7 @@ class ElementwiseKernel:
         self.dtype = self._TYPES[name]
 
     def __call__(self, stack, p, m, out):
-        from zipccl.comm.collectives import reduce_sum
+        from zipccl.comm.reduction import reduce_sum
 
         p, m, k = int(p), int(m), out.size
         flat = np.asarray(stack).reshape(-1).view(self.dtype)
@@ -346,7 +346,7 @@ def _make_nccl_comm(nccl: _Nccl):
             if dtype == nccl.NCCL_BFLOAT16:
                 if op != nccl.NCCL_SUM:
                     raise NotImplementedError("fake NCCL reduces BF16 by sum only")
-                from zipccl.comm.collectives import reduce_sum_bf16
+                from zipccl.comm.reduction import reduce_sum_bf16
 
                 out = np.empty(count, np.uint16)
                 reduce_sum_bf16(allb.view(np.uint16).reshape(p, count), out)

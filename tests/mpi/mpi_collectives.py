@@ -637,9 +637,9 @@ def test_forcing_overrides_the_policy_and_drops_plans(place):
     n = 4096
     x, out = place.array(rank_input("gaussian", ME, n)), place.out(P * n)
     c.all_gather(x, out, **place.kw)
-    assert not c.last_decision.compress and len(c._plans) == 1
+    assert not c.last_decision.compress and len(c._core.plans) == 1
     with c.forcing(True):
-        assert not c._plans
+        assert not c._core.plans
         c.all_gather(x, out, **place.kw)
         assert c.last_decision.compress == (P > 1)  # one rank: nothing to compress, not forced
         with c.forcing(False):
@@ -648,7 +648,7 @@ def test_forcing_overrides_the_policy_and_drops_plans(place):
         c.all_gather(x, out, **place.kw)
         assert c.last_decision.compress == (P > 1)
         assert np.array_equal(place.bits(out), gathered("gaussian", n))
-    assert not c._plans
+    assert not c._core.plans
     c.all_gather(x, out, **place.kw)
     assert not c.last_decision.compress and c.last_decision.reason != "calibration"
     with pytest.raises(TypeError, match="forcing takes True"), c.forcing(1):
@@ -678,7 +678,7 @@ def test_agreed_native_calls_replay_the_bound_call(place):
     assert np.array_equal(place.bits(outs["ag"]), np.concatenate(inputs))
     assert np.array_equal(place.bits(outs["a2a"]), np.concatenate([i[ME * n:(ME + 1) * n] for i in inputs]))
     if place.device:
-        assert sum(plan.run is not None for plan in c._plans.values()) == 3
+        assert sum(plan.run is not None for plan in c._core.plans.values()) == 3
         ref = x.copy()  # NCCL's own BF16 sum, called directly
         c._nccl.allreduce(ref, "sum", None, dtype="bfloat16")
         assert np.array_equal(place.bits(outs["ar"]), place.bits(ref))

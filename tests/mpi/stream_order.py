@@ -278,8 +278,8 @@ fake_gpu_codec.install()
 # -- the collectives -----------------------------------------------------------------------------
 
 import zipccl  # noqa: E402
-from zipccl.comm.collectives import reduce_sum_bf16  # noqa: E402
 from zipccl.comm.pipeline import DeviceEngine  # noqa: E402
+from zipccl.comm.reduction import reduce_sum_bf16  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 P, ME = WORLD.Get_size(), WORLD.Get_rank()

@@ -70,7 +70,7 @@ def stated_sum(parts) -> np.ndarray:
     """The stated reduction of ``parts`` (FP32 in rank order, one rounding), as bit patterns."""
     import torch
 
-    from zipccl.comm.collectives import reduce_sum
+    from zipccl.comm.reduction import reduce_sum
 
     def engine_view(t):
         a = t.detach().cpu().contiguous()

@@ -51,7 +51,7 @@ def rank_input(kind: str, n: int, r: int) -> np.ndarray:
 
 def avg_bits(summed: np.ndarray, p: int) -> np.ndarray:
     """zipccl's AVG from its stated sum, in NumPy: BF16(FP32(sum) / p), NaN -> 0x7FC0."""
-    from zipccl.comm.collectives import bf16_bits_to_f32, f32_to_bf16_bits
+    from zipccl.comm.reduction import bf16_bits_to_f32, f32_to_bf16_bits
 
     with np.errstate(invalid="ignore"):
         return f32_to_bf16_bits(bf16_bits_to_f32(summed) / np.float32(p))
@@ -120,7 +120,7 @@ def check_all_gather(rank: int, p: int, res: dict) -> None:
 
 def _stated(kind: str, n: int, rank: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     """(every rank's input cut to p equal blocks, zipccl's stated sum of them), from seeds."""
-    from zipccl.comm.collectives import reduce_sum_bf16
+    from zipccl.comm.reduction import reduce_sum_bf16
 
     m = n // p
     full = np.stack([rank_input(kind, n, r)[:p * m] for r in range(p)])
@@ -559,7 +559,7 @@ def check_single_names(rank: int, p: int, res: dict) -> None:
     import torch.distributed as dist
 
     import zipccl.torch as zt
-    from zipccl.comm.collectives import reduce_sum_bf16
+    from zipccl.comm.reduction import reduce_sum_bf16
 
     n, m = 4099, 2048
     x = bf16(rank_input("gauss", n, rank))

@@ -1,16 +1,10 @@
-"""Compressed collectives: ``Communicator`` over NCCL or MPI transports.
+"""Compressed collectives: the one call path (``core``) and the mpi4py front end (``Communicator``).
 
-``transport`` moves bytes (NCCL, MPI direct or host-staged), ``collectives``
-says what each collective moves and holds the stated reduction, ``exchange`` is the
-one compressed exchange (fixed-size slots), ``slots`` / ``capacity`` size them and
-``spill`` moves the frames that do not fit,
-``engine`` declares what the algorithms ask of the memory the data lives in,
-``host`` and ``pipeline`` implement it for host and device arrays, ``policy``
-decides compressed or native per call, ``calibrate`` measures the profile it
-follows, ``args`` normalises the arguments of every entry point, ``agreement``
-checks that the ranks make the same call (the control row), ``plans`` keeps what each
-call signature decided, ``communicator`` is the user-facing class. Importing this package does
-not import mpi4py's MPI module or touch a GPU.
+``call`` describes a call, ``all_gather`` / ``reduce_scatter`` / ``all_to_all`` / ``all_reduce``
+each hold one collective (its checks, its messages, its native form), ``core`` decides, plans,
+agrees, runs and counts, ``exchange`` is the one compressed exchange over ``transport``.
+docs/ARCHITECTURE.md lists every module. Importing this package does not import mpi4py's MPI
+module or touch a GPU.
 """
 
 from .base import CollectiveError

@@ -108,9 +108,7 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
         elif want is not None and t.dtype == torch.uint16:
             t = t.view(torch.int16)  # NumPy has uint16; torch.uint16 may not convert
         if t.is_cuda:
-            import cupy
-
-            arr = cupy.asarray(t).reshape(-1)
+            arr = cupy_view(t)
         else:
             arr = t.numpy().reshape(-1)
         if name == "bfloat16":
@@ -148,6 +146,23 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
         flat = flat.view(np.uint16)
     flat, code, name = _typed(flat, name, want, role)
     return Arr(flat, device, code, name)
+
+
+_CUPY_OF_TORCH = {"int16": np.int16, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+
+
+def cupy_view(t):
+    """A 1-D CuPy array over the contiguous CUDA tensor ``t``'s memory (kept alive by it), made
+    from its pointer for the types the collectives move (``cupy.asarray`` reads
+    ``__cuda_array_interface__``, which costs tens of microseconds a call), else by CuPy."""
+    import cupy
+
+    dt = _CUPY_OF_TORCH.get(str(t.dtype)[6:])
+    if dt is None:
+        return cupy.asarray(t).reshape(-1)
+    nbytes = t.numel() * t.element_size()
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+    return cupy.ndarray((t.numel(),), dt, cupy.cuda.MemoryPointer(mem, 0))
 
 
 def check_pair(send: Arr, recv: Arr) -> None:
@@ -202,81 +217,14 @@ def check_counts(counts, p: int, what: str) -> list[int]:
     return vals
 
 
-# -- each collective's local check: (signature values, bytes the policy decides on, arrays) ----
-# ``common`` is what every rank must share besides the op and the settings (the agreement
-# module's docstring, 2.); the first array's kind decides host or device.
-
-def send_recv(send, recv, dtype: str | None) -> tuple[Arr, Arr]:
-    """The wrapped (send, recv) of a call, checked as a pair."""
-    s = wrap(send, dtype, "send")
-    r = wrap(recv, dtype, "recv", writable=True)
-    check_pair(s, r)
-    return s, r
-
-
-def all_gather_args(send, recv, dtype: str | None, p: int):
-    """``Communicator.all_gather``'s arguments on ``p`` ranks."""
-    s, r = send_recv(send, recv, dtype)
-    if r.size != p * s.size:
-        raise ValueError(f"recv holds {r.size} elements; all_gather of {s.size} per rank "
-                         f"on {p} ranks needs {p * s.size}")
-    return (s.dtype, s.device, s.size), s.nbytes, (s, r)
-
-
-def _reduction(a: Arr, op: str) -> None:
-    """Checks ``op``; zipccl computes sums only: any other op is the native one."""
+def reduction_of(a: Arr, op: str) -> str:
+    """``op`` checked for the Communicator: one of ``REDUCE_OPS``; BF16 sums only (MPI has no
+    BF16 reduction of its own)."""
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
     if a.bf16 and op != "sum":
         raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
-
-
-def reduce_scatter_args(send, recv, op: str, dtype: str | None, p: int):
-    """``Communicator.reduce_scatter``'s arguments on ``p`` ranks."""
-    s, r = send_recv(send, recv, dtype)
-    _reduction(s, op)
-    if op != "sum":
-        s.code = r.code = None
-    if s.size != p * r.size:
-        raise ValueError(f"send holds {s.size} elements; reduce_scatter into {r.size} "
-                         f"per rank on {p} ranks needs {p * r.size}")
-    return (s.dtype, s.device, r.size, op), s.nbytes, (s, r)
-
-
-def all_to_all_args(send, recv, dtype: str | None, p: int):
-    """``Communicator.all_to_all``'s arguments without counts on ``p`` ranks."""
-    s, r = send_recv(send, recv, dtype)
-    if s.size % p or r.size != s.size:
-        raise ValueError(f"all_to_all without counts needs send and recv of equal size "
-                         f"divisible by {p}; got {s.size} and {r.size}")
-    return (s.dtype, s.device, s.size), s.nbytes, (s, r)
-
-
-def all_reduce_args(buf, op: str, dtype: str | None):
-    """``Communicator.all_reduce``'s argument (in place)."""
-    b = wrap(buf, dtype, "buf", writable=True)
-    _reduction(b, op)
-    if op != "sum":
-        b.code = None
-    return (b.dtype, b.device, b.size, op), b.nbytes, b
-
-
-def counts_args(send, recv, send_counts, recv_counts, dtype: str | None, p: int):
-    """``Communicator.all_to_all``'s arguments with per-peer counts on ``p`` ranks:
-    (send, recv, send counts, recv counts or None, the control row's ints).
-
-    The ints: send counts, recv counts (-1 each when left out), recv's size.
-    """
-    s, r = send_recv(send, recv, dtype)
-    if send_counts is None:
-        raise ValueError("recv_counts given without send_counts")
-    sc = check_counts(send_counts, p, "send_counts")
-    rc = None if recv_counts is None else check_counts(recv_counts, p, "recv_counts")
-    if sum(sc) != s.size:
-        raise ValueError(f"send_counts add up to {sum(sc)} but send holds {s.size}")
-    if rc is not None and sum(rc) != r.size:
-        raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {r.size}")
-    return s, r, sc, rc, [*sc, *(rc if rc is not None else [-1] * p), r.size]
+    return op
 
 
 # -- memory -----------------------------------------------------------------------------------

@@ -76,7 +76,8 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
         so, sc = sends[me]
         if sc != c:
             raise ValueError(f"rank {me} sends itself {sc} elements but expects {c}")
-        eng.copy(recv[o:o + c], send[so:so + sc])
+        if _address(recv[o:o + c]) != _address(send[so:so + sc]):  # in place: already there
+            eng.copy(recv[o:o + c], send[so:so + sc])
     if p == 1:
         if on_chunk is not None and c:
             on_chunk(0, c)
@@ -115,7 +116,11 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
             s_len[j], s_dsp[j] = slot(n), at
         for j, at, _, n in plan.recvs[k]:
             r_len[j], r_dsp[j] = slot(n), at
-        tr.alltoallv(sbuf, s_len, s_dsp, rbuf, r_len, r_dsp, eng.transfer_stream(k))
+        if shared and uniform and plan.sends[k]:  # one slot for every peer, the same size everywhere
+            _, at, _, n = plan.sends[k][0]
+            tr.alltoallv_shared(sbuf, slot(n), at, rbuf, r_len, r_dsp, eng.transfer_stream(k))
+        else:
+            tr.alltoallv(sbuf, s_len, s_dsp, rbuf, r_len, r_dsp, eng.transfer_stream(k))
         stats.wire_bytes += sum(s_len)
         stats.raw_bytes += plan.raw_bytes[k] * isz
         eng.received(k)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import Codebook
 from .base import value_code, value_patterns
-from .collectives import reduce_sum
+from .reduction import reduce_sum
 
 
 class HostEngine:

@@ -20,78 +20,10 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
 from .base import value_code
+from .reduction import DEVICE_PREAMBLE, DEVICE_SUM
 
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
-
-# One FP32 accumulation per element in rank order, one rounding to the type: the definition of
-# collectives.reduce_sum_bf16 / _fp32 / _fp16, on the device. Keyed by element type:
-# (parameters, results, body, kernel name); every kernel gets _PREAMBLE. The additions are
-# zipccl_add, an explicit PTX add.rn.f32: CuPy compiles every kernel with -ftz=true, under
-# which __fadd_rn (and +) flush subnormal inputs and results to zero; the stated sum keeps
-# them, as NumPy does. (On an H200, tests/test_gpu_reduce.py with __fadd_rn failed for two-rank
-# BF16 and FP32 sums of random bit patterns, where both addends are often tiny; CuPy's fixed
-# -ftz=true is the cause we know of. This version is not yet run on a GPU.)
-_REDUCE = {
-    fmt.DTYPE_BF16: ("raw uint16 stack, int64 p, int64 m", "uint16 out", r"""
-float acc = __uint_as_float(((unsigned int)stack[i]) << 16);
-for (long long r = 1; r < p; ++r) {
-    acc = zipccl_add(acc, __uint_as_float(((unsigned int)stack[r * m + i]) << 16));
-}
-unsigned int u = __float_as_uint(acc);
-out = isnan(acc) ? (unsigned short)0x7FC0
-                 : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-""", "zipccl_reduce_sum_bf16"),
-    fmt.DTYPE_FP32: ("raw float32 stack, int64 p, int64 m", "float32 out", r"""
-float acc = stack[i];
-for (long long r = 1; r < p; ++r) {
-    acc = zipccl_add(acc, stack[r * m + i]);
-}
-out = isnan(acc) ? __uint_as_float(0x7FC00000u) : acc;
-""", "zipccl_reduce_sum_fp32"),
-    # FP16 as uint16 bit patterns (the views below), converted exactly in integer arithmetic
-    # (the kernel source cannot count on cuda_fp16.h): _PREAMBLE
-    fmt.DTYPE_FP16: ("raw uint16 stack, int64 p, int64 m", "uint16 out", r"""
-float acc = zipccl_h2f(stack[i]);
-for (long long r = 1; r < p; ++r) {
-    acc = zipccl_add(acc, zipccl_h2f(stack[r * m + i]));
-}
-out = isnan(acc) ? (unsigned short)0x7E00 : zipccl_f2h(acc);
-""", "zipccl_reduce_sum_fp16"),
-}
-
-
-# zipccl_add: IEEE addition with subnormals (see _REDUCE). FP16 <-> FP32: exact widening;
-# narrowing rounded to nearest even (NumPy's float32 -> float16); their multiplications never
-# meet an FP32 subnormal that matters (h2f's results are normal FP32; in f2h an FP32 subnormal
-# input flushed to 0 still rounds to the FP16 zero it would round to).
-_PREAMBLE = r"""
-__device__ __forceinline__ float zipccl_add(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ float zipccl_h2f(unsigned short h) {
-    unsigned int s = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1Fu;
-    unsigned int f = (unsigned int)h & 0x3FFu;
-    if (e == 0) {
-        float v = (float)f * 5.9604644775390625e-08f;  /* subnormal: f * 2^-24, exact */
-        return s ? -v : v;
-    }
-    if (e == 31) return __uint_as_float(s | 0x7F800000u | (f << 13));
-    return __uint_as_float(s | ((e + 112u) << 23) | (f << 13));
-}
-__device__ unsigned short zipccl_f2h(float x) {
-    unsigned int u = __float_as_uint(x), s = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (unsigned short)(s | 0x7E00u);   /* NaN */
-    if (a >= 0x477FF000u) return (unsigned short)(s | 0x7C00u);  /* rounds to inf */
-    if (a >= 0x38800000u)                                        /* normal: round at bit 13 */
-        return (unsigned short)(s | ((a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13));
-    /* subnormal or zero: |x| * 2^24 (exact) rounded to the nearest even integer */
-    return (unsigned short)(s | (unsigned int)__float2int_rn(__uint_as_float(a) * 16777216.0f));
-}
-"""
-
 
 class DeviceEngine:
     """CuPy buffers on the current device, the GPU codec, one stream per call."""
@@ -160,10 +92,10 @@ class DeviceEngine:
         code = value_code(out)
         kernel = self._reducers.get(code)
         if kernel is None:
-            params, results, body, name = _REDUCE[code]
+            params, results, body, name = DEVICE_SUM[code]
             kernel = self._reducers[code] = self.cp.ElementwiseKernel(
                 params, results, body, name,
-                preamble=_PREAMBLE)
+                preamble=DEVICE_PREAMBLE)
         if code == fmt.DTYPE_FP16:
             stack, out = stack.view(self.cp.uint16), out.view(self.cp.uint16)
         kernel(stack, np.int64(p), np.int64(m), out)

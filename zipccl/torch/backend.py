@@ -76,7 +76,8 @@ from torch._C._distributed_c10d import (
 )
 
 from ..comm.policy import MODES, Policy
-from .functional import _CODED, Collectives, Stats, _op_name
+from ..comm.stats import Stats
+from .functional import _CODED, Collectives, _op_name
 from .transport import post_failure
 
 BACKEND = "zipccl"
@@ -146,7 +147,7 @@ class ZipProcessGroup(dist.ProcessGroup):
         self._inner._set_default_backend(backends[-1][1])
         self._policy = _mode(options.policy)
         self._zc: dict[str, Collectives] = {}  # per device type
-        self._stats = {op: Stats() for op in STAT_OPS}
+        self._stats = Stats()  # every compressed or native call this group ran, per collective
         self._passed: dict[str, int] = {}
 
     # -- identity ---------------------------------------------------------------------------
@@ -192,14 +193,14 @@ class ZipProcessGroup(dist.ProcessGroup):
         """Per collective: calls, compressed calls, raw and wire bytes sent, bytes saved; and the
         number of calls passed through per method."""
         out = {}
-        for op, s in self._stats.items():
+        for op in STAT_OPS:
+            s = self._stats.of(op)
             out[op] = {**s.as_dict(), "saved_bytes": s.raw_bytes - s.wire_bytes}
         out["passthrough"] = dict(self._passed)
         return out
 
     def reset_stats(self) -> None:
-        for s in self._stats.values():
-            s.reset()
+        self._stats.reset()
         self._passed.clear()
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -216,18 +217,11 @@ class ZipProcessGroup(dist.ProcessGroup):
             raise
 
     def _run(self, op: str, device: torch.device, call):
-        """Run ``call(collectives)`` with this group's calls passed through; counts into stats[op]."""
+        """Run ``call(collectives, stats)`` with this group's calls passed through; the core counts
+        it into this group's ``Stats`` too."""
         c = self.collectives(device)
-        before = c.stats.as_dict()
         with self.passthrough():
-            work = call(c)
-        after = c.stats.as_dict()
-        s = self._stats[op]
-        s.calls += after["calls"] - before["calls"]
-        s.compressed_calls += after["compressed_calls"] - before["compressed_calls"]
-        s.raw_bytes += after["raw_bytes"] - before["raw_bytes"]
-        s.wire_bytes += after["wire_bytes"] - before["wire_bytes"]
-        return work
+            return call(c, self._stats)
 
     def _eligible(self, *tensors: torch.Tensor) -> bool:
         """Tensors zipccl moves: one coded dtype, one device (CPU, or CUDA with an inner NCCL),
@@ -250,8 +244,8 @@ class ZipProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         if self._eligible(output, input) and output.numel() == self.size() * input.numel():
-            return self._run("all_gather", input.device, lambda c: c.all_gather_into_tensor(
-                output, input, group=self, async_op=True))
+            return self._run("all_gather", input.device, lambda c, st: c.all_gather_into_tensor(
+                output, input, group=self, async_op=True, stats=st))
         return self._pass("all_gather_single", output, input, opts)
 
     def _allgather_base(self, output, input, opts=None):
@@ -264,8 +258,8 @@ class ZipProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else ReduceScatterOptions()
         if (self._eligible(output, input) and input.numel() == self.size() * output.numel()
                 and _op_name(opts.reduceOp) is not None):
-            return self._run("reduce_scatter", input.device, lambda c: c.reduce_scatter_tensor(
-                output, input, opts.reduceOp, group=self, async_op=True))
+            return self._run("reduce_scatter", input.device, lambda c, st: c.reduce_scatter_tensor(
+                output, input, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("reduce_scatter_single", output, input, opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -281,8 +275,8 @@ class ZipProcessGroup(dist.ProcessGroup):
         isz = list(input_split_sizes) or None
         if self._eligible(output, input) and _splits_ok(output, osz, self.size()) \
                 and _splits_ok(input, isz, self.size()):
-            return self._run("all_to_all", input.device, lambda c: c.all_to_all_single(
-                output, input, osz, isz, group=self, async_op=True))
+            return self._run("all_to_all", input.device, lambda c, st: c.all_to_all_single(
+                output, input, osz, isz, group=self, async_op=True, stats=st))
         return self._pass("all_to_all_single", output, input, output_split_sizes, input_split_sizes, opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -301,8 +295,8 @@ class ZipProcessGroup(dist.ProcessGroup):
         if (len(tensors) == 1 and self._eligible(tensors[0])
                 and _op_name(opts.reduceOp) is not None):
             t = tensors[0]
-            return self._run("all_reduce", t.device, lambda c: c.all_reduce(
-                t, opts.reduceOp, group=self, async_op=True))
+            return self._run("all_reduce", t.device, lambda c, st: c.all_reduce(
+                t, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("allreduce", tensors, opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -313,8 +307,8 @@ class ZipProcessGroup(dist.ProcessGroup):
                 and all(o.shape == input_tensors[0].shape for o in output_tensors[0])):
             x, outs = input_tensors[0], output_tensors[0]
             flat = torch.empty((p * x.numel(),), dtype=x.dtype, device=x.device)
-            work = self._run("all_gather", x.device, lambda c: c.all_gather_into_tensor(
-                flat, x, group=self, async_op=True))
+            work = self._run("all_gather", x.device, lambda c, st: c.all_gather_into_tensor(
+                flat, x, group=self, async_op=True, stats=st))
             work.wait()
             for r, o in enumerate(outs):
                 o.copy_(flat[r * x.numel():(r + 1) * x.numel()].view(o.shape))
@@ -330,8 +324,8 @@ class ZipProcessGroup(dist.ProcessGroup):
                 and _op_name(opts.reduceOp) is not None):
             out = output_tensors[0]
             flat = torch.cat([i.reshape(-1) for i in input_tensors[0]])
-            return self._run("reduce_scatter", out.device, lambda c: c.reduce_scatter_tensor(
-                out, flat, opts.reduceOp, group=self, async_op=True))
+            return self._run("reduce_scatter", out.device, lambda c, st: c.reduce_scatter_tensor(
+                out, flat, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("reduce_scatter", output_tensors, input_tensors, opts)
 
 

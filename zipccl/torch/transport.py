@@ -119,6 +119,7 @@ class ProcessGroupTransport(Transport):
     """
 
     name = "torch"
+    own_reduction = True
     moves_device = True
 
     def __init__(self, group=None, device: torch.device | str = "cpu"):
@@ -159,6 +160,19 @@ class ProcessGroupTransport(Transport):
                     if c:
                         r8[int(d):int(d) + c].copy_(out[pos:pos + c])
                     pos += c
+
+    def alltoallv_shared(self, send, count: int, at: int, recv, rcounts: Sequence[int],
+                         rdispls: Sequence[int], stream=None) -> None:
+        """Every peer receives the same ``count`` bytes at ``send[at:]`` (every rank sends the
+        same count): the group's all-gather, so the slot is not copied once per peer."""
+        s8, r8 = as_torch(send).view(torch.uint8), as_torch(recv).view(torch.uint8)
+        count, at = int(count), int(at)
+        with _StreamScope(stream, self._cuda):
+            out = torch.empty(self.size * count, dtype=torch.uint8, device=r8.device)
+            all_gather_single(out, s8[at:at + count], self.group)
+            for j, (c, d) in enumerate(zip(rcounts, rdispls, strict=True)):
+                if j != self.rank and c:
+                    r8[int(d):int(d) + int(c)].copy_(out[j * count:j * count + int(c)])
 
     def allgather(self, send, recv, stream=None) -> None:
         """Equal blocks: recv = concatenation over ranks of every rank's ``send`` bytes."""

@@ -1,0 +1,85 @@
+"""Reduce-scatter: block j of every rank's input, summed, lands on rank j (ncclReduceScatter).
+
+Both paths move the p shards of this rank's block into a (p, m) staging array and reduce it
+with the stated sum (``reduction``): compressed, each round's columns as soon as they are
+decoded; natively on a transport without that sum (MPI), the same exchange uncompressed. A
+transport with its own reduction (NCCL, a torch group) runs it natively instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import format as fmt
+from .args import Arr, byte_view, check_pair, overlap
+from .base import ExchangeStats, offsets, value_code
+from .call import Call, Route, detached, raw_exchange
+from .exchange import slot_exchange
+from .transport import REDUCE_OPS
+
+OP = "reduce_scatter"
+
+
+def check_reduction(op: str) -> None:
+    """The reductions a call may name; zipccl computes sums (and torch's AVG) itself."""
+    if op not in REDUCE_OPS and op != "avg":
+        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+
+
+def describe(send: Arr, recv: Arr, op: str, p: int, rank: int, stream=None) -> Call:
+    """The call ``recv = reduction over ranks of each rank's block rank of send``."""
+    check_pair(send, recv)
+    check_reduction(op)
+    if send.size != p * recv.size:
+        raise ValueError(f"send holds {send.size} elements; reduce_scatter into {recv.size} "
+                         f"per rank on {p} ranks needs {p * recv.size}")
+    m = recv.size
+    return Call(OP, send, recv, (m,) * p, (m,) * p, reduce=op, rank=rank, stream=stream)
+
+
+def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
+    """Run the described call: the stated sum (compressed, or natively where the transport has
+    no sum of its own or the type has none there), else the transport's reduction."""
+    s, r = call.send.data, call.recv.data
+    if call.code is not None and (compress or not route.tr.own_reduction):
+        return reduce_blocks(route, detached(route.eng, s, r), r, list(call.recv_counts),
+                             compress=compress)
+    kind = "bfloat16" if call.send.bf16 else None
+    route.tr.reduce_scatter(detached(route.eng, s, r), r, call.reduce, route.stream, dtype=kind)
+    raw = s.nbytes - r.nbytes
+    return ExchangeStats(raw, raw)
+
+
+def bind(call: Call, route: Route):
+    """The transport's native call with its arguments packed (None where it cannot be)."""
+    if call.code is not None and not route.tr.own_reduction:
+        return None
+    s, r = call.send.data, call.recv.data
+    if call.in_place or not overlap(s, r):
+        kind = "bfloat16" if call.send.bf16 else None
+        return route.tr.bind_reduce_scatter(s, r, call.reduce, route.stream, dtype=kind)
+    return None
+
+
+def reduce_blocks(route: Route, send, recv, counts: Sequence[int], *, compress: bool) -> ExchangeStats:
+    """recv = the stated sum over ranks of each rank's block ``rank`` of ``send`` (packed by
+    ``counts``; 1-D engine arrays)."""
+    eng, tr = route.eng, route.tr
+    p, me = tr.size, tr.rank
+    m = counts[me]
+    isz = fmt.ITEMSIZE[value_code(send)]
+    stage = eng.values_workspace("stage", p * m, send.dtype)
+    sends = list(zip(offsets(counts), counts, strict=True))
+    recvs = [(j * m, m) for j in range(p)]
+    if compress:
+        def reduce_cols(lo: int, hi: int) -> None:
+            eng.reduce_cols(stage, p, m, lo, hi, recv)
+
+        return slot_exchange(eng, tr, route.channel, send, sends, stage, recvs, op=OP,
+                             uniform=len(set(counts)) == 1, chunk=route.chunk,
+                             max_count=max(counts), stream=route.stream, on_chunk=reduce_cols)
+    raw_exchange(tr, byte_view(send), [(isz * o, isz * c) for o, c in sends], byte_view(stage),
+                 [(isz * o, isz * c) for o, c in recvs], route.stream)
+    eng.reduce_sum(stage.reshape(p, m), recv)
+    raw = isz * (sum(counts) - m)
+    return ExchangeStats(raw, raw)
