@@ -46,6 +46,8 @@ import torch.distributed as dist
 from ..comm.calibrate import CALIBRATION_BEST_OF as BEST_OF
 from ..comm.policy import MODES, Policy, Profile
 from ..costmodel import OPS, fit_alpha_beta
+from . import functional
+from .functional import Collectives, ReduceOp
 from .transport import resolve_group
 
 POLICY_ENV = "ZIPCCL_POLICY"
@@ -100,9 +102,7 @@ def calibration_sizes(device: torch.device) -> tuple[int, ...]:
 
 
 def _inner_backend(group, device: torch.device) -> str:
-    from .backend import ZipProcessGroup
-
-    if isinstance(group, ZipProcessGroup):
+    if _zipccl_group(group):
         return group.inner._get_backend(device).name()
     return str(dist.get_backend(group))
 
@@ -238,7 +238,6 @@ def _parse(text: str | None, key: str, world: int) -> Profile | None:
 def _measure(group, device: torch.device, key: str, sizes, repeat: int) -> Profile:
     """Time the four collectives both ways, the codec, and the local sum (see the module docstring)."""
     from .. import compress, decompress
-    from .functional import Collectives, ReduceOp
 
     p, rank = dist.get_world_size(group), dist.get_rank(group)
     cuda = device.type == "cuda"
@@ -353,14 +352,12 @@ def policy_for(group, device: torch.device, base: Policy | None = None) -> Polic
 
 def _held(group, device) -> tuple[Policy | None, Calibration | None, str]:
     """(policy, calibration, device type) ``group`` holds for ``device`` (None: CUDA, else CPU)."""
-    from .backend import ZipProcessGroup
-
     types = [torch.device(device).type] if device is not None else ["cuda", "cpu"]
     for t in types:
         done = _DONE.get((id(group), t))
         if done is not None and done[0] is group:
             return done[1], done[2], t
-    if isinstance(group, ZipProcessGroup) and group.policy_mode != "auto":
+    if _zipccl_group(group) and group.policy_mode != "auto":
         pol = group._policy
         return (pol if isinstance(pol, Policy) else Policy(pol)), None, types[-1]
     return None, None, types[-1]
@@ -412,13 +409,21 @@ def resolve(policy: Policy, group, t: torch.Tensor) -> Policy:
     A profile-free "auto" on CUDA tensors takes the group's calibrated profile (calibrating on
     first use); ``$ZIPCCL_POLICY`` may force another mode; anything else is ``policy`` itself.
     """
-    from .backend import ZipProcessGroup
-
     pol = policy_for_mode(policy)
     if pol.mode != "auto" or pol.profile is not None or group is None:
         return pol
-    if isinstance(group, ZipProcessGroup):
+    if _zipccl_group(group):
         return pol  # the group's own calls below decide (its policy, its calibration)
     if not t.is_cuda:
         return pol
     return policy_for(group, t.device, base=pol)
+
+
+def _zipccl_group(group) -> bool:
+    """Whether ``group`` is a zipccl backend group (``backend.ZipProcessGroup``: its own policy)."""
+    return hasattr(group, "policy_mode") and hasattr(group, "inner")
+
+
+# the torch functions and hooks follow the group's calibrated "auto"; forget_groups drops them
+Collectives.resolve = staticmethod(resolve)
+functional.FORGET.append(_DONE.clear)

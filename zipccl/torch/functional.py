@@ -32,7 +32,6 @@ from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Link
 from ..comm.policy import Policy
 from ..comm.reduction import CANONICAL_NAN, CANONICAL_NAN_FP16, CANONICAL_NAN_FP32
 from ..comm.stats import Stats
-from . import autotune as _autotune
 from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
 
@@ -172,6 +171,12 @@ class Collectives:
     of its settings; None: the adaptive default rule).
     """
 
+    @staticmethod
+    def resolve(policy: Policy, group, t: torch.Tensor) -> Policy:
+        """The policy a call follows: ``policy`` itself here; ``zipccl.torch.autotune`` (imported
+        with ``zipccl.torch``) replaces this with the group's calibrated "auto"."""
+        return policy
+
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  checksum: bool = False, min_compress_bytes: int = 1 << 20,
                  compress_host: bool = False, capacity=None):
@@ -243,7 +248,7 @@ class Collectives:
         eng, call.stream = self._engine(t)
         key = call_key(call.op, t, result if result is not t else None, None, call.stream,
                        (id(group), reduce, call.uneven))[0] if decided is None else None
-        policy = _autotune.resolve(core.policy, group, t)  # "auto": the group's calibration
+        policy = self.resolve(core.policy, group, t)  # "auto": the group's calibration (autotune)
         plan = core.plan(key, call, link, tr.size, policy)
         if decided is not None:  # an uneven all-to-all: the decision agreed for its group
             plan.decision, plan.compress = decided, decided.compress
@@ -367,7 +372,7 @@ class Collectives:
             decided = self._uneven.get(key)
             if decided is None:
                 nbytes = _agreed_max(group, input, [nbytes])[0]
-                decided = self._uneven[key] = self._core.decide(describe(), p, _autotune.resolve(
+                decided = self._uneven[key] = self._core.decide(describe(), p, self.resolve(
                     self.policy, group, input))
         return self._run(group, input, output, describe, native, async_op, stats, decided=decided)
 
@@ -436,6 +441,7 @@ def _agreed_max(group, like: torch.Tensor, values: list[int]) -> list[int]:
 
 
 _DEFAULTS: dict[object, Collectives] = {}
+FORGET: list = []  # what else forget_groups clears (autotune adds its calibrations)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Collectives made: forget_groups empties them
 
 
@@ -454,7 +460,8 @@ def forget_groups() -> None:
             pass
         c._uneven.clear()
     _DEFAULTS.clear()
-    _autotune._DONE.clear()
+    for forget in FORGET:
+        forget()
     gc.collect()
 
 
