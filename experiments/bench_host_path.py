@@ -43,10 +43,8 @@ OPS = ("all_gather", "reduce_scatter", "all_to_all")
 
 
 @contextlib.contextmanager
-def counted(record: dict, transport_cls):
+def counted(record: dict, transport_cls, cuda: bool = True):
     """Count synchronising calls and time the transport's calls while the block runs."""
-    import cupy
-
     patches = []
 
     def wrap(owner, name: str, label: str, timed: bool = False):
@@ -65,20 +63,43 @@ def counted(record: dict, transport_cls):
         patches.append((owner, name, real))
         setattr(owner, name, counting)
 
-    wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
-    wrap(torch.cuda.Stream, "synchronize", "torch Stream.synchronize")
-    wrap(torch.cuda.Event, "synchronize", "torch Event.synchronize")
-    wrap(cupy.cuda.Stream, "synchronize", "cupy Stream.synchronize")
-    wrap(cupy.cuda.Event, "synchronize", "cupy Event.synchronize")
-    wrap(cupy.ndarray, "get", "cupy ndarray.get")
-    wrap(cupy, "asnumpy", "cupy.asnumpy")
-    for name in ("alltoallv", "allgather"):
+    if cuda:
+        import cupy
+
+        wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
+        wrap(torch.cuda.Stream, "synchronize", "torch Stream.synchronize")
+        wrap(torch.cuda.Event, "synchronize", "torch Event.synchronize")
+        wrap(cupy.cuda.Stream, "synchronize", "cupy Stream.synchronize")
+        wrap(cupy.cuda.Event, "synchronize", "cupy Event.synchronize")
+        wrap(cupy.ndarray, "get", "cupy ndarray.get")
+        wrap(cupy, "asnumpy", "cupy.asnumpy")
+    for name in ("alltoallv", "allgather") + (("alltoallv_shared",) if hasattr(
+            transport_cls, "alltoallv_shared") else ()):
         wrap(transport_cls, name, name, timed=True)
     try:
         yield
     finally:
         for owner, name, real in reversed(patches):
             setattr(owner, name, real)
+
+
+def python_calls(call) -> tuple[int, int]:
+    """(zipccl functions, all Python functions) entered on this thread during one ``call()``."""
+    pkg = str(HERE.parent / "zipccl")
+    counts = [0, 0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            counts[1] += 1
+            if frame.f_code.co_filename.startswith(pkg):
+                counts[0] += 1
+
+    sys.setprofile(prof)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return counts[0], counts[1]
 
 
 STAGES = (  # (module, owner, method): the caller's-thread stages --stages times
@@ -132,14 +153,17 @@ def run(rank: int, p: int, args) -> list[dict]:
     import zipccl.torch as zt
     from zipccl.torch.transport import ProcessGroupTransport
 
-    zc = zt.Collectives("always")
-    gen = torch.Generator(device="cuda").manual_seed(rank)
+    dev = args.device
+    cuda = dev == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    zc = zt.Collectives("always", compress_host=True)
+    gen = torch.Generator(device=dev).manual_seed(rank)
     recs = []
     for mib in args.sizes_mib:
         n = int(mib * (1 << 20)) // 2
-        x = (torch.randn(p * n, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+        x = (torch.randn(p * n, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
         for op in args.ops:
-            out = torch.empty(p * n if op != "reduce_scatter" else n, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(p * n if op != "reduce_scatter" else n, dtype=torch.bfloat16, device=dev)
             ref = torch.empty_like(out)
 
             def call(fn=zc, out=out, op=op, x=x, n=n):
@@ -155,11 +179,14 @@ def run(rank: int, p: int, args) -> list[dict]:
                 dist.all_gather_into_tensor(ref, x[:n])
             elif op == "all_to_all":
                 dist.all_to_all_single(ref, x)
-            torch.cuda.synchronize()
+            sync()
             exact = op == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
             for _ in range(args.warmup):
                 call()
-            torch.cuda.synchronize()
+            sync()
+            dist.barrier()
+            zc_calls, py_calls = python_calls(call)  # one more warm call, counted
+            sync()
             dist.barrier()
             rec = {"waits": {}, "transport_s": 0.0}
             returned_early = []
@@ -170,7 +197,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 prof = cProfile.Profile()
                 prof.enable()
             stages: dict = {}
-            with counted(rec, ProcessGroupTransport), \
+            with counted(rec, ProcessGroupTransport, cuda), \
                     (staged(stages) if args.stages else contextlib.nullcontext()):
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
@@ -188,10 +215,11 @@ def run(rank: int, p: int, args) -> list[dict]:
                 prof.disable()
                 print(f"--- profile of {args.calls} {op} calls of {mib:g} MiB (rank 0, tottime)")
                 pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile_lines)
-            torch.cuda.synchronize()
+            sync()
             rec.update({
                 "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
-                "backend": args.backend, "calls": args.calls, "exact": exact,
+                "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
+                "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
                 "compressed": zc.last_decision.compress if zc.last_decision else None,
@@ -210,7 +238,8 @@ def run(rank: int, p: int, args) -> list[dict]:
             if rank == 0:
                 print(f"{op:15s} {mib:7.2f} MiB  call {rec['call_us']:9.1f} us  transport "
                       f"{rec['transport_us']:9.1f}  zipccl {rec['zipccl_us']:7.1f}  waits/call "
-                      f"{rec['waits_per_call']:.1f} {rec['waits'] or ''}  exact {exact}", flush=True)
+                      f"{rec['waits_per_call']:.1f} {rec['waits'] or ''}  py calls {zc_calls}/{py_calls}  "
+                      f"exact {exact}", flush=True)
     return recs
 
 
@@ -261,7 +290,12 @@ def single_process_costs(args) -> list[dict]:
     return recs
 
 
-def machine(backend: str, p: int) -> dict:
+def machine(backend: str, p: int, device: str = "cuda") -> dict:
+    if device == "cpu":
+        import platform
+
+        return {"machine": f"{os.cpu_count()}-core CPU box ({platform.machine()}), {p} ranks over "
+                           f"gloo, CPU tensors", "gpu": None, "torch": torch.__version__}
     name = torch.cuda.get_device_name(0)
     one_gpu = backend == "gloo"
     return {"machine": f"1 x {name}, {p} ranks sharing it over gloo" if one_gpu else f"{p} x {name}",
@@ -270,11 +304,12 @@ def machine(backend: str, p: int) -> dict:
 
 def worker(rank: int, p: int, init: str, args) -> None:
     # gloo: every rank on GPU 0 (the one-GPU measurement); NCCL: a GPU per rank, by the one rule
-    where = place(rank, p, 1 if args.backend == "gloo" else torch.cuda.device_count())
-    if args.backend == "nccl" and where.shared:
-        raise SystemExit(f"--backend nccl needs a GPU per rank ({where}); NCCL refuses ranks that "
-                         f"share a GPU: use --backend gloo")
-    torch.cuda.set_device(where.device)
+    if args.device == "cuda":
+        where = place(rank, p, 1 if args.backend == "gloo" else torch.cuda.device_count())
+        if args.backend == "nccl" and where.shared:
+            raise SystemExit(f"--backend nccl needs a GPU per rank ({where}); NCCL refuses ranks "
+                             f"that share a GPU: use --backend gloo")
+        torch.cuda.set_device(where.device)
     dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=p)
     try:
         recs = run(rank, p, args)
@@ -282,7 +317,8 @@ def worker(rank: int, p: int, init: str, args) -> None:
             import harness
 
             stamp = time.strftime("%Y%m%dT%H%M%S")
-            info = machine(args.backend, p)
+            info = {**machine(args.backend, p, args.device),
+                    "commit": os.environ.get("ZIPCCL_COMMIT", "")}
             harness.append_records(args.out, [{**r, **info, "run": stamp} for r in recs])
     finally:
         dist.barrier()
@@ -292,6 +328,8 @@ def worker(rank: int, p: int, init: str, args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: CPU tensors over gloo (no GPU; the host path of the CPU codec)")
     ap.add_argument("--sizes-mib", type=lambda s: [float(v) for v in s.split(",")], default=[1, 16, 64, 256])
     ap.add_argument("--ops", type=lambda s: s.split(","), default=list(OPS))
     ap.add_argument("--calls", type=int, default=20)
@@ -306,6 +344,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", action="store_true",
                     help="time the caller's thread in each zipccl stage (STAGES) and record it")
     args = ap.parse_args(argv)
+    if args.device == "cpu" and args.backend != "gloo":
+        ap.error("--device cpu needs --backend gloo")
     if args.queue_ms and args.backend != "nccl":
         ap.error("--queue-ms needs --backend nccl (gloo blocks inside its transfer)")
     if args.single:
