@@ -156,7 +156,9 @@ def run(rank: int, p: int, args) -> list[dict]:
     dev = args.device
     cuda = dev == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    zc = zt.Collectives("always", compress_host=True)
+    from zipccl.comm import Policy
+
+    zc = zt.Collectives(Policy("always", compress_host=True, loopback=args.loopback))
     gen = torch.Generator(device=dev).manual_seed(rank)
     recs = []
     for mib in args.sizes_mib:
@@ -220,6 +222,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
                 "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
                 "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
+                "loopback": args.loopback,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
                 "compressed": zc.last_decision.compress if zc.last_decision else None,
@@ -328,6 +331,9 @@ def worker(rank: int, p: int, init: str, args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    ap.add_argument("--ranks", type=int, default=2, help="ranks to spawn (without torchrun)")
+    ap.add_argument("--loopback", action="store_true",
+                    help="one rank: the compressed path through a slot to itself (Policy.loopback)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: CPU tensors over gloo (no GPU; the host path of the CPU codec)")
     ap.add_argument("--sizes-mib", type=lambda s: [float(v) for v in s.split(",")], default=[1, 16, 64, 256])
@@ -344,6 +350,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", action="store_true",
                     help="time the caller's thread in each zipccl stage (STAGES) and record it")
     args = ap.parse_args(argv)
+    if args.loopback and args.ranks != 1:
+        ap.error("--loopback needs --ranks 1")
     if args.device == "cpu" and args.backend != "gloo":
         ap.error("--device cpu needs --backend gloo")
     if args.queue_ms and args.backend != "nccl":
@@ -364,7 +372,7 @@ def main(argv=None) -> int:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(2, f"file://{tmp}/store", args), nprocs=2, join=True)
+        mp.spawn(worker, args=(args.ranks, f"file://{tmp}/store", args), nprocs=args.ranks, join=True)
     return 0
 
 

@@ -55,7 +55,7 @@ def gather(route: Route, send, recv, counts: Sequence[int], *, compress: bool) -
         return slot_exchange(route.eng, tr, route.channel, send, [(0, counts[me])] * tr.size,
                              recv, recvs, op=OP, uniform=len(set(counts)) == 1,
                              chunk=route.chunk, max_count=max(counts), shared=True,
-                             stream=route.stream)
+                             stream=route.stream, loopback=route.loopback)
     if len(set(counts)) == 1:
         tr.allgather(byte_view(send), byte_view(recv), route.stream)
     else:

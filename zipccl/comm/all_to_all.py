@@ -66,7 +66,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
                              r, list(zip(offsets(call.recv_counts), call.recv_counts, strict=True)),
                              op=OP, uniform=not call.uneven,
                              chunk=route.chunk if call.largest is not None else 0,
-                             max_count=call.largest, stream=route.stream)
+                             max_count=call.largest, stream=route.stream, loopback=route.loopback)
     isz = s.itemsize
     sc = [isz * c for c in call.send_counts]
     rc = [isz * c for c in call.recv_counts]

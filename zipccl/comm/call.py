@@ -86,6 +86,7 @@ class Route:
     channel: object = None
     stream: object = None
     chunk: int = 0
+    loopback: bool = False  # one rank sends its message through a slot to itself
 
     @property
     def rank(self) -> int:

@@ -104,7 +104,9 @@ class Core:
                 ch.spills.close(timeout=timeout)
 
     def route(self, call: Call, eng, tr, channel=None) -> Route:
-        return Route(eng, tr, channel, call.stream, chunk_elements(self.chunk, _itemsize(call)))
+        d = self.last_decision
+        return Route(eng, tr, channel, call.stream, chunk_elements(self.chunk, _itemsize(call)),
+                     loopback=bool(d is not None and d.loopback and tr.size == 1))
 
     # -- deciding and agreeing, once per signature ------------------------------------------------
     def decide(self, call: Call, world: int, policy: Policy | None = None) -> Decision:

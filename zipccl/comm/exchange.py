@@ -44,7 +44,8 @@ from .engine import Engine
 def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int]], recv,
                   recvs: Sequence[tuple[int, int]], *, op: str, uniform: bool = False,
                   chunk: int = 0, max_count: int | None = None, shared: bool = False,
-                  stream=None, on_chunk: Callable[[int, int], None] | None = None) -> ExchangeStats:
+                  stream=None, on_chunk: Callable[[int, int], None] | None = None,
+                  loopback: bool = False) -> ExchangeStats:
     """All-to-all of ``send``'s messages as slots (see the module docstring).
 
     Peer j's outgoing message is ``send[o:o+c]`` for ``(o, c) = sends[j]``; its incoming
@@ -52,7 +53,8 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     the same message (an all-gather). The message to self is copied, never coded.
     ``max_count``: with ``chunk`` > 0, the largest message between two ranks anywhere (all
     ranks pass the same; it fixes the number of rounds); with ``chunk`` = 0 (one round) this
-    rank's largest is enough. Returns this rank's byte counts (slots; spilled
+    rank's largest is enough. ``loopback`` (one rank only): the message to self goes through
+    a slot like a peer's (``Policy.loopback``). Returns this rank's byte counts (slots; spilled
     tails are counted by ``spills``).
     """
     p, me = tr.size, tr.rank
@@ -62,28 +64,30 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
     channel.check(op)
     channel.site(op, uniform)
     capacity = channel.capacity
+    loop = loopback and p == 1
     if max_count is None:
-        max_count = max([c for j, (_, c) in enumerate(sends) if j != me]
-                        + [c for j, (_, c) in enumerate(recvs) if j != me] + [0])
+        max_count = max([c for j, (_, c) in enumerate(sends) if j != me or loop]
+                        + [c for j, (_, c) in enumerate(recvs) if j != me or loop] + [0])
     if chunk > 0:  # every rank passes the same max_count: the same rounds everywhere
         step, rounds = chunk, chunk_count(max_count, chunk)
     else:  # one round, also when this rank moves nothing (its peers still meet it there)
         step, rounds = max(max_count, 1), 1
-    rounds = rounds if p > 1 else 0
+    rounds = rounds if p > 1 or loop else 0
 
     o, c = recvs[me]
-    if c:
+    if c and not loop:
         so, sc = sends[me]
         if sc != c:
             raise ValueError(f"rank {me} sends itself {sc} elements but expects {c}")
         if _address(recv[o:o + c]) != _address(send[so:so + sc]):  # in place: already there
             eng.copy(recv[o:o + c], send[so:so + sc])
-    if p == 1:
+    if p == 1 and not loop:
         if on_chunk is not None and c:
             on_chunk(0, c)
         return stats
 
-    plan = _plan(p, me, tuple(map(tuple, sends)), tuple(map(tuple, recvs)), shared, step, rounds, code)
+    plan = _plan(p, -1 if loop else me, tuple(map(tuple, sends)), tuple(map(tuple, recvs)), shared,
+                 step, rounds, code)
     sbuf = eng.workspace("slot_send", plan.s_total)
     rbuf = eng.workspace("slot_recv", plan.r_total)
     s_base, r_base = _address(sbuf), _address(rbuf)
@@ -116,7 +120,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
             s_len[j], s_dsp[j] = slot(n), at
         for j, at, _, n in plan.recvs[k]:
             r_len[j], r_dsp[j] = slot(n), at
-        if shared and uniform and plan.sends[k]:  # one slot for every peer, the same size everywhere
+        if shared and uniform and plan.sends[k] and not loop:  # one slot, every peer, one size
             _, at, _, n = plan.sends[k][0]
             tr.alltoallv_shared(sbuf, slot(n), at, rbuf, r_len, r_dsp, eng.transfer_stream(k))
         else:

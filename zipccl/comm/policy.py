@@ -75,6 +75,7 @@ class Decision:
     native_s: float | None = None  # the profile's predictions, when there is one
     compressed_s: float | None = None
     raw: bool = False  # zipccl's exchange with the codec off (policy "raw"): frames sent RAW
+    loopback: bool = False  # one rank, compressed through a slot to itself (``Policy.loopback``)
 
     def __str__(self) -> str:
         path = "raw exchange" if self.raw else "compressed" if self.compress else "native"
@@ -224,6 +225,8 @@ class Policy:
     compress_host: bool = False  # "auto" without a profile: also compress host (NumPy) arrays
     profile: Profile | None = None  # measured components; "auto" follows them where they cover the op
     margin: float = 0.02  # "auto" with a profile: compress only when predicted this much faster
+    loopback: bool = False  # one rank: run the whole compressed path through a slot to itself
+    # (for benchmarks and tests of host cost and capture on one GPU; it moves nothing useful)
     # (near-ties stay native: the codec would take memory bandwidth for nothing)
     _memo: dict = field(init=False, repr=False, compare=False)  # decisions already made
 
@@ -235,6 +238,11 @@ class Policy:
             raise ValueError(f"min_bytes must be >= 0, got {self.min_bytes}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not isinstance(self.loopback, bool):
+            raise TypeError(f"loopback must be True or False, got {self.loopback!r}")
+        if self.loopback and self.mode not in ("always", "raw"):
+            raise ValueError(f'loopback=True runs the compressed path on one rank for benchmarks '
+                             f'and tests: it needs policy "always" or "raw", got {self.mode!r}')
 
     def decide(self, op: str, nbytes: int, *, dtype: str | None, device: bool, world: int) -> Decision:
         """Compressed or native for one call of ``op`` moving ``nbytes`` per rank of ``dtype``.
@@ -264,6 +272,10 @@ class Policy:
         if dtype is None:
             d = Decision(op, nbytes, False, "not a type zipccl codes (BF16, FP32, FP16): passed "
                                             "through the native collective")
+        elif world == 1 and self.loopback and self.mode in ("always", "raw"):
+            d = Decision(op, nbytes, True, f'one rank, loopback=True (policy="{self.mode}"): the '
+                                           f'compressed path through a slot to itself',
+                         raw=self.mode == "raw", loopback=True)
         elif world == 1:
             d = Decision(op, nbytes, False, "one rank: nothing crosses a link")
         elif self.mode == "never":

@@ -77,7 +77,8 @@ def reduce_blocks(route: Route, send, recv, counts: Sequence[int], *, compress: 
 
         return slot_exchange(eng, tr, route.channel, send, sends, stage, recvs, op=OP,
                              uniform=len(set(counts)) == 1, chunk=route.chunk,
-                             max_count=max(counts), stream=route.stream, on_chunk=reduce_cols)
+                             max_count=max(counts), stream=route.stream, on_chunk=reduce_cols,
+                             loopback=route.loopback)
     raw_exchange(tr, byte_view(send), [(isz * o, isz * c) for o, c in sends], byte_view(stage),
                  [(isz * o, isz * c) for o, c in recvs], route.stream)
     eng.reduce_sum(stage.reshape(p, m), recv)

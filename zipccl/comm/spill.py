@@ -456,7 +456,8 @@ class Spills:
             raise ValueError(f"Spills.begin {what}: frames are {FRAME_FIELDS} tuples of integers")
         peer, region, slot, rbytes, n = a.T
         bad = []
-        if np.any((peer < 0) | (peer >= self.size) | (peer == self.rank)):
+        if np.any((peer < 0) | (peer >= self.size) | ((peer == self.rank) & (self.size > 1))):
+            # one rank may be its own peer: the loopback mode (``Policy.loopback``)
             bad.append(f"peers must be other ranks of 0..{self.size - 1} (this is rank {self.rank})")
         if np.any((region <= 0) | (region % 16 != 0)):
             bad.append("region addresses must be non-zero and 16-byte aligned")
