@@ -158,7 +158,9 @@ def run(rank: int, p: int, args) -> list[dict]:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     from zipccl.comm import Policy
 
-    zc = zt.Collectives(Policy("always", compress_host=True, loopback=args.loopback))
+    # (loopback only when asked: the script also measures trees older than Policy.loopback)
+    zc = zt.Collectives(Policy("always", compress_host=True,
+                               **({"loopback": True} if args.loopback else {})))
     gen = torch.Generator(device=dev).manual_seed(rank)
     recs = []
     for mib in args.sizes_mib:
