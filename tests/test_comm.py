@@ -186,7 +186,23 @@ def test_argument_errors(self_comm):
     with pytest.raises(CollectiveError, match="send_counts add up"):
         self_comm.all_to_all(x, np.zeros(10, dtype=BF16), send_counts=[9])
     with pytest.raises(CollectiveError, match="op must be"):
-        self_comm.reduce_scatter(x, x.copy(), op="avg")
+        self_comm.reduce_scatter(x, x.copy(), op="mean")
+
+
+def test_reductions_alike_sum_avg_stated_others_the_transports(self_comm):
+    """SUM and AVG are zipccl's (stated); any other reduction is the transport's own, and the
+    decision says so; BF16 has none over MPI: a CollectiveError naming NCCL."""
+    x = np.arange(8, dtype=np.float32)
+    self_comm.all_reduce(x, op="max")
+    assert "transport's own" in self_comm.last_decision.reason
+    assert np.array_equal(x, np.arange(8, dtype=np.float32))
+    b = np.arange(8, dtype=np.float32).astype(BF16)
+    self_comm.all_reduce(b, op="avg")  # one rank: the value divided by 1, exactly
+    assert np.array_equal(b.view(np.uint16), np.arange(8, dtype=np.float32).astype(BF16).view(np.uint16))
+    with pytest.raises(CollectiveError, match="MPI has no BF16 max"):
+        self_comm.all_reduce(b, op="max")
+    with pytest.raises(CollectiveError, match="op='avg' takes BF16"):
+        self_comm.all_reduce(np.zeros(4, np.int32), op="avg")
 
 
 def test_nccl_backend_refuses_host_arrays():

@@ -212,18 +212,26 @@ class Device:
 # -- the one elementwise kernel zipccl defines ------------------------------------------------
 
 class ElementwiseKernel:
-    """zipccl's reductions (``pipeline._REDUCE``): the stated sum of ``collectives``, by name."""
+    """zipccl's reductions (``reduction.DEVICE_SUM`` / ``DEVICE_DIVIDE``): the stated sum and
+    AVG's division of ``reduction``, by name."""
 
     _TYPES = {"zipccl_reduce_sum_bf16": np.uint16, "zipccl_reduce_sum_fp32": np.float32,
-              "zipccl_reduce_sum_fp16": np.float16}
+              "zipccl_reduce_sum_fp16": np.float16, "zipccl_divide_bf16": np.uint16,
+              "zipccl_divide_fp32": np.float32, "zipccl_divide_fp16": np.float16}
 
     def __init__(self, in_params: str, out_params: str, operation: str, name: str, preamble: str = ""):
         if name not in self._TYPES:
             raise NotImplementedError(f"fake_cupy knows only zipccl's reductions, not {name}")
         self.dtype = self._TYPES[name]
+        self.divide = name.startswith("zipccl_divide")
 
-    def __call__(self, stack, p, m, out):
-        from zipccl.comm.reduction import reduce_sum
+    def __call__(self, stack, p, m, out=None):
+        from zipccl.comm.reduction import divide, reduce_sum
+
+        if self.divide:  # (x, p, y): in place, y is x
+            y = np.asarray(m).view(self.dtype)
+            divide(y, int(p))
+            return
 
         p, m, k = int(p), int(m), out.size
         flat = np.asarray(stack).reshape(-1).view(self.dtype)
@@ -343,9 +351,15 @@ def _make_nccl_comm(nccl: _Nccl):
             mine = _bytes_at(send, item * count).copy()
             allb = np.empty(p * item * count, np.uint8)
             self.comm.Allgather(mine, allb)
+            if dtype == nccl.NCCL_BFLOAT16 and op != nccl.NCCL_SUM:  # max, min: exact in FP32
+                from zipccl.comm.reduction import bf16_bits_to_f32, f32_to_bf16_bits
+
+                rows = bf16_bits_to_f32(allb.view(np.uint16).reshape(p, count))
+                out = rows[0].copy()
+                for r in range(1, p):
+                    out = _OPS[op](out, rows[r])
+                return f32_to_bf16_bits(out).view(np.uint8)
             if dtype == nccl.NCCL_BFLOAT16:
-                if op != nccl.NCCL_SUM:
-                    raise NotImplementedError("fake NCCL reduces BF16 by sum only")
                 from zipccl.comm.reduction import reduce_sum_bf16
 
                 out = np.empty(count, np.uint16)

@@ -132,7 +132,7 @@ class Setup(Place):
 
 # (array module, backend, policy, chunk_bytes): the pipelined exchange in one round (default
 # chunk) and in rounds of one escape block (8192 bytes: 4096 elements) or of 32768 elements
-# (65536), the two-phase exchange (0), the native path (never); on the device over NCCL and
+# (65536), all in one round (0), the native path (never); on the device over NCCL and
 # over MPI (host-staged unless MPI is CUDA-aware)
 SETTINGS = [("numpy", "auto", "always", None), ("numpy", "auto", "always", 8192),
             ("numpy", "auto", "always", 0), ("numpy", "auto", "never", None),
@@ -325,6 +325,29 @@ def test_all_reduce(zc, kind, n):
         return ref
 
     check_sum(zc, got, inputs, kind, direct)
+
+
+def expected_avg(shards: list[np.ndarray]) -> np.ndarray:
+    """The stated BF16 AVG, written independently: the stated sum, then FP32 / P, one rounding."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = expected_sum(shards).view(BF16).astype(np.float32) / np.float32(P)
+        out = f.astype(BF16).view(np.uint16)
+    out[np.isnan(f)] = 0x7FC0
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_avg_is_the_stated_sum_divided(zc, kind):
+    """op="avg" (BF16): compressed or native, the stated sum then one division, on every rank,
+    as zipccl.torch's AVG."""
+    n = 3001
+    inputs = [rank_input(kind, r, P * n, seed=9) for r in range(P)]
+    buf = zc.array(inputs[ME])
+    zc.comm.all_reduce(buf, op="avg", **zc.kw)
+    assert np.array_equal(zc.bits(buf), expected_avg(inputs))
+    out = zc.out(n)
+    zc.comm.reduce_scatter(zc.array(inputs[ME]), out, op="avg", **zc.kw)
+    assert np.array_equal(zc.bits(out), expected_avg([x[ME * n:(ME + 1) * n] for x in inputs]))
 
 
 def test_reduction_matches_ml_dtypes_rounding(place):
@@ -538,8 +561,13 @@ def test_bad_counts_raise_everywhere(zc):
                              chunk_bytes=2 * zc.comm.chunk) as fresh:
         with pytest.raises(CollectiveError, match="recv_counts"):
             fresh.all_to_all(x, out, send_counts=list(m[ME]), recv_counts=rc, **zc.kw)
-    with pytest.raises(CollectiveError, match="op='sum'"):
+    # BF16 MAX: the transport's own reduction where it has one (NCCL), refused over MPI
+    if zc.device and zc.comm.transport_name == "nccl":
         zc.comm.all_reduce(zc.out(8, 0), op="max", **zc.kw)
+        assert "transport's own" in zc.comm.last_decision.reason
+    else:
+        with pytest.raises(CollectiveError, match="MPI has no BF16 max"):
+            zc.comm.all_reduce(zc.out(8, 0), op="max", **zc.kw)
 
 
 @pytest.mark.skipif(P == 1, reason="one rank sends no frames")

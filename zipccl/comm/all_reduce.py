@@ -11,7 +11,7 @@ from .all_gather import gather
 from .args import Arr
 from .base import ExchangeStats, split_counts
 from .call import Call, Route
-from .reduce_scatter import check_reduction, reduce_blocks
+from .reduce_scatter import check_reduction, finish, reduce_blocks, stated
 
 OP = "all_reduce"
 
@@ -26,11 +26,12 @@ def describe(buf: Arr, op: str, p: int, rank: int, stream=None) -> Call:
 def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     """Run the described call (see the module docstring)."""
     buf = call.send.data
-    if call.code is not None and (compress or not route.tr.own_reduction):
+    if stated(call, route, compress):
         counts = list(call.send_counts)
         shard = route.eng.values_workspace("shard", counts[route.rank], buf.dtype)
         stats = reduce_blocks(route, buf, shard, counts, compress=compress)
         stats.add(gather(route, shard, buf, counts, compress=compress))
+        finish(call, route)
         return stats
     kind = "bfloat16" if call.send.bf16 else None
     route.tr.allreduce(buf, call.reduce, route.stream, dtype=kind)
@@ -41,7 +42,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
 
 def bind(call: Call, route: Route):
     """The transport's native call with its arguments packed (None where it cannot be)."""
-    if call.code is not None and not route.tr.own_reduction:
+    if stated(call, route, False):
         return None
     kind = "bfloat16" if call.send.bf16 else None
     return route.tr.bind_allreduce(call.send.data, call.reduce, route.stream, dtype=kind)

@@ -218,13 +218,20 @@ def check_counts(counts, p: int, what: str) -> list[int]:
 
 
 def reduction_of(a: Arr, op: str) -> str:
-    """``op`` checked for the Communicator: one of ``REDUCE_OPS``; BF16 sums only (MPI has no
-    BF16 reduction of its own)."""
-    if op not in REDUCE_OPS:
-        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-    if a.bf16 and op != "sum":
-        raise ValueError(f"BF16 reductions support op='sum' only, got {op!r}")
+    """``op`` checked for the Communicator: one of ``REDUCE_OPS`` or "avg" (the stated sum, then
+    one division: BF16, FP32 and FP16 only). BF16's other reductions are NCCL's own (MPI has
+    none: the Communicator refuses them there, ``no_bf16_reduction``)."""
+    if op not in REDUCE_OPS and op != "avg":
+        raise ValueError(f"op must be one of {REDUCE_OPS + ('avg',)}, got {op!r}")
+    if op == "avg" and a.code is None:
+        raise ValueError(f"op='avg' takes BF16, FP32 or FP16 arrays, got {a.dtype}")
     return op
+
+
+def no_bf16_reduction(op: str, transport: str) -> str:
+    """The error of a BF16 reduction zipccl does not compute on a transport without its own."""
+    return (f"BF16 op={op!r} over {transport}: MPI has no BF16 {op}; zipccl computes 'sum' and "
+            f"'avg' itself, and BF16 {op} needs a transport with its own (NCCL)")
 
 
 # -- memory -----------------------------------------------------------------------------------

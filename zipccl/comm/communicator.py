@@ -29,7 +29,7 @@ from . import all_reduce as _ar
 from . import all_to_all as _aa
 from . import reduce_scatter as _rs
 from .agreement import Agreement, count_matrix, describe, sig_hash
-from .args import call_key, call_stream, reduction_of, wrap
+from .args import call_key, call_stream, no_bf16_reduction, reduction_of, wrap
 from .base import CollectiveError
 from .call import Call
 from .core import COLLECTIVES, DEFAULT_CHUNK_BYTES, Core, Link
@@ -435,11 +435,12 @@ class Communicator:
                        stream=None) -> None:
         """recv = reduction over ranks of each rank's block ``rank`` of ``send``.
 
-        ``send`` holds size x ``recv.size`` elements. BF16: ``op="sum"`` only. BF16,
-        FP32 and FP16 sums: the reduction of ``zipccl.comm.reduction.reduce_sum``
-        (FP32 in rank order, one rounding to the type) on the compressed path and on
-        the native MPI path; native NCCL uses NCCL's sum. Other dtypes and other FP32 /
-        FP16 ops: the native reduction.
+        ``send`` holds size x ``recv.size`` elements. BF16, FP32 and FP16 ``op="sum"``:
+        the stated sum (``zipccl.comm.reduction.reduce_sum``: FP32 in rank order, one
+        rounding to the type) compressed and on the native MPI path; native NCCL uses NCCL's
+        sum. ``op="avg"``: the stated sum, then one division (``reduction.divide``), on
+        every path, as ``zipccl.torch``'s AVG. Other ops: the transport's own reduction
+        (BF16 needs NCCL for them: MPI has no BF16 type).
         """
         key, st = call_key("reduce_scatter", send, recv, dtype, stream, op)
         plan = self._core.plans.get(key)
@@ -479,9 +480,9 @@ class Communicator:
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
         """In place: ``buf`` = reduction over ranks of every rank's ``buf``.
 
-        BF16 (``op="sum"``): compressed = reduce-scatter of near-equal shards, then
-        all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
-        ncclAllReduce; native MPI is the same two steps uncompressed.
+        Sums and AVG of BF16, FP32, FP16 compressed: a reduce-scatter of near-equal shards,
+        then an all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
+        ncclAllReduce (AVG: the stated one); native MPI is the same two steps uncompressed.
         """
         key, st = call_key("all_reduce", buf, None, dtype, stream, op)
         plan = self._core.plans.get(key)
@@ -515,6 +516,9 @@ class Communicator:
             self._agreement.control(op, plan.crc, None, describe=describe(plan.sig))
         core.agree(plan, self._link, call.device)
         eng, tr = self._route(call.device, call.stream)
+        if call.send.bf16 and call.code is None and not tr.own_reduction:
+            # the same on every rank: the signature is agreed and the transport is every rank's
+            raise CollectiveError(f"zipccl {op}: {no_bf16_reduction(call.reduce, tr.name)}")
         route = core.route(call, eng, tr)
         if plan.compress:
             route.channel = self._slots(eng, plan)

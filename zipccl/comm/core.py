@@ -113,6 +113,9 @@ class Core:
         """Compressed or native for ``call`` (``force`` first: calibration's forced BF16 calls)."""
         if self.force is not None and call.send.bf16 and world > 1:
             d = Decision(call.op, call.nbytes, self.force, "calibration")
+        elif call.code is None and call.send.code is not None:  # a coded type, another reduction
+            d = Decision(call.op, call.nbytes, False, f"op={call.reduce!r}: zipccl computes sum and "
+                                                      f"avg; {call.reduce} is the transport's own")
         else:
             dtype = call.send.dtype if call.code is not None else None
             d = (policy or self.policy).decide(call.op, call.nbytes, dtype=dtype,

@@ -99,10 +99,15 @@ class Engine(Protocol):
         ...
 
     def reduce_sum(self, stack: Array, out: Array) -> None:
-        """``out`` = ``collectives.reduce_sum`` of the rows of ``stack`` (p, m), bit for bit.
+        """``out`` = ``reduction.reduce_sum`` of the rows of ``stack`` (p, m), bit for bit.
 
         On the caller's stream.
         """
+        ...
+
+    def divide(self, out: Array, p: int) -> None:
+        """In place: AVG's division of the stated sum by ``p`` (``reduction.divide``), ordered
+        after everything enqueued before it."""
         ...
 
     def reduce_cols(self, stage: Array, p: int, m: int, lo: int, hi: int, out: Array) -> None:

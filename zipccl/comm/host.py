@@ -14,7 +14,7 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import Codebook
 from .base import value_code, value_patterns
-from .reduction import reduce_sum
+from .reduction import divide, reduce_sum
 
 
 class HostEngine:
@@ -79,6 +79,10 @@ class HostEngine:
 
     def reduce_sum(self, stack: np.ndarray, out: np.ndarray) -> None:
         reduce_sum(stack, out)
+
+    def divide(self, out: np.ndarray, p: int) -> None:
+        """out = AVG's division of the stated sum by ``p`` (``reduction.divide``)."""
+        divide(out, p)
 
     def reduce_cols(self, stage: np.ndarray, p: int, m: int, lo: int, hi: int,
                     out: np.ndarray) -> None:

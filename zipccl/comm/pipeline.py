@@ -20,7 +20,7 @@ import numpy as np
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
 from .base import value_code
-from .reduction import DEVICE_PREAMBLE, DEVICE_SUM
+from .reduction import DEVICE_DIVIDE, DEVICE_PREAMBLE, DEVICE_SUM
 
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
@@ -154,6 +154,21 @@ class DeviceEngine:
             return
         with self._stream:
             self._reduce(stack.reshape(-1), p, m, out)
+
+    def divide(self, out, p: int) -> None:
+        """out = AVG's division of the stated sum by ``p`` (``reduction.DEVICE_DIVIDE``), on the
+        caller's stream."""
+        if out.size == 0:
+            return
+        code = value_code(out)
+        kernel = self._reducers.get(("divide", code))
+        if kernel is None:
+            params, results, body, name = DEVICE_DIVIDE[code]
+            kernel = self._reducers[("divide", code)] = self.cp.ElementwiseKernel(
+                params, results, body, name, preamble=DEVICE_PREAMBLE)
+        v = out.view(self.cp.uint16) if code == fmt.DTYPE_FP16 else out
+        with self._stream:
+            kernel(v, np.float32(p), v)
 
     def reduce_cols(self, stage, p: int, m: int, lo: int, hi: int, out) -> None:
         """out[lo:hi] = the stated reduction of columns [lo, hi) of ``stage`` seen as (p, m).

@@ -37,13 +37,28 @@ def describe(send: Arr, recv: Arr, op: str, p: int, rank: int, stream=None) -> C
     return Call(OP, send, recv, (m,) * p, (m,) * p, reduce=op, rank=rank, stream=stream)
 
 
+def stated(call: Call, route: Route, compress: bool) -> bool:
+    """Whether zipccl computes the reduction itself: compressed, on a transport without a sum of
+    its own (MPI), and AVG natively (the stated sum, then ``reduction.divide``)."""
+    return call.code is not None and (compress or not route.tr.own_reduction
+                                      or call.reduce == "avg")
+
+
+def finish(call: Call, route: Route) -> None:
+    """After the stated sum: AVG divides by the group size (``reduction.divide``)."""
+    if call.reduce == "avg":
+        route.eng.divide(call.recv.data, route.size)
+
+
 def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
-    """Run the described call: the stated sum (compressed, or natively where the transport has
-    no sum of its own or the type has none there), else the transport's reduction."""
+    """Run the described call: the stated sum (and AVG's division) where zipccl computes the
+    reduction (``stated``), else the transport's reduction."""
     s, r = call.send.data, call.recv.data
-    if call.code is not None and (compress or not route.tr.own_reduction):
-        return reduce_blocks(route, detached(route.eng, s, r), r, list(call.recv_counts),
-                             compress=compress)
+    if stated(call, route, compress):
+        st = reduce_blocks(route, detached(route.eng, s, r), r, list(call.recv_counts),
+                           compress=compress)
+        finish(call, route)
+        return st
     kind = "bfloat16" if call.send.bf16 else None
     route.tr.reduce_scatter(detached(route.eng, s, r), r, call.reduce, route.stream, dtype=kind)
     raw = s.nbytes - r.nbytes
@@ -52,7 +67,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
 
 def bind(call: Call, route: Route):
     """The transport's native call with its arguments packed (None where it cannot be)."""
-    if call.code is not None and not route.tr.own_reduction:
+    if stated(call, route, False):
         return None
     s, r = call.send.data, call.recv.data
     if call.in_place or not overlap(s, r):

@@ -100,6 +100,30 @@ _REDUCE_SUM = {fmt.DTYPE_BF16: reduce_sum_bf16, fmt.DTYPE_FP32: reduce_sum_fp32,
                fmt.DTYPE_FP16: reduce_sum_fp16}
 
 
+def divide(out: np.ndarray, p: int) -> None:
+    """In place: ``out`` = type(FP32(``out``) / ``p``), one IEEE division and one
+    round-to-nearest-even to the type, NaN -> the type's canonical NaN: AVG after the stated
+    sum, for BF16 bits (uint16), float32 and float16.
+
+    >>> x = f32_to_bf16_bits(np.array([3.0, -1.0, np.nan], np.float32)); divide(x, 2)
+    >>> bf16_bits_to_f32(x).tolist()[:2], hex(int(x[2]))
+    ([1.5, -0.5], '0x7fc0')
+    """
+    code = value_code(out)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        if code == fmt.DTYPE_BF16:
+            out[...] = f32_to_bf16_bits(bf16_bits_to_f32(out) / np.float32(p))
+        elif code == fmt.DTYPE_FP32:
+            f = out / np.float32(p)
+            f.view(np.uint32)[np.isnan(f)] = CANONICAL_NAN_FP32
+            out[...] = f
+        else:
+            f = out.astype(np.float32) / np.float32(p)
+            h = f.astype(np.float16)
+            h.view(np.uint16)[np.isnan(f)] = CANONICAL_NAN_FP16
+            out[...] = h
+
+
 def reduce_sum(stack: np.ndarray, out: np.ndarray) -> None:
     """The stated sum (module docstring) of the rows of ``stack`` (p, m) into ``out`` (m,), for
     the element type of ``out`` (``value_code``): ``reduce_sum_bf16`` / ``_fp32`` / ``_fp16``."""
@@ -151,6 +175,11 @@ __device__ __forceinline__ float zipccl_add(float a, float b) {
     asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
+__device__ __forceinline__ float zipccl_div(float a, float b) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 __device__ float zipccl_h2f(unsigned short h) {
     unsigned int s = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1Fu;
     unsigned int f = (unsigned int)h & 0x3FFu;
@@ -171,3 +200,23 @@ __device__ unsigned short zipccl_f2h(float x) {
     return (unsigned short)(s | (unsigned int)__float2int_rn(__uint_as_float(a) * 16777216.0f));
 }
 """
+
+
+# AVG's division after the stated sum (``divide``), in place on the device: div.rn.f32 (IEEE,
+# subnormals kept, as in DEVICE_SUM), one rounding to the type, NaN -> canonical. Keyed by type:
+# (parameters, results, body, kernel name); every kernel gets DEVICE_PREAMBLE.
+DEVICE_DIVIDE = {
+    fmt.DTYPE_BF16: ("uint16 x, float32 p", "uint16 y", r"""
+float f = zipccl_div(__uint_as_float(((unsigned int)x) << 16), p);
+unsigned int u = __float_as_uint(f);
+y = isnan(f) ? (unsigned short)0x7FC0 : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+""", "zipccl_divide_bf16"),
+    fmt.DTYPE_FP32: ("float32 x, float32 p", "float32 y", r"""
+float f = zipccl_div(x, p);
+y = isnan(f) ? __uint_as_float(0x7FC00000u) : f;
+""", "zipccl_divide_fp32"),
+    fmt.DTYPE_FP16: ("uint16 x, float32 p", "uint16 y", r"""
+float f = zipccl_div(zipccl_h2f(x), p);
+y = isnan(f) ? (unsigned short)0x7E00 : zipccl_f2h(f);
+""", "zipccl_divide_fp16"),
+}

@@ -29,8 +29,7 @@ from ..comm.args import Arr, call_key, check_counts, wrap
 from ..comm.base import CollectiveError, ExchangeStats
 from ..comm.call import Call
 from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Link
-from ..comm.policy import Policy
-from ..comm.reduction import CANONICAL_NAN, CANONICAL_NAN_FP16, CANONICAL_NAN_FP32
+from ..comm.policy import Decision, Policy
 from ..comm.stats import Stats
 from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
@@ -94,31 +93,6 @@ def _op_name(op) -> str | None:
         except (TypeError, RuntimeError):
             return None
     return None
-
-
-def _divide(t: torch.Tensor, p: int) -> None:
-    """In place: t = type(FP32(t) / p), round to nearest even, NaN -> the type's canonical NaN
-    (as the stated sum), for BF16, FP32 and FP16 tensors.
-
-    Written out in integer ops rather than ``Tensor.div_`` on the type: ATen's vectorised BF16
-    conversion writes NaN as 0xFFFF and its scalar one as 0x7FC0, so a NaN's bits would
-    depend on where it sits in the tensor. The same ops run on CPU and GPU (FP32 and FP16:
-    IEEE division and conversion, then the NaNs replaced).
-    """
-    f = t.float().div_(p)
-    nan = torch.isnan(f)
-    if t.dtype == torch.bfloat16:
-        u = f.view(torch.int32)
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # arithmetic shift: the low 16 bits are the BF16 bits
-        r = torch.where(nan, torch.full_like(r, CANONICAL_NAN), r)
-        t.view(torch.int16).copy_(r.to(torch.int16))
-    elif t.dtype == torch.float32:
-        f.view(torch.int32).masked_fill_(nan, CANONICAL_NAN_FP32)
-        t.copy_(f)
-    else:
-        h = f.to(torch.float16)
-        h.view(torch.int16).masked_fill_(nan, CANONICAL_NAN_FP16)
-        t.copy_(h)
 
 
 def _guarded(op: str, group_at: int):
@@ -241,7 +215,7 @@ class Collectives:
              stats: Stats | None, reduce: str | None = None, decided=None):
         """The one path of a coded call: describe (the collective's checks), plan and agree on
         the group, run compressed through the core, or natively through ``native()`` (torch's
-        own function); count it. ``reduce="avg"``: the stated sum, then the division."""
+        own function); count it (AVG: the collective's file divides after the stated sum)."""
         core = self._core
         call: Call = describe()
         tr, link = self._link(group, t)
@@ -260,9 +234,7 @@ class Collectives:
             core.count(call.op, False, ExchangeStats(*(2 * [_native_bytes(call, tr.size)])), stats)
             return work if async_op else None
         route = core.route(call, eng, tr, self._channel(group, t, plan.decision))
-        core.run(call, route, True, stats)
-        if reduce == "avg":
-            _divide(result, tr.size)
+        core.run(call, route, True, stats)  # AVG: the collective's file divides after the sum
         return self._work(result, group) if async_op else None
 
     def _channel(self, group, t: torch.Tensor, decision):
@@ -278,8 +250,13 @@ class Collectives:
             raise TypeError(f"{role} must be a torch.Tensor, got {type(t).__name__}")
         return wrap(t, None, role)
 
-    def _native_fallback(self, op: str, nbytes: int, call, async_op: bool, stats: Stats | None):
+    def _native_fallback(self, op: str, nbytes: int, call, async_op: bool, stats: Stats | None,
+                         reduce: str | None = None):
         """A call zipccl does not code (dtype, reduction): torch's own function, counted."""
+        why = (f"op={reduce!r}: zipccl computes sum and avg; {reduce} is the transport's own"
+               if reduce else "not a type zipccl codes (BF16, FP32, FP16): passed through the "
+                              "native collective")
+        self._core.last_decision = Decision(op, nbytes, False, why)
         work = call()
         self._core.count(op, False, ExchangeStats(nbytes, nbytes), stats)
         return work if async_op else None
@@ -324,7 +301,7 @@ class Collectives:
 
         if not _coded(input, output) or name is None:
             return self._native_fallback("reduce_scatter", _nbytes(input) - _nbytes(output), native,
-                                         async_op, stats)
+                                         async_op, stats, _reduce_name(op) if _coded(input) else None)
         s, r = self._arr(input, "input"), self._arr(output, "output")
         return self._run(group, input, output, lambda: _rs.describe(s, r, name, p, rank), native,
                          async_op, stats, reduce=name)
@@ -393,10 +370,16 @@ class Collectives:
 
         if not _coded(tensor) or name is None:
             return self._native_fallback("all_reduce", 2 * _nbytes(tensor) * (p - 1) // max(p, 1),
-                                         native, async_op, stats)
+                                         native, async_op, stats,
+                                         _reduce_name(op) if _coded(tensor) else None)
         b = self._arr(tensor, "tensor")
         return self._run(group, tensor, tensor, lambda: _ar.describe(b, name, p, rank), native,
                          async_op, stats, reduce=name)
+
+
+def _reduce_name(op) -> str:
+    """A torch ReduceOp's short name (for decisions' reasons)."""
+    return str(getattr(op, "name", op)).split(".")[-1].lower()
 
 
 def _coded(*tensors) -> bool:
