@@ -1,29 +1,16 @@
 """Codebooks: the 7 exponent values that get a 3-bit code.
 
-For x ~ N(0, sigma^2) the probability that a BF16 value has biased exponent e
-(a normal number, 2^(e-127) <= |x| < 2^(e-126)) is
+For x ~ N(0, sigma^2) the probability of each BF16 exponent e depends on sigma only through
+e - 127 - log2(sigma), so the best 7-value window is a closed-form function of sigma
+(``window_start``; ``theory/01_sigma_codebook.ipynb`` derives and checks it, for values rounded
+to BF16 and with a non-zero mean as well). Real tensors are not all zero-mean Gaussians (biases
+and norm weights, heavy tails, exact zeros), so the default codebook (``Codebook.from_sample``)
+reads one small strided sample, takes the sigma window from its RMS, and falls back to the
+sample's own top-7 exponents when those cover clearly more of it (``choose_codebook``;
+``theory/02_real_tensors.ipynb`` shows where). It never builds a histogram of the whole tensor.
 
-    P(e) = 2 * [Phi(2^(e-126) / sigma) - Phi(2^(e-127) / sigma)],
-
-which depends on sigma only through 2^(e-127) / sigma, i.e. through
-e - 127 - log2(sigma). Shifting sigma by a factor of two shifts the whole
-distribution by one exponent, so the best 7-value window is
-floor(log2 sigma) + 127 + offset(frac(log2 sigma)), a closed-form function of
-sigma (``window_start``). ``theory/01_sigma_codebook.ipynb`` derives and checks it.
-Values rounded to BF16 move the interval of each exponent down by half a BF16 step
-(``exponent_probabilities(..., rounded=True)``, the default); a non-zero mean is in
-the closed form too (``mean=``).
-
-Real tensors are not all zero-mean Gaussians: biases and norm weights have a
-non-zero mean, some tensors are heavy-tailed or full of exact zeros. The
-default codebook (``Codebook.from_sample``) therefore reads one small strided
-sample, takes the sigma window from its RMS, and falls back to the sample's own
-top-7 exponents when those cover clearly more of the sample (``choose_codebook``;
-``theory/02_real_tensors.ipynb`` shows where that happens). It never builds a
-histogram of the whole tensor.
-
-A codebook never affects correctness: exponents outside it are escaped and
-stored whole. A poor codebook only costs ratio.
+A codebook never affects correctness: exponents outside it are escaped and stored whole. A
+poor codebook only costs ratio.
 """
 
 from __future__ import annotations

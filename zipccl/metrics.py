@@ -6,12 +6,10 @@ number means the same thing everywhere:
 - ``algbw`` and ``busbw`` follow NVIDIA/nccl-tests. Bytes are always the
   **uncompressed** bytes the collective delivers, so a compressed collective that
   finishes sooner shows a higher bus bandwidth, never an inflated byte count.
-- ``compression_ratio`` is compressed bytes / original bytes (smaller is better;
-  0.70 means the frame is 70% of the BF16 tensor).
+- ``compression_ratio`` is compressed bytes / original bytes (smaller is better).
 - ``speedup`` is baseline time / new time (> 1 means faster).
 - ``tensor_stats`` measures one BF16 tensor the way the theory notebooks compare
-  it with the Gaussian prediction: sigma, coverages of the sigma window, of the
-  default codebook and of the exact top-7, exact frame ratios and the entropy limit.
+  it with the Gaussian prediction (sigma, coverages, exact frame ratios, entropy limit).
 
 Sizes are in bytes, times in seconds, bandwidths in GB/s (10^9 bytes per second).
 """

@@ -1,65 +1,17 @@
-"""Scaling projection: the alpha-beta model calibrated on 2-rank measurements, taken to p ranks.
+"""Scaling projection: the alpha-beta model calibrated on 2-rank records, taken to p ranks.
 
-Only 2 x H200 measurements exist, so how zipccl scales beyond 2 GPUs is a model
-prediction. This module fits the parameters of ``zipccl.costmodel`` to what the
-records of ``experiments/bench_collectives.py`` measured and evaluates them for p
-ranks; ``experiments/records.py`` reads the records (which run of each link, which
-fields) and hands this module plain numbers.
+``calibrate`` fits the parameters of ``zipccl.costmodel`` to what the records of
+``experiments/bench_collectives.py`` measured: each transport's native link, its wire ratio,
+and the codec's fixed cost per call, throughput (or, where the codec was timed on its own, the
+overlap the pipeline hides) and reduction throughput, by a least-squares fit to the compressed
+calls. ``project`` evaluates them for p ranks: ``ring_times`` on one flat link,
+``hierarchical_times`` with native intra-node stages and a compressed inter-node stage.
+``experiments/records.py`` reads the records and hands this module plain numbers.
 
-**Calibration** (``calibrate``), from the 2-rank measurements of each transport:
-
-- the *link*: NCCL's latency alpha and bus bandwidth B per operation, fitted to
-  the native records with ``costmodel.link_from_busbw`` (median bus bandwidth per
-  size over the records used; ``experiments/records.py``'s ``nccl_link``);
-- the *wire* (``costmodel.sendrecv_wire``): compressed frames travel as grouped NCCL
-  send/recv (``comm.exchange.slot_exchange``), i.e. at the link's
-  all-to-all alpha and B, whatever the operation;
-- the *ratio*: the median wire ratio (frame bytes / BF16 bytes) the compressed
-  records report;
-- the *codec* (``fit_codec``): one GPU codec for all transports (the codec does not
-  know the link): a fixed cost per encode or decode call (``Codec.overhead``:
-  launches, header reads, host synchronisations), the encode = decode throughput,
-  and the local reduction throughput. ``costmodel.compressed_time`` with one
-  chunk is linear in (overhead, 1 / throughput, 1 / reduction throughput), so the
-  three are a non-negative least-squares fit of the compressed records'
-  times minus the wire time, weighted by 1 / time (relative error). When codec
-  throughput was measured on its own (``experiments/bench_codec.py``'s
-  ``codec_gpu`` records), that throughput is used instead and the fit finds the
-  *overlap* ``phi`` in its place: the fraction of min(transfer, coding) that the
-  collective hides, 0 for stages run one after the other;
-- the *pipeline*: the chunk count the records name (``chunks`` in the record or
-  its config), 1 where they name none (the measured library ran encode,
-  transfer and decode one after another).
-
-**Projection**, per operation, per-rank size m (the ``metrics.nccl_tests_size``
-convention) and rank count p:
-
-- ``ring``: p ranks on one flat link (``ring_times``): native is
-  ``costmodel.native_time``; compressed is ``costmodel.compressed_time`` on the wire
-  link with the all-to-all form of reduce-scatter (the one zipccl implements) and
-  the calibrated chunks and overlap (``Calibration.zipccl_time``);
-- ``hierarchical``: p = N nodes x g ranks per node, intra-node link (NVLink) and
-  inter-node link (the shared-memory transport stands in for a ~200 Gb/s
-  network, one per GPU) (``hierarchical_times``), the usual two-level
-  algorithms: all-gather = inter-node all-gather of m among N, then intra-node
-  all-gather of N*m among g; reduce-scatter the reverse; all-reduce =
-  intra reduce-scatter, inter all-reduce of m/g among N, intra all-gather; all-to-all
-  = intra all-to-all of the buffer, then inter all-to-all among N. zipccl
-  compresses the inter-node stage only and leaves the intra-node stages native.
-
-Every prediction is a ``Projection`` with both times and the stage split.
-
-Limits (say them beside any number this produces): the 2-rank fit cannot separate
-a fixed cost that grows with the number of peers (zipccl launches one encode and
-one decode per peer today) from one that does not; the model charges it once per
-codec stage, as a batched launch would, and ``speedup_per_peer`` charges it per
-call of today's library (an upper bound on that cost). Links are those measured between 2 GPUs;
-an 8-GPU NVSwitch node and a real network may differ.
-
->>> cal = Calibration.synthetic()
->>> t = ring_times("all_gather", 1 << 30, 2, cal, "shm")
->>> round(t.speedup, 2), ring_times("all_gather", 1 << 30, 64, cal, "shm").speedup > 1.3
-(1.32, True)
+A projection is a model, not a measurement: a 2-rank fit cannot tell a fixed cost that grows
+with the number of peers from one that does not (``speedup_per_peer`` bounds it), and links
+measured between 2 GPUs may differ from an 8-GPU node or a real network. The method and what
+the committed projection holds: experiments/README.md, "Scaling projection".
 """
 
 from __future__ import annotations
@@ -120,7 +72,7 @@ class Calibration:
     @staticmethod
     def synthetic(overhead: float = 0.5e-3, codec_gbps: float = 1500.0, reduce_gbps: float = 800.0,
                   ratio: float = 0.70) -> Calibration:
-        """Round numbers near the 2 x H200 measurements (NVLink 280 GB/s, shm 25 GB/s), for examples."""
+        """Round numbers of the order of the 2-GPU records (NVLink 280 GB/s, shm 25 GB/s), for examples."""
         links = {"nvlink": cm.Link("nvlink", 280.0, 30e-6), "shm": cm.Link("shm", 25.0, 40e-6)}
         return Calibration(links, {k: cm.sendrecv_wire(v) for k, v in links.items()},
                            cm.Codec("zipccl", codec_gbps, codec_gbps, ratio, overhead, reduce_gbps),
@@ -264,7 +216,11 @@ def calibrate(links: Mapping[str, cm.Link], ratio: Mapping[str, float], timed: S
     """Model parameters from each transport's native ``Link``, its wire ratio, and the compressed
     path's measured times (``fit_codec``); ``source`` says what they were read from.
 
-    ``experiments/records.py`` reads all of these from the benchmarks' records.
+    Compressed frames travel as grouped send/recv (``comm.exchange.slot_exchange``), so each
+    transport's wire is ``costmodel.sendrecv_wire`` of its link: the link's all-to-all latency
+    and bandwidth, whatever the operation. ``chunks``: the pipeline depth the records name (1:
+    encode, transfer and decode one after another). ``experiments/records.py`` reads all of
+    these from the benchmarks' records.
 
     >>> truth = Calibration.synthetic()
     >>> timed = [Timed(t, op, m, 2, truth.zipccl_time(op, m, 2, t))
@@ -304,7 +260,8 @@ class Projection:
 
     @property
     def speedup_per_peer(self) -> float:
-        """native / zipccl time with one encode and one decode call per peer (today's library)."""
+        """native / zipccl time with one encode and one decode call per peer (as the library's
+        slot exchange codes each frame)."""
         t = self.compressed_s + self.per_peer_extra_s
         return self.native_s / t if t > 0 else 1.0
 
@@ -335,10 +292,10 @@ class Projection:
 
 
 def codec_calls(op: str, nranks: int, per_peer: bool) -> int:
-    """Encode + decode calls of one compressed ``op``: batched (the model) or one per peer (today).
+    """Encode + decode calls of one compressed ``op``: batched (the model) or one per peer (the library).
 
     The model charges the fixed cost once per codec stage: 2 per exchange, 4 for
-    all-reduce (two exchanges). The library today encodes and decodes each peer's
+    all-reduce (two exchanges). The library's slot exchange encodes and decodes each peer's
     frame with its own call (an all-gather encodes once): more calls from 3 ranks on.
 
     >>> [codec_calls(op, 2, True) == codec_calls(op, 2, False) for op in OPS]
@@ -367,6 +324,10 @@ def per_peer_extra(op: str, nranks: int, cal: Calibration) -> float:
 def ring_times(op: str, nbytes: int, nranks: int, cal: Calibration, transport: str) -> Projection:
     """p ranks on one flat link: NCCL's ring (native) and zipccl's compressed exchange.
 
+    >>> cal = Calibration.synthetic()
+    >>> t = ring_times("all_gather", 1 << 30, 2, cal, "shm")
+    >>> round(t.speedup, 2), ring_times("all_gather", 1 << 30, 64, cal, "shm").speedup > 1.3
+    (1.32, True)
     >>> t = ring_times("all_to_all", 256 << 20, 8, Calibration.synthetic(), "nvlink")
     >>> t.speedup < 1  # NVLink is faster than the codec's fixed costs and passes can pay for
     True
@@ -409,7 +370,11 @@ def hierarchical_times(op: str, nbytes: int, nranks: int, cal: Calibration, *, i
                        inter: str = "shm", ranks_per_node: int = 8) -> Projection:
     """p = N x g ranks: intra-node stages native on ``intra``, inter-node stage compressed on ``inter``.
 
-    Within one node (p <= g) nothing crosses the network: zipccl is native (speed-up 1).
+    The usual two-level algorithms (``hierarchical_stages``): all-gather = inter-node all-gather
+    of m among N, then intra-node all-gather of N*m among g; reduce-scatter the reverse;
+    all-reduce = intra reduce-scatter, inter all-reduce of m/g among N, intra all-gather;
+    all-to-all = intra all-to-all, then inter all-to-all among N. Within one node (p <= g)
+    nothing crosses the network: zipccl is native (speed-up 1).
 
     >>> cal = Calibration.synthetic()
     >>> hierarchical_times("all_gather", 1 << 30, 8, cal).speedup

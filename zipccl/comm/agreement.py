@@ -1,69 +1,16 @@
 """Agreement: how a ``Communicator``'s ranks check that they make the same call.
 
-Every rank must make the same calls in the same order with matching arguments.
-zipccl checks this without paying for it on every call:
+Every rank must make the same calls in the same order with matching arguments; zipccl checks
+this without paying for it on every call (docs/COLLECTIVES.md, "Agreement", says it in full):
 
-1. **Settings, once, at construction.** The constructor is collective: the
-   ranks exchange every setting that changes the path a call takes (backend,
-   policy and its thresholds and profile, chunk size, capacity, checksum, ``verify``) and
-   raise the same ``CollectiveError`` on every rank if they differ. Changing
-   ``policy`` or ``chunk`` later (``calibrate`` does), or entering and leaving
-   ``Communicator.forcing``, must happen on every rank at the same point; a change
-   drops every plan and agreed signature.
-2. **A call's signature** is what all ranks must share: the operation, dtype,
-   host or device memory, the element counts (all-to-all with per-peer counts:
-   the count matrix), the reduction op, and the settings. The policy's decision is
-   a function of it alone, so ranks that agree on the signature take the same
-   path. Its 64-bit hash travels in the *control row*, a fixed-size int64 row
-   every rank all-gathers over MPI: [error flag, signature hash, a few ints].
-   Any error flag or differing hash makes every rank gather the messages and raise
-   the same ``CollectiveError`` (each rank's own problem, or each rank's call).
-   Every agreement exchange of every kind of call is this one control row, so
-   ranks that disagree about the call still meet in the same MPI operation and
-   none can hang there.
-3. **Compressed calls** move fixed-size slots (``exchange.slot_exchange``), on host
-   and device arrays alike. On device arrays they make no host exchange at all once
-   their signature is agreed (the first time it is seen, like a native call; every
-   call with ``verify="always"``); on host arrays, whose exchange blocks anyway, every
-   call sends the control row first (one small all-gather), so a rank whose call
-   differs from its peers' raises there with the others. On device arrays they keep
-   NCCL's contract: they enqueue their work on the stream and return; errors found on the device (a frame that
-   does not decode, a slot header naming another call) land in a sticky error word
-   and raise ``CollectiveError`` at the next compressed call on that rank, or on
-   every rank at ``synchronize()`` (docs/COLLECTIVES.md). On host arrays every step
-   has run when the call returns, so what it found raises at once on the rank that
-   found it (and, through the slot headers, on its peers at their next compressed
-   call).
-4. **Native calls** are agreed the first time their signature is seen on this
-   communicator (one control row), then run from a *plan* (``plans``): the call's arguments
-   looked up by the arrays' addresses, shapes, dtypes and the stream; on NCCL the
-   plan is the NCCL call with its pointers packed, so an agreed native call costs a
-   few dictionary lookups more than calling NCCL directly and moves the same bytes
-   the same way. Agreed signatures are remembered in the same order on every rank
-   (a correct program adds the same ones at the same calls), so ranks decide "new"
-   or "seen" alike. The price, stated precisely: once a native signature is
-   agreed, a rank that calls it while a peer calls something else is the caller's
-   mistake exactly as it is with NCCL (the peers are not told; NCCL may hang). It
-   is detected when the peer's call is a compressed one or one with a new
-   signature, not when it is another agreed native call. ``verify="always"``
-   sends the control row before every native call too (one small MPI round trip,
-   like torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), turning every mistake into a
-   ``CollectiveError``.
-5. **All-to-all with per-peer counts** exchanges its count matrix in the control
-   row on every call on host arrays, and on device arrays when ``recv_counts`` is
-   left out (this rank's receive counts are the other ranks' send counts). On device
-   arrays with ``recv_counts`` given, as NCCL and MPI's all-to-all-v take them, a
-   call makes no host exchange once its decision is agreed: the first such call of
-   a dtype, on which every rank gives ``recv_counts``, exchanges the matrix and agrees
-   the decision (the policy's, on the mean message size), later calls keep it (every
-   rank must then keep giving them, or none), and counts that disagree between ranks are
-   found in the slot headers (a sticky error, as in 3.) or, like NCCL's, not at all
-   (a rank that expects more from itself than it sends raises alone; a native call
-   with mismatched counts is the caller's mistake, as with NCCL).
-
-``Agreement`` holds one communicator's side of this: the control row, the settings
-text every signature ends with, and what has been agreed (signatures, and the
-per-peer-count all-to-all decisions), bounded by ``MAX_AGREED``.
+1. the settings that change a call's path are agreed once, at construction;
+2. a call's *signature* (op, dtype, memory, counts, reduction, settings) travels as a 64-bit
+   hash in the *control row* every rank all-gathers; any difference raises on every rank;
+3. compressed calls on device arrays agree a signature once, then make no host exchange; on
+   host arrays every call sends the control row first;
+4. native calls are agreed the first time their signature is seen, then run from a plan;
+5. an all-to-all with per-peer counts exchanges its count matrix, unless ``recv_counts``
+   lets it agree its decision once.
 """
 
 from __future__ import annotations

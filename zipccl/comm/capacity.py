@@ -4,39 +4,12 @@ A slot (``format.slot``) holds a frame's static part plus ``capacity`` escape by
 with more escapes spills its tail beside the collective (slow but correct). The capacity
 must be known before the data exists and must be the same on every rank without a message,
 so the rule is a pure function of its configuration and of the escape counts of earlier
-calls, which every rank learns alike from the received slot headers (each carries its
-sender's largest escape count of the call).
-
-Escape rates differ by tensor kind and drift during training, so one fixed fraction either
-spills much of the gradient traffic or gives the saving back on weights. The rule therefore
-follows each *call site* (any hashable key the caller names alike on every rank, e.g.
-``(op, n, dtype, occurrence)``; FSDP2's calls repeat every step in the same order):
-
-* **cold start**: before any observation at a site, ``cold`` times n bytes (default 1/8);
-* **adaptive**: after that, the largest escape rate of the site's last ``window``
-  observations, times ``margin``, plus ``pad`` grid steps, rounded up to a grid of n/``grid``
-  (so a site's slot size takes few values and plans keyed by it are reused). It rises at
-  once; after a burst leaves the window it falls by ``decay`` of the gap per observation;
-* **override**: ``fraction`` (escape bytes = ceil(fraction * n)) or ``nbytes`` (per frame)
-  replaces the rule at every site.
-
-A capacity never exceeds the escape room of a frame (``escape_room``: beyond it the encoder
-writes a RAW frame of fixed size), so a slot is never larger than its region and a frame
-whose slot reaches that size never spills. All state is integers, so every rank computes
-the same capacities for the same sequence of observations.
-
-The defaults (``CapacityConfig()``) were chosen by ``experiments/slot_capacity.py`` on
-captured training tensors, FSDP2-shaped traffic built from them and an MoE layer's tokens:
-among the candidates they spill the fewest frames for their slot bytes; a fixed fraction
-spills whole tensor kinds (gradients, wide activations) on every call. The figures and the
-targets they miss are in ``docs/COLLECTIVES.md``, "Slot capacity".
-
->>> rule = CapacityRule()
->>> rule.capacity("ag0", 1 << 20)  # cold: 1/8 of n
-131072
->>> rule.observe("ag0", 1 << 20, max_escapes=24_000)  # 2.3 % escaped
->>> rule.capacity("ag0", 1 << 20)  # 2.3 % * 1.25 + 1 step, on the 1/128 grid
-40960
+calls, which every rank learns alike from the received slot headers. Escape rates differ by
+tensor kind and drift during training, so the rule follows each *call site* (a key every rank
+names alike): a cold start, then the recent largest escape rate with a margin, on a coarse
+grid so that plans keyed by the slot size are reused; it never exceeds the escape room of a
+RAW frame. All state is integers. The rule, its defaults and the measurements they were
+chosen from: docs/COLLECTIVES.md, "Slot capacity".
 """
 
 from __future__ import annotations
@@ -77,7 +50,7 @@ def _fraction(name: str, value) -> float:
 
 @dataclass(frozen=True)
 class CapacityConfig:
-    """The capacity rule's settings (see the module docstring); validated on construction.
+    """The capacity rule's settings (docs/COLLECTIVES.md, "Slot capacity"); validated on construction.
 
     >>> CapacityConfig(margin=0.5)
     Traceback (most recent call last):
@@ -150,6 +123,13 @@ class CapacityRule:
 
     Every rank must make the same ``observe`` calls (same values, same order); then every
     rank gets the same ``capacity`` for the same call. Not thread-safe (one per communicator).
+
+    >>> rule = CapacityRule()
+    >>> rule.capacity("ag0", 1 << 20)  # cold: 1/8 of n
+    131072
+    >>> rule.observe("ag0", 1 << 20, max_escapes=24_000)  # 2.3 % escaped
+    >>> rule.capacity("ag0", 1 << 20)  # 2.3 % * 1.25 + 1 step, on the 1/128 grid
+    40960
     """
 
     def __init__(self, config: CapacityConfig | None = None, **settings):

@@ -7,31 +7,12 @@ two implement this protocol, ``HostEngine`` (``host``) and ``DeviceEngine``
 (``pipeline``). ``tests/test_engine.py`` checks that both have every method here
 with a compatible signature.
 
-Streams and synchronisation
----------------------------
-An engine works on one *caller's stream*, set by ``set_stream`` at the start of
-every call. Everything an engine method does is enqueued on that stream unless its
-docstring names another, and no method waits for the device unless its docstring
-says it synchronises (only ``sync`` and ``elapsed`` do, for calibration and tests).
-On the host there are no streams: every method has finished when it returns, and the
-stream hooks do nothing.
-
-The slot exchange (``exchange.slot_exchange``) adds two streams of the engine's own,
-a transfer stream and a decode stream, and drives them through these hooks in this
-order::
-
-    pipeline_begin(rounds, p)
-    encode_slot(...) for round 0's frames; spill-out on encode_stream(); encoded(0)
-    for k in range(rounds):
-        transfer_stream(k)                # round k's transfer goes there
-        received(k)
-        encode_slot(...) for round k+1; spill-out; encoded(k+1)
-        spill-in on decode_stream(k); decode_frame(..., k) for round k's frames
-    pipeline_finish(record)               # error bits recorded; the caller's stream waits for both
-
-so that round k is on the wire while round k+1 is encoded and round k-1 decoded.
-The engine orders the three streams by events; the transport only needs
-``transfer_stream(k)``. Nothing in it reads anything back to the host.
+An engine works on one *caller's stream*, set by ``set_stream`` at the start of every call;
+every method enqueues its work there unless its docstring names another stream, and only
+``sync`` and ``elapsed`` wait for the device. The slot exchange adds a transfer stream and a
+decode stream, driven through the hooks below in the order drawn above them, so that round k
+is on the wire while round k+1 is encoded and round k-1 decoded. On the host there are no
+streams: every method has finished when it returns, and the stream hooks do nothing.
 """
 
 from __future__ import annotations
@@ -131,7 +112,19 @@ class Engine(Protocol):
         """
         ...
 
-    # -- hooks of exchange.slot_exchange (order: see the module docstring) ---------------------
+    # -- hooks of exchange.slot_exchange, called in this order:
+    #
+    #     pipeline_begin(rounds, p)
+    #     encode_slot(...) for round 0's frames; spill-out on encode_stream(); encoded(0)
+    #     for k in range(rounds):
+    #         transfer_stream(k)                # round k's transfer goes there
+    #         received(k)
+    #         encode_slot(...) for round k+1; spill-out; encoded(k+1)
+    #         spill-in on decode_stream(k); decode_frame(..., k) for round k's frames
+    #     pipeline_finish(record)               # error bits recorded; the caller's stream waits for both
+    #
+    # The engine orders the three streams by events (the transport only needs
+    # transfer_stream(k)); nothing here reads anything back to the host.
     def encode_slot(self, values: Array, region: Array, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[slots.SLOT_HEADER:]`` on the caller's
         stream, its codebook chosen from ``values`` (device: on the device, no host read).

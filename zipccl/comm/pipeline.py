@@ -25,6 +25,7 @@ from .reduction import DEVICE_DIVIDE, DEVICE_PREAMBLE, DEVICE_SUM
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
 
+
 class DeviceEngine:
     """CuPy buffers on the current device, the GPU codec, one stream per call."""
 

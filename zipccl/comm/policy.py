@@ -1,51 +1,16 @@
 """The policy: for each collective call, compressed or native, and why.
 
-Compression pays only when moving the saved bytes takes longer than coding them,
-which depends on the link, the codec's speed and the message size. This module
-makes that choice in one place so it is inspectable (``explain``), loggable
-(``logging.getLogger("zipccl.policy")`` at DEBUG, once per new decision) and
-forceable (``mode="always" | "never"``). ``mode="raw"`` takes zipccl's exchange path
-(the same slots, pipeline and transport calls as "always") with the codec switched
-off: every frame is RAW, in a slot that holds it whole (``exchange.SlotChannel.raw``),
-so comparing "raw" with "never" and "always" separates the path from the compression.
-
-``mode="auto"`` follows a measured ``Profile`` when it has one
-(``Communicator.calibrate``). The profile holds *components*, each measured on
-its own, and the cost model (``zipccl.costmodel``) composes them into predicted
-times at any size:
-
-- native: per operation, ``alpha + bytes / beta`` fitted to the native
-  collective's measured times (``fit_alpha_beta``, as a ``Link``:
-  ``link_from_fits``);
-- compressed: zipccl's pipelined exchange (``costmodel.exchange_time``): a fixed
-  cost per call, then rounds whose stages (host work per round, encode, transfer,
-  decode [+ reduce]) overlap. Encode / decode / reduce throughputs and the ratio
-  come from timing the codec alone, the transfer from the native all-gather (two
-  ranks, or all-gather: frames move as an all-gather) or all-to-all fit on the
-  compressed bytes, the per-round cost from compressed calls on tiny messages, and
-  the per-call cost is fitted to the compressed calls measured at real sizes
-  (``costmodel.fit_exchange``; the tiny calls' value where there are none).
-
-Where the calibration's times are steady (``Profile.best_of``), both predictions are
-scaled to the nearest measured size (``costmodel.anchored``). This module holds the
-profile's data and the decisions; every prediction is the cost model's.
-
-Every term is a latency or a bandwidth, so the model extrapolates beyond the
-calibrated sizes: "auto" compresses wherever the compressed path is predicted
-faster by more than ``margin``, inside the calibrated range or not, and
-``explain`` prints both predicted times with their terms (and says when the size
-lies outside the calibrated range). Decisions are cached per (op, size): after
-the first call of a size, deciding is one dict lookup. Without a profile it falls
-back to a size threshold: BF16 messages of at least ``min_bytes`` per rank on a
-GPU are compressed; host arrays stay native unless ``compress_host=True``.
-
-Every rank must reach the same decision, so ``decide`` is a pure function of
-values all ranks agree on (they are checked collectively before it is called,
-and a profile is computed from the maximum over ranks of each measurement).
-
-Sizes follow the ``nbytes`` the communicator decides on: the send buffer of
-all-gather and reduce-scatter, the buffer of all-reduce, the mean send buffer of
-all-to-all. (``costmodel`` counts reduce-scatter by its output, ``nbytes / p``.)
+Compression pays only when moving the saved bytes takes longer than coding them, which
+depends on the link, the codec's speed and the message size. This module makes that choice
+in one place, inspectable (``explain``), logged (``zipccl.policy`` at DEBUG) and forceable
+(``mode="always" | "never"``; ``"raw"`` takes zipccl's exchange with the codec off).
+``mode="auto"`` follows a measured ``Profile`` (``Communicator.calibrate``) whose components
+the cost model (``zipccl.costmodel``) composes into predicted times at any size, anchored to
+the nearest calibrated size where the measurements are steady; without one it compresses GPU
+messages from ``min_bytes`` per rank on. Decisions are cached per (op, size), and ``decide`` is
+a pure function of values every rank agrees on, so every rank decides alike. This module holds
+the profile's data and the decisions; every prediction is the cost model's.
+docs/COLLECTIVES.md, "The policy", says what is measured and how it is composed.
 """
 
 from __future__ import annotations
@@ -85,8 +50,9 @@ class Decision:
 # Anchoring (costmodel.anchored): where the calibration's times are steady (each the least of
 # this many measurements), the model's prediction for a path is scaled by measured / modelled
 # time at the nearest calibrated size. The model alone assumes the pipeline's stages overlap
-# perfectly; on NVLink at 1 GiB they do not (the codec's kernels and NCCL's share the
-# GPU): the model said 3.2 ms compressed for an all-gather measured at 5.0 ms.
+# perfectly; on a fast link at large sizes they do not (the codec's kernels and NCCL's share
+# the GPU; the run that showed it: experiments/README.md, "The host path and the
+# model-following policy").
 ANCHOR_BEST_OF = 3
 
 
@@ -129,8 +95,8 @@ class Profile:
     round_s: dict = field(default_factory=dict)
     fixed_s: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)
-    # each measured time is the least of this many back-to-back measurements; from 3 on
-    # they are steady enough to anchor the model to (profiles of older calibrations: 1)
+    # each measured time is the least of this many back-to-back measurements; from
+    # ANCHOR_BEST_OF on they are steady enough to anchor the model to (1: a single measurement)
     best_of: int = 1
     _models: dict = field(init=False, repr=False, compare=False)  # per op: (link, codec, exchange)
 

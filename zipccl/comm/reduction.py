@@ -131,11 +131,12 @@ def reduce_sum(stack: np.ndarray, out: np.ndarray) -> None:
 
 
 # One FP32 accumulation per element in rank order, one rounding to the type: the definition of
-# reduce_sum_bf16 / _fp32 / _fp16, on the device. Keyed by element type:
-# (parameters, results, body, kernel name); every kernel gets DEVICE_PREAMBLE. The additions are
-# zipccl_add, an explicit PTX add.rn.f32: CuPy compiles every kernel with -ftz=true, under
-# which __fadd_rn (and +) flush subnormal inputs and results to zero; the stated sum keeps
-# them, as NumPy does.
+# reduce_sum_bf16 / _fp32 / _fp16, on the device. Keyed by element type: (parameters, results,
+# body, kernel name); every kernel gets DEVICE_PREAMBLE. The additions are zipccl_add, an explicit
+# PTX add.rn.f32: CuPy compiles every kernel with -ftz=true, under which __fadd_rn (and +) flush
+# subnormal inputs and results to zero; the stated sum keeps them, as NumPy does.
+# tests/test_gpu_reduce.py compares these sums with NumPy's bit for bit on a GPU (rows where
+# every fifth value is an arbitrary bit pattern, subnormals included).
 DEVICE_SUM = {
     fmt.DTYPE_BF16: ("raw uint16 stack, int64 p, int64 m", "uint16 out", r"""
 float acc = __uint_as_float(((unsigned int)stack[i]) << 16);

@@ -1,40 +1,16 @@
 """Transports: the byte movers under the collectives, NCCL or MPI behind one small interface.
 
-The compressed collectives only ever need two byte-level exchanges, both with
-sizes that sender and receiver know in advance:
+The compressed collectives only ever need byte exchanges whose sizes sender and receiver
+know in advance (``alltoallv``, ``allgather``), plus the native typed reductions the
+uncompressed path uses; ``Transport`` states that interface. Everything here is a thin
+wrapper around mpi4py or ``cupy.cuda.nccl``: no algorithm lives here.
 
-- ``alltoallv``: rank i sends ``scounts[j]`` bytes at ``send[sdispls[j]:]`` to rank j
-  and receives ``rcounts[j]`` bytes into ``recv[rdispls[j]:]`` (an all-gather is the
-  same call with one send region shared by every peer);
-- ``allgather``: equal blocks, for the native (uncompressed) all-gather.
-
-plus the native typed reductions (``reduce_scatter``, ``allreduce``) that the
-uncompressed path uses for dtypes the transport can reduce. Everything below
-is a thin wrapper around mpi4py or ``cupy.cuda.nccl``: no algorithm lives here.
-
-- ``MPITransport`` moves NumPy buffers directly. Device buffers (CuPy arrays) go
-  straight to MPI only when the MPI library *says* it is CUDA-aware
-  (``detect_cuda_aware_mpi``); otherwise they are staged through reusable pinned
-  host buffers, because handing device pointers to a non-CUDA-aware MPI crashes.
-- ``NCCLTransport`` moves CuPy device buffers with NCCL on a CUDA stream; the
-  NCCL unique id is broadcast over the wrapped MPI communicator; all-to-all is
-  grouped send/recv between ``groupStart``/``groupEnd``.
-
-Counts and displacements are in bytes for the byte exchanges and in elements
-for the typed reductions. Only the regions named by counts/displacements are
-ever written in a receive buffer.
-
-Two more kinds of service, for the communicator and the collectives:
-
-- **control exchanges**: small host messages of int64 (signatures, frame
-  lengths, error flags) and, on failure only, Python objects (error messages),
-  always over the wrapped MPI communicator, whichever transport carries the
-  payload. They are blocking and ordered with each other on every rank.
-- **bound calls** (``bind_*``): a native collective with its arguments packed
-  once (raw device pointers, byte counts, the stream handle) into a callable
-  that holds no reference to the arrays. ``NCCLTransport`` returns one that is
-  the NCCL call and nothing else; a transport that cannot (MPI needs buffer
-  objects) returns None and is called the ordinary way.
+- ``MPITransport`` moves NumPy buffers directly, and device buffers straight to MPI only when
+  the MPI library *says* it is CUDA-aware (``detect_cuda_aware_mpi``); otherwise through
+  reusable pinned host buffers, because device pointers crash a non-CUDA-aware MPI.
+- ``NCCLTransport`` moves CuPy device buffers with NCCL on a CUDA stream (all-to-all as
+  grouped send/recv), its unique id broadcast over the wrapped MPI communicator.
+- ``choose_device_transport``: NCCL where every rank can run it on a GPU of its own, else MPI.
 """
 
 from __future__ import annotations
@@ -194,7 +170,29 @@ def choose_device_transport(backend: str, nccl_errors: Sequence[str | None], gpu
 
 
 class Transport:
-    """The interface every transport fills; see the module docstring."""
+    """The interface every transport fills.
+
+    - ``alltoallv``: rank i sends ``scounts[j]`` bytes at ``send[sdispls[j]:]`` to rank j and
+      receives ``rcounts[j]`` bytes into ``recv[rdispls[j]:]`` (an all-gather is the same call
+      with one send region shared by every peer);
+    - ``allgather``: equal blocks, for the native (uncompressed) all-gather;
+    - ``reduce_scatter``, ``allreduce``: the native typed reductions, for dtypes the transport
+      can reduce.
+
+    Counts and displacements are in bytes for the byte exchanges and in elements for the typed
+    reductions. Only the regions named by counts and displacements are ever written in a
+    receive buffer. Two more services, for the communicator and the collectives:
+
+    - **control exchanges** (``allgather_ints``, ``allgather_objects``, ``any_flag``): small
+      host messages of int64 (signatures, error flags) and, on failure only, Python objects
+      (error messages), always over the wrapped MPI communicator, whichever transport carries
+      the payload; blocking and ordered with each other on every rank;
+    - **bound calls** (``bind_*``): a native collective with its arguments packed once (raw
+      device pointers, byte counts, the stream handle) into a callable that holds no reference
+      to the arrays. ``NCCLTransport`` returns one that is the NCCL call and nothing else; a
+      transport that cannot (MPI needs buffer objects) returns None and is called the
+      ordinary way.
+    """
 
     name = "abstract"
     own_reduction = False  # a typed sum of its own for BF16, FP32 and FP16 (MPI has no BF16 one)

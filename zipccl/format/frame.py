@@ -1,30 +1,14 @@
 """The zipccl frame: header, section offsets, alignment and sizes.
 
-This is the only module that knows where anything lives inside a frame. The
-codecs (reference, CPU, GPU) and the collectives ask it for offsets and never
-compute one themselves. ``docs/FORMAT.md`` describes the same layout in prose;
+This is the only module that knows where anything lives inside a frame. The codecs
+(reference, CPU, GPU) and the collectives ask it for offsets and never compute one
+themselves. A frame is a 128-byte header (``HEADER_FIELDS``) followed by sections that
+each start on a 128-byte boundary (``Layout``); everything before the escape bytes has a
+size that depends on the element count and type alone (the *static part*), so a receiver
+can size it without being told. A RAW frame holds the values verbatim; an encoder writes
+one exactly when the compressed frame would be longer, so no frame is longer than
+``max_compressed_size(n, dtype)``. ``docs/FORMAT.md`` describes the same layout in prose;
 the two must agree.
-
-Frame layout (all integers little-endian, every section starts on a 128-byte
-boundary, padding bytes are zero)::
-
-    offset 0     header (128 bytes, see HEADER_FIELDS); byte 5 names the element type
-    SM_OFFSET    byte plane: n bytes. BF16 and FP32: sign(x_i) << 7 | the top 7 mantissa
-                 bits of x_i; FP16: the low 8 mantissa bits of x_i
-    planes       code planes 0..2 (and, for FP16, bit planes 3..5 holding mantissa bits 8,
-                 9 and the sign), plane k at planes_offset + k * plane_stride; each is
-                 ceil(n/32) uint32 words, bit j of word w = bit k of code(x_{32w+j})
-    counts       ceil(n/BLOCK) uint32: number of escapes in each block of BLOCK elements
-    low halves   FP32 only: 2n bytes, the low 16 mantissa bits of each value (uint16 LE)
-    escapes      n_escapes bytes: the exponent of every escaped element, in order
-    ---------    frame ends right after the last escape byte (no tail padding)
-
-Everything before ``escapes`` has a size that depends on n (and the element type)
-alone: that is the *static part*, which a receiver can size without being told. A
-RAW frame (flag bit 0) holds the header and then the n input values verbatim (2n
-or 4n bytes); an encoder writes one exactly when the compressed frame would be
-longer, so no frame is longer than ``max_compressed_size(n, dtype)``. A BF16 frame
-is byte for byte what version 1 wrote before FP32 and FP16 existed.
 """
 
 from __future__ import annotations
@@ -152,6 +136,20 @@ def align(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
+# Frame layout (integers little-endian, every section on a 128-byte boundary, padding zero):
+#
+#   offset 0     header (128 bytes, HEADER_FIELDS); byte 5 names the element type
+#   sm_offset    byte plane: n bytes. BF16 and FP32: sign(x_i) << 7 | the top 7 mantissa
+#                bits of x_i; FP16: the low 8 mantissa bits of x_i
+#   planes       code planes 0..2 (and, for FP16, bit planes 3..5 holding mantissa bits 8,
+#                9 and the sign), plane k at planes_offset + k * plane_stride; each is
+#                ceil(n/32) uint32 words, bit j of word w = bit k of code(x_{32w+j})
+#   counts       ceil(n/BLOCK) uint32: number of escapes in each block of BLOCK elements
+#   low halves   FP32 only: 2n bytes, the low 16 mantissa bits of each value (uint16 LE)
+#   escapes      n_escapes bytes: the exponent of every escaped element, in order
+#   ---------    the frame ends right after the last escape byte (no tail padding)
+#
+# A RAW frame (FLAG_RAW) is the header, then the n values verbatim (2n or 4n bytes).
 @dataclass(frozen=True)
 class Layout:
     """Byte offsets and sizes of every section of a frame of ``n`` elements of ``dtype``.

@@ -8,28 +8,10 @@ the call is made. A frame longer than its slot *spills*: its tail (frame bytes f
 ``slot_bytes - SLOT_HEADER`` on) moves beside the collective (``comm.spill``).
 
 Each frame is encoded into a *region* of ``region_bytes(n, code)`` bytes: the slot header,
-then room for the largest frame of n values (``format.max_compressed_size``). The transfer
-moves the region's first ``slot_bytes`` bytes; the receiver receives into a region of its
-own, so a spilled tail lands right after the received part and the frame is contiguous.
-
-The slot header (little-endian)::
-
-    offset size  field
-      0    4     magic  b"ZSLT"
-      4    4     version (1)
-      8    8     call sequence number (every rank numbers a communicator's calls alike, from 1)
-     16    4     op code (OP_CODES)
-     20    4     element type code (format.DTYPE_*)
-     24    8     element count n
-     32    8     frame_len (the frame header's)
-     40    8     slot_bytes
-     48    4     sender's sticky error word
-     52    4     reserved (0)
-     56    8     sender's largest escape count over the frames of this call
-     64   60     zero
-    124    4     CRC-32 of bytes [0, 124)
-
-This module alone knows these offsets (the kernels take them from ``SLOT_FIELDS``).
+then room for the largest frame of n values, so a spilled tail lands right after the
+received part and the frame is contiguous. This module alone knows the slot header's
+offsets (``SLOT_FIELDS``; the kernels take them from there); ``docs/FORMAT.md``, "The slot
+header", describes it in prose.
 """
 
 from __future__ import annotations
@@ -48,20 +30,21 @@ SLOT_MAGIC = b"ZSLT"
 SLOT_VERSION = 1
 OP_CODES = {"all_gather": 1, "all_to_all": 2, "reduce_scatter": 3, "all_reduce": 4}
 
+# name, struct code, offset (little-endian). The header is exactly SLOT_HEADER bytes.
 SLOT_FIELDS = (
-    ("magic", "4s", 0),
-    ("version", "I", 4),
-    ("seq", "Q", 8),
-    ("op", "I", 16),
-    ("dtype", "I", 20),
-    ("n", "Q", 24),
-    ("frame_len", "Q", 32),
+    ("magic", "4s", 0),  # SLOT_MAGIC
+    ("version", "I", 4),  # SLOT_VERSION
+    ("seq", "Q", 8),  # call sequence number: every rank numbers a communicator's calls alike, from 1
+    ("op", "I", 16),  # OP_CODES
+    ("dtype", "I", 20),  # element type code (format.DTYPE_*)
+    ("n", "Q", 24),  # element count
+    ("frame_len", "Q", 32),  # the frame header's
     ("slot_bytes", "Q", 40),
-    ("error", "I", 48),
-    ("reserved", "I", 52),
-    ("max_escapes", "Q", 56),
+    ("error", "I", 48),  # the sender's sticky error word
+    ("reserved", "I", 52),  # 0
+    ("max_escapes", "Q", 56),  # the sender's largest escape count over the frames of this call
     ("zero", "60s", 64),
-    ("crc", "I", 124),
+    ("crc", "I", 124),  # CRC-32 of bytes [0, 124)
 )
 _STRUCT = struct.Struct("<" + "".join(code for _, code, _ in SLOT_FIELDS))
 assert _STRUCT.size == SLOT_HEADER

@@ -1,31 +1,12 @@
-"""Pieces shared by the encode and decode kernels: workspace slots, warp
-reductions, the decoupled look-back scan over escape blocks, the header CRC, the
-32-bit helpers of the per-value code (byte permute, shuffles, population count)
-and the persistent grid size.
+"""Pieces shared by the encode and decode kernels: workspace slots, warp reductions, the
+decoupled look-back scan over escape blocks, the header CRC, the 32-bit helpers of the
+per-value code (byte permute, shuffles, population count) and the persistent grid size.
 
-Why a look-back scan: the escapes of block b start at the sum of the escape
-counts of blocks 0..b-1. Each tile (one escape block, ``format.BLOCK``
-= 4096 elements) publishes its count once it is known; the CUDA block coding it
-then reads its predecessors' published values (a count, or an inclusive prefix
-that ends the walk) and so learns its exclusive prefix without a second pass
-over the data. Positions are sums of counts, so the output is the same on every
-run; the only atomic that orders anything is the ticket counter that hands out
-tiles to the (persistent) CUDA blocks in increasing order (so a block only ever
-waits for tiles that running blocks hold), and it decides which CUDA block codes
-which tile, never where a byte goes.
-
-Persistent grid: the tile kernels launch ``grid_size`` blocks (a few per
-multiprocessor, all resident) that loop over tickets, so per-block set-up (code
-tables) is paid once per block, not once per tile.
-
-The workspace is an int64 device array: WS_SLOTS counters, the chunk slots of
-``decode_warps``' scan (a finished-blocks counter, then MAX_CHUNKS chunk totals and
-MAX_CHUNKS chunk prefixes), then one status word per escape block.
-Status word = epoch << 34 | flag << 32 | value; a word whose
-epoch is not the current one counts as "not ready", so the status array never
-needs clearing between calls. The finishing kernel of every call resets the
-counters and advances the epoch, so a call leaves the workspace ready for the
-next one on the same stream (and a captured CUDA graph can replay calls).
+Every tile kernel takes tiles (one escape block each) from a ticket counter on a persistent
+grid and learns where its escapes go from the counts its predecessors publish, so positions
+are sums of counts and the output is the same on every run; the finishing kernel of a call
+advances the workspace's epoch, so the workspace is ready for the next call without clearing.
+docs/KERNELS.md, "The tile skeleton", says how and why.
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
 """The on-disk kernel cache: zipccl's GPU kernels compiled once per machine, not once per process.
 
-Numba compiles a ``@cuda.jit`` kernel the first time a process launches it (seconds per
-kernel, most of a fresh process's first compressed call). ``launch.Kernel`` therefore asks
-this cache first: an entry is the kernel's linked cubin and the name of its entry point,
-loaded with one ``cuModuleLoadData``; a miss compiles through Numba as before and writes the
-entry for the next process. ``python -m zipccl warmup`` (``zipccl.warmup.build_all``) fills the cache for
-every kernel the library launches.
-
-Where: ``$ZIPCCL_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/zipccl/kernels``, else
-``~/.cache/zipccl/kernels``; ``ZIPCCL_KERNEL_CACHE=0`` turns the cache off (every process
-compiles, as without it). Layout::
-
-    <root>/zipccl-<version>_numba-<v>_numba-cuda-<v>_numpy-<v>_v<FORMAT>/sm_<cc>/<kernel>-<id>.cubin
-                                                                          .../<kernel>-<id>.json
-
-The folder names the toolchain, so installs of other versions keep entries of their own;
-``<id>`` is a hash of what the kernel is: its Python name, the values its factory closed over
-(the FP32 build, the lookahead, the device functions it calls, by name), its decorator options
-(launch bounds, fastmath, ...), its argument types and the Numba settings that change code.
-The ``.json`` beside each cubin repeats all of it plus the hash of the kernel's source: the
-kernel's module and every zipccl module it imports at module level, recursively (constants
-and device functions come from there). An entry is used only when every field matches and the
-cubin's SHA-256 is the one recorded; an entry built from other sources (an edited kernel), a
-damaged one or one the driver refuses is compiled again and replaced, with a
-``KernelCacheWarning``. A directory that cannot be written is bypassed: the kernel is compiled
-in the process, one warning says so, and entries already there are still read. Writes go to a
-temporary file renamed into place, cubin first and the ``.json`` last, so ranks that warm the
-same cache at once never read half an entry.
-
-Under the CUDA simulator nothing is compiled and this cache is never opened.
-
-The spill kernels are CUDA C compiled by CuPy (``spill.py``), whose own disk cache keys each
-binary on the full source, the options, the GPU architecture and the CuPy, CUDA and NVRTC
-versions (``$CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``). ``cupy_module`` builds them
-there, or in memory with a warning when that directory cannot be written (CuPy itself would
-fail the call).
+Numba compiles a ``@cuda.jit`` kernel the first time a process launches it (seconds per kernel).
+``launch.Kernel`` therefore asks this cache first: an entry is the kernel's linked cubin and the
+name of its entry point, loaded with one ``cuModuleLoadData``; a miss compiles through Numba and
+writes the entry for the next process. An entry is keyed by the toolchain's versions, the GPU
+architecture and a hash of what the kernel is (its source and every zipccl module it imports,
+its closed-over values, options and argument types); one that does not match, is damaged or is
+refused by the driver is compiled again and replaced, with a ``KernelCacheWarning``. Entries are
+written to a temporary file and renamed into place, so ranks warming one cache never read half
+an entry. ``cupy_module`` builds the CUDA C spill kernels through CuPy's own cache. Under the
+CUDA simulator nothing is compiled and the cache is never opened. Where it lives, what voids an
+entry and ``python -m zipccl warmup``: docs/KERNEL_CACHE.md.
 """
 
 from __future__ import annotations

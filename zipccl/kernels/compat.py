@@ -1,43 +1,13 @@
 """Compatibility layer under every zipccl CUDA kernel: one place for version quirks.
 
-Why it exists:
-
-* numba-cuda 0.30.4 calls ``numpy.row_stack`` while compiling, and numpy >= 2.5
-  removed it (``AttributeError: module 'numpy' has no attribute 'row_stack'``).
-  Importing this module defines ``numpy.row_stack = numpy.vstack`` when it is
-  missing, once, before anything is compiled. Every kernel module imports it
-  first, so no kernel can be compiled without the fix in place.
-* Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, used by the test suite on
-  machines without a GPU) has no warp intrinsics and cannot run LLVM
-  intrinsics. The warp helpers below (``ballot``, ``shfl``, ``shfl_up``,
-  ``shfl_xor``) and the 16-byte memory helpers (``load16``, ``store16``) have
-  one meaning in both worlds: on a GPU they compile to ``vote.sync``,
-  ``shfl.sync`` and ``ld.global.v4.u32`` / ``st.global.v4.u32``; under the
-  simulator they are Python functions with the same results (the warp helpers
-  exchange values through a per-warp barrier, so all 32 lanes of a warp must
-  call them together, exactly as on a GPU with a full mask).
-* Kernel arithmetic is done in int64 so that the simulator (NumPy / Python
-  integers) and compiled code agree bit for bit. ``wrap64`` reduces a value to
-  two's-complement int64 (mod 2**64) under the simulator and is the identity on
-  a GPU, where int64 arithmetic already wraps. The per-element hot paths wrap
-  every intermediate in ``u32`` instead: Numba types every integer operation as
-  64-bit, and truncating each result is what lets LLVM emit 32-bit instructions
-  (the int64 version of the kernels was instruction-bound on an H200).
-
-* Asynchronous copies into shared memory (``cp_async16`` / ``cp_commit`` / ``cp_wait0``,
-  PTX ``cp.async``), 16-byte shared loads (``lds16``), byte stores into a shared word
-  array (``sts8``) and ``syncwarp``: inline PTX / LLVM on a GPU; plain copies and a warp
-  rendezvous under the simulator, whose ``cuda.shared.array`` is also taught to accept
-  ``alignment=`` (NumPy memory is aligned anyway; Numba's simulator refuses the argument).
-
-* The simulator's scheduling (``numba.cuda.simulator.kernel``): the thread that runs a block
-  waits on a condition instead of polling its lanes, and a device function's module takes
-  the simulator's fake ``cuda`` once per launch instead of under a lock at every call (see
-  the comment above the patch). Same results and errors; no minutes-long stalls on a
-  loaded machine. The shared arrays of a block are made race-free as well (one array per
-  source line for all lanes, also when several lanes reach the line at once).
-
-Nothing here touches a GPU at import time.
+Every kernel module imports it first, so no kernel is compiled without it. It patches
+``numpy.row_stack`` back in for numba-cuda (NumPy >= 2.5 removed it); gives the warp
+intrinsics, 16-byte loads and stores, asynchronous shared-memory copies and ``syncwarp`` one
+meaning on a GPU (PTX / LLVM) and under Numba's CUDA simulator (Python with the same results);
+supplies ``wrap64`` and ``u32`` so that int64 arithmetic agrees bit for bit in both worlds and
+the hot paths compile to 32-bit instructions; and makes the simulator's block scheduling and
+shared arrays race-free and quick. docs/KERNELS.md, "The compatibility layer", says why each
+exists. Nothing here touches a GPU at import time.
 """
 
 from __future__ import annotations
@@ -61,8 +31,8 @@ if SIMULATOR:
     _M64 = (1 << 64) - 1
     # how long a lane waits for the rest of its warp at a shuffle before the kernel fails (only
     # lanes that take different paths wait forever). With the simulator's scheduling below, a
-    # wait lasts as long as the other lanes' Python between two shuffles: seconds at most, even
-    # on a two-core machine loaded many times over
+    # wait lasts as long as the other lanes' Python between two shuffles, far below this even on
+    # a heavily loaded machine
     EXCHANGE_TIMEOUT_S = 120
 
     class _Warp:
@@ -239,7 +209,7 @@ if SIMULATOR:
     # time a lane blocks on that lock or on a warp exchange, the GIL tends to go to the polling
     # thread, which keeps it for a whole switch interval doing nothing useful; with 128 lanes
     # making nested device calls, how long a kernel takes then depends on how the OS schedules
-    # the lanes (minutes instead of seconds on a loaded two-core machine). Below, (1) the
+    # the lanes, and a loaded machine stretches it many times over. Below, (1) the
     # launching thread sleeps on a condition that lanes notify when the last of them reaches
     # syncthreads or exits or a lane fails, and (2) a device function's module is swapped once
     # per launch (under a lock, by the first lane that calls into it) and restored when the

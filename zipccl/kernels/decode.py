@@ -1,50 +1,13 @@
-"""GPU decoder: a zipccl frame -> BF16 bit patterns, accepting exactly what
-``codec.reference.decode`` accepts, never writing outside the output.
+"""GPU decoder of BF16 and FP32 frames (the block decoder): a zipccl frame -> its values,
+accepting exactly what ``codec.reference.decode`` accepts, never writing outside the output.
 
-Two launches, no host synchronisation:
-
-1. ``decode_tiles``: a persistent grid (``_common.grid_size``) whose blocks take
-   tiles (one escape block of 4096 values) from the ticket counter. Thread 0 of
-   every block checks the header fields it relies on (magic, version, dtype,
-   flags, element count = the output's, lengths against the buffer and the
-   layout); if they do not fit the block writes nothing. When a tile is drawn,
-   its stored escape count is published at once for the look-back scan
-   (``_common``), so the scan resolves while the tile decodes. In round r lane j
-   decodes values 256r + 8j .. +7 of its warp's 1024: it loads their 8
-   sign-mantissa bytes (one 8-byte load) and its byte of each code plane (3
-   one-byte loads; a warp reads 32 contiguous bytes per plane, no shuffles). A
-   256-entry shared table spreads a plane byte's bit i to bit 4i, so three
-   lookups and two multiply-adds give the 8 codes as nibbles; a byte permute
-   (PRMT) whose source is the codebook itself (byte 0 = 0 for the escape, bytes
-   1..7 = the 7 exponents) and whose selector is that nibble word returns 4
-   exponent bytes at once. High bytes (sign | exponent >> 1) and low bytes
-   (exponent bit 0 | mantissa) of 4 values take one shift and one LOP3 each, two
-   more permutes interleave them into 4 BF16 values, and the round leaves in one
-   16-byte store. All per-value work is 32-bit. Escaped values are stored with
-   exponent 0 and rewritten (a 2-byte store by the same thread, which program
-   order makes the last) once the look-back has given the tile's first escape
-   position: ranks come from one packed exclusive warp scan, as in the encoder.
-   Each tile compares the escape codes it saw with its stored count, and each
-   escape read is checked against the header's escape total. The next tile's
-   loads are issued before the current tile patches its escapes.
-2. ``decode_finish`` (one block) checks the header CRC, the escape total and
-   the payload checksum (summed from the tiles plus the padding bytes it reads
-   itself), publishes the call's error bits, resets the counters and advances
-   the epoch. Error bits (``format.errors``): WS_ERR_LAST holds the last call's,
-   WS_ERR_STICKY accumulates until the host clears it.
-
-FP32 (``decode_tiles32``, the same kernel built with ``fp32`` set): the upper halves are
-decoded as BF16 values; each round then loads the 8 values' low halves (one 16-byte load),
-merges them with byte permutes and stores 32 bytes; an escaped value's upper half is
-rewritten as a 2-byte store. The low halves of two rounds are loaded before the first of
-their stores (a load cannot move above a store that may alias it), and the FP32 build has
-launch bounds of 6 resident blocks per multiprocessor (``FP32_BLOCKS_PER_SM``): under 64
-registers it spills. The header must name FP32, and a RAW frame copies 4n bytes.
-Its finishing kernel is ``decode_fp16.wide_finish`` (the FP32 padding runs).
-
-A RAW frame is copied by ``decode_tiles`` (16-byte loads and stores). Version
-history and H200 measurements: experiments/kernels/NOTES.md (this is v4; v3 is
-kept as experiments/kernels/v3_decode.py).
+Two launches, no host synchronisation: ``decode_tiles`` (``decode_tiles32`` for FP32), a
+persistent grid whose blocks decode a tile each from the ticket counter and place its escapes
+by the look-back scan, then ``decode_finish`` (FP32: ``decode_fp16.wide_finish``), one block
+that checks the header CRC, the escape total and the payload checksum, publishes the call's
+error bits and readies the workspace for the next call. Large frames take the warp decoder
+(``decode_warps``). How a tile is decoded and why: docs/KERNELS.md, "The block decoder"; the
+versions that led here and their measurements: experiments/kernels/NOTES.md.
 """
 
 from __future__ import annotations
@@ -108,7 +71,8 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
     def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
-        """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring)."""
+        """Decode tiles taken from the ticket counter, or copy a RAW frame (docs/KERNELS.md,
+        "The block decoder")."""
         n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
         lo_off = lo_of(lay)
         units = 2 * n if fp32 else n  # the RAW payload in 2-byte units

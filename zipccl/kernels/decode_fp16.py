@@ -2,40 +2,11 @@
 plan; accepts exactly what ``codec.reference.decode`` accepts and never writes outside the
 output.
 
-FP32 frames are decoded by the BF16 tile kernel's FP32 build (``decode.decode_tiles32``),
-then ``wide_finish``. FP16 takes two launches, no host synchronisation, as BF16 does
-(``decode.py``):
-
-1. ``decode_tiles16``: the BF16 tile kernel's structure (``decode.decode_tiles``) with FP16's
-   bits. A persistent grid whose blocks take tiles from the ticket counter; thread 0 of every
-   block checks the header fields it relies on (magic, version, element type, flags, n = the
-   output's, lengths, codebook entries <= 31) and if they do not fit the block writes
-   nothing. A RAW frame is copied. Otherwise in round r lane j decodes values 256r + 8j ..
-   +7 of its warp's 1024: it loads their 8 low bytes (one 8-byte load) and its byte of each
-   of the 6 bit planes (a warp reads 32 contiguous bytes a plane). Decoding inverts the FP16
-   encoder's table (``encode._fp16_entries``: high byte -> code bits, raw bits). The shared
-   table spreads a plane byte's bit i to bit 4i, so
-   * the 3 code planes give 8 codes as nibbles, and a byte permute (PRMT) whose source is
-     the codebook (byte 0 = 0 for the escape, bytes 1..7 the exponents) turns 4 of them into
-     4 exponent bytes, shifted by 2 into place in the high byte (an FP16 exponent is at most
-     31: no carry);
-   * the 3 raw planes (mantissa bits 8, 9 and the sign) give 8 3-bit nibbles likewise, and
-     a byte permute of a constant (byte k = the high-byte bits of raw nibble k) turns 4 of
-     them into the rest of 4 high bytes.
-   Two more permutes interleave low and high bytes into 4 FP16 values; a full round leaves in
-   one 16-byte store. Escaped values are stored with exponent 0 and rewritten once the
-   look-back (``_common``, over the stored counts) has given the tile's first escape, each at
-   its rank from one packed exclusive warp scan (their low byte and raw bits re-read; the
-   position checked against the header's escape total, the escape byte against 31). Each
-   tile compares the escape codes it saw with its stored count; the next tile's loads are
-   issued before the current tile patches its escapes. Launch bounds of 6 resident blocks per
-   multiprocessor (``FP16_BLOCKS_PER_SM``), as the FP32 build's.
-2. ``wide_finish`` (one block, FP32 and FP16): header CRC, escape total, payload
-   checksum (the tiles' sums plus the padding bytes it reads), then the call's error
-   bits, counter reset and the next epoch, as ``decode.decode_finish`` does for BF16.
-
-Error bits: ``format.errors`` (FP16's own: ``ERR_ESCAPE_VALUE``, an escape byte above 31).
-Version history and H200 measurements: experiments/kernels/NOTES.md (this is round 4's v7a).
+FP16 takes two launches, no host synchronisation, as BF16 does: ``decode_tiles16`` (the block
+decoder's structure with FP16's bits: three code planes and three raw bit planes), then
+``wide_finish`` (header CRC, escape total, payload checksum, error bits, the next epoch), which
+also finishes FP32 frames after ``decode.decode_tiles32``. How and why: docs/KERNELS.md, "The
+FP16 decoder"; the versions and their measurements: experiments/kernels/NOTES.md.
 """
 
 from __future__ import annotations
@@ -221,7 +192,7 @@ _first_tile = parts.block_start(None)
 
 @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, FP16_BLOCKS_PER_SM)}))
 def decode_tiles16(f8, f16, f32, f64, out32, out16, ws, lay):
-    """Decode tiles taken from the ticket counter, or copy a RAW frame (module docstring).
+    """Decode tiles taken from the ticket counter, or copy a RAW frame (docs/KERNELS.md, "The FP16 decoder").
     ``out32``: the first n & ~7 output values as uint32, ``out16`` all n."""
     n, planes_off, stride, counts_off, eo, _, pwords, n_blocks = layout_fields(lay)
     raw_off = planes_off + 3 * stride

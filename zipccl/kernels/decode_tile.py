@@ -3,8 +3,7 @@
 decode through the spread table and the codebook permute, the FP32 low halves, the escape
 patch, RAW units, and a block's start (ticket, epoch, header check).
 
-How the decoders use them, and why they are built so: ``decode``'s docstring and
-experiments/kernels/NOTES.md.
+How the decoders use them, and why they are built so: docs/KERNELS.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """The decoder for large BF16 and FP32 frames: a warp a tile, no block barrier, the escape
-prefixes from a scan of the stored counts. Frames, output and error bits are those of the
-block decoder (``decode.py``), which still decodes frames of fewer than ``TILES_PER_WARP`` tiles
-a warp of the grid (``use_warps``): there a block's four warps on one tile have more
-parallelism than the frame gives the warps.
+prefixes from a scan of the stored counts.
 
-Two kernels before the finishing kernel (``decode.decode_finish``, FP32's
-``decode_fp16.wide_finish``), no host synchronisation:
-
-1. ``scan_counts`` (one 128-thread block per ``CHUNK`` = 4,096 tiles): each thread loads the
-   stored escape counts of 32 consecutive tiles (8 independent 16-byte loads; the counts
-   section is 128-byte aligned), clamped to the tile's values as the block decoder clamps
-   them, one block scan gives each tile's exclusive prefix inside its chunk (stored in the
-   tile's status word, flag bits 0: never taken for a look-back's result), and the chunk's
-   total goes to the workspace's chunk slots (``WS_CHUNKS``); the last block to finish (a
-   counter there) scans the totals into the chunks' prefixes. No block waits for another.
-2. ``decode_warps``: a warp takes a tile (the first wave by the warp's number, later tiles from
-   the ticket counter, so no atomics at all when the grid has a warp for every tile); its first
-   escape position is its chunk's prefix plus the tile's status word. The
-   warp decodes the tile's 4 quarters (1,024 values each, 4 rounds of 8 values a lane) one after
-   the other with the block decoder's round code (``decode_tile.decode_round``: spread table,
-   codebook byte permutes, 16-byte stores), ranks the quarter's escapes by one packed warp scan,
-   issues the next quarter's loads (the next tile's first after the fourth), then rewrites the
-   escaped values (2-byte stores). Checks: a stored count above the tile's values, the escapes
-   seen against the stored count, the last tile's prefix plus count against the header's total,
-   every escape position against the total; the checksum terms are the block decoder's.
-
-FP32 (``fp32``): the upper halves are decoded as BF16 values and each round's low halves merged
-in by byte permutes (``decode_tile.lo32`` / ``decode_tile.store32``, two rounds' loaded ahead), every
-tile from the ticket counter. Both builds have launch bounds of 6 resident blocks per
-multiprocessor (``BLOCKS``, ``FP32_BLOCKS``). A RAW frame is copied
-(4,096 values a ticket and warp). Versions and H200 measurements: experiments/kernels/NOTES.md
-(v7c; v7d, which patched escapes in registers, lost).
+Frames, output and error bits are those of the block decoder (``decode.py``), which still
+decodes frames of fewer than ``TILES_PER_WARP`` tiles a warp of the grid (``use_warps``).
+Two kernels before the block decoder's finishing kernel, no host synchronisation:
+``scan_counts`` gives every tile its escape prefix from the stored counts, with no block
+waiting for another; ``decode_warps`` then decodes a tile per warp with the block decoder's
+round code (``decode_tile``). How and why: docs/KERNELS.md, "The warp decoder"; the versions
+and their measurements: experiments/kernels/NOTES.md.
 """
 
 from __future__ import annotations
@@ -79,8 +56,8 @@ ROWS = 32  # counts a scan thread sums
 CHUNK = ROWS * TPB  # tiles a scan block covers
 CHUNK_SHIFT = CHUNK.bit_length() - 1
 # resident blocks a multiprocessor (launch bounds) and how the first tiles are taken: the builds
-# without register spills (cc 9.0; with 64 registers the BF16 build spills 192 B taking its first
-# tiles by warp number, and the FP32 build at 6 blocks 236 B)
+# that compile without register spills for cc 9.0 (under 64 registers both spill;
+# experiments/kernels/NOTES.md, round 4)
 BLOCKS = 6  # BF16: 80 registers, first wave by warp number
 FP32_BLOCKS = parts.FP32_BLOCKS_PER_SM  # FP32: 6, every tile from the counter
 FP32_FIRST_WAVE = False
@@ -133,7 +110,7 @@ def _scan_kernel(fp32: bool, rows: int = ROWS):
     @cuda.jit
     def scan_counts(f8, f32, f64, ws, lay):
         """Status word t := tile t's exclusive escape prefix in its chunk; chunk slot c := the
-        chunk's total (module docstring, 1.)."""
+        chunk's total (docs/KERNELS.md, "The warp decoder", 1.)."""
         n, _, _, counts_off, _, _, _, n_blocks = layout_fields(lay)
         part = cuda.shared.array(8, dtype=np.int64)
         tid = np.int64(cuda.threadIdx.x)
@@ -222,7 +199,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = parts.FP32_LO_
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
     def decode_warps(f8, f32, f64, out32, out16, ws, lay):
-        """Decode tiles, a warp each, or copy a RAW frame (module docstring, 2.)."""
+        """Decode tiles, a warp each, or copy a RAW frame (docs/KERNELS.md, "The warp decoder", 2.)."""
         tid = np.int64(cuda.threadIdx.x)
         hdr = cuda.shared.array(8, dtype=np.int64)  # the header check's results
         spread = cuda.shared.array(256, dtype=np.uint32)
@@ -340,7 +317,7 @@ def chunks(n_blocks: int) -> int:
 
 
 def launch(f8, f32, f64, out32, out16, ws, lt, n_blocks: int, fp32: bool, stream) -> None:
-    """Enqueue the scan and the tile kernel (module docstring) of a frame of ``n_blocks`` tiles
+    """Enqueue the scan and the tile kernel of a frame of ``n_blocks`` tiles
     (``lt``: its layout tuple); the caller enqueues the finishing kernel after them."""
     (scan_counts32 if fp32 else scan_counts)[chunks(n_blocks), TPB, stream](f8, f32, f64, ws, lt)
     (decode_warps32 if fp32 else decode_warps)[grid(n_blocks, fp32), TPB, stream](

@@ -1,32 +1,15 @@
 """The lean launch route: Numba kernels compiled once, launched from packed parameters.
 
-Numba's dispatcher costs 30-390 µs of host time per launch (argument typing,
-``__cuda_array_interface__`` parsing, ctypes conversion of every argument); at
-16 MiB that is ten times the kernel. Here each kernel is compiled by Numba once
-per (signature, device) from the same ``@cuda.jit`` source the simulator runs,
-its ``CUfunction`` is taken from Numba's loaded module, and a launch is one
-``cuLaunchKernel`` driver call whose ``void**`` parameter array was packed once
-(``Params``) when the caller's buffer set was first seen: a *plan*. A launch
-allocates nothing and parses nothing.
-
-Numba's kernel ABI (``numba.cuda.dispatcher._Kernel._prepare_args``), which
-``Params`` reproduces: a 1-D C-contiguous array is 7 parameters (meminfo,
-parent, nitems, itemsize, data pointer, shape[0], strides[0]); an integer
-scalar is one; a tuple is its elements in order. Every parameter of zipccl's
-kernels is 8 bytes wide (int64 scalars, pointers, intp fields). When the driver
-can report a function's parameter layout (``cuFuncGetParamInfo``, CUDA >= 12.4)
-the packing is checked against it once per kernel and device, so an ABI change
-in Numba fails loudly instead of launching with shifted arguments.
-
-A kernel's cubin is kept on disk (``cache.py``): a process that finds it there loads it with
-one ``cuModuleLoadData`` instead of compiling; ``kernels()`` lists every ``Kernel`` made, for
-``python -m zipccl warmup``.
-
-Also here: the few driver calls the codec's hot path needs without Numba's
-wrappers (current device, a small device-to-host read into pinned memory).
-Under the CUDA simulator the codec calls the kernels through Numba's dispatcher by
-default (``codec/gpu.py`` picks the route); its plan route runs there too, with
-``simlaunch.py`` standing in for ``cuLaunchKernel`` and for the compiled function.
+Numba's dispatcher types, parses and converts every argument at every launch. Here each kernel
+is compiled by Numba once per (signature, device) from the same ``@cuda.jit`` source the
+simulator runs, and a launch is one ``cuLaunchKernel`` driver call whose ``void**`` parameter
+array was packed once (``Params``, reproducing Numba's kernel ABI, checked against the driver's
+parameter layout where it can report one) when the caller's buffer set was first seen: a
+*plan*. A launch allocates nothing and parses nothing. A kernel's cubin is kept on disk
+(``cache.py``); ``kernels()`` lists every ``Kernel`` made, for ``python -m zipccl warmup``.
+Also here: the few driver calls the codec's hot path needs without Numba's wrappers. Under the
+CUDA simulator ``simlaunch.py`` stands in for the driver call. docs/KERNELS.md, "The launch
+route", says why and how.
 """
 
 from __future__ import annotations
@@ -258,9 +241,9 @@ def launch(function: int, grid: int, block: int, stream: int, params: Params) ->
 
 
 def _launcher():
-    """cuda.bindings' ``cuLaunchKernel`` taking the packed ``void**`` address as an int: about
-    4 µs of host time a launch on an H200 machine, against 5 for libcuda through ctypes and
-    for cuda.core's ``launch`` (experiments/bench_launch.py, results/launch_gpu.jsonl)."""
+    """cuda.bindings' ``cuLaunchKernel`` taking the packed ``void**`` address as an int: the
+    cheapest of the routes ``experiments/bench_launch.py`` compares (libcuda through ctypes,
+    cuda.core's ``launch``; records in ``experiments/results/launch_gpu.jsonl``)."""
     if compat.SIMULATOR:  # the stand-in that runs the kernel from the packed parameters
         from .simlaunch import launch_packed
         return launch_packed

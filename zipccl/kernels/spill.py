@@ -7,39 +7,8 @@ compiled with CuPy's ``RawModule`` (volatile loads of host memory, system fences
 ``__nanosleep``, which Numba does not offer), and beside each kernel step its NumPy twin:
 the same algorithm on host memory, run at once, for host arrays and for tests without a
 GPU. The twins are the specification; the kernels must agree with them byte for byte.
-
-Three kernels, one launch each per call (a few blocks of ``THREADS`` threads):
-
-- ``zipccl_spill_out`` (encode stream, after the encodes, before the transfer): writes the
-  128-byte slot header before every send frame (``slots.SLOT_FIELDS``, CRC-32 computed on
-  the device), copies every tail (frame bytes from ``slot_bytes - 128`` on) into the call
-  block, then raises ``W_OUT_READY``. It never waits.
-- ``zipccl_spill_in`` (decode stream, after the transfer, before the decodes): checks every
-  received slot header, ORs mismatches into the sticky error word, always posts the request
-  (``W_IN_REQUEST``: the tail length each peer sends), and only when a tail is due spins
-  (``__nanosleep`` backoff) until the progress thread raises ``W_IN_READY`` — a wait on the
-  CPU, never on later GPU work — then copies the tails into the regions and raises
-  ``W_IN_FREE``.
-- ``zipccl_spill_record``: ORs a decode workspace's uint32 error bits into the sticky word.
-
-Memory the kernels see (all pointers are 64-bit device addresses; pinned host memory is
-addressed by its host pointer, valid on the device under unified addressing):
-
-- the *call block* (mapped host memory, one per call in flight, written by ``begin``):
-  ``HEADER_WORDS`` u64 words (``W_*``), then the send and the receive descriptors
-  (``DESC_WORDS`` u64 each, ``D_*``), then one 128-aligned tail area per frame;
-- the *control words* (mapped, one per communicator): ``C_ERR`` mirrors the device sticky
-  word for the host, ``C_HOST_ERR`` holds the progress thread's error bits;
-- the *device word* (device memory): ``DEV_ERR``, the sticky word itself, ORed with
-  device-scope atomics (atomics on mapped memory are not promised to be atomic);
-- the block's *counters* (device memory): the last block of a launch to finish raises the
-  flag and resets its counter; in ``zipccl_spill_in`` the first block to run (a ticket, not
-  ``blockIdx``: blocks need not be dispatched in order) posts the request, so a block that
-  waits never keeps the poster from running.
-
-Host ordering assumptions: the host reads a flag before the data it guards and writes data
-before the flag it raises (true on x86-64; the progress thread is Python, whose loads and
-stores of these words are single aligned 8-byte accesses).
+A kernel waits only on a flag the CPU raises, never on later GPU work. The three kernels, the
+memory they see and the host's ordering assumptions: docs/KERNELS.md, "The spill kernels".
 """
 
 from __future__ import annotations

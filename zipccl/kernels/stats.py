@@ -1,29 +1,12 @@
-"""Statistics on the GPU: the sigma estimate behind the default codebook, and the
-exponent histogram behind ``Codebook.from_histogram`` (kept for comparison).
+"""Statistics on the GPU: the codebook choice, the sigma estimate behind the default codebook,
+and the exponent histogram behind ``Codebook.from_histogram`` (kept for comparison).
 
-``sample_sumsq`` reads the same strided sample as ``codebook.estimate_sigma``
-(``codebook.sample_stride``, the first ``samples`` values, inf and NaN
-skipped) and sums the squares in float64. Each square is exact (a BF16 value
-has 8 significant bits), so the estimate differs from the NumPy one only by the
-order of the float64 additions (a fixed tree here): the last bits of sigma, and
-the codebook only if sigma sits on a window boundary to within that rounding.
-
-``gather_sample`` copies that sample into a small buffer, so that the host can
-run ``Codebook.from_sample`` on it (sigma window or top-7 fallback) and get the
-very codebook the host codec picks.
-
-``choose_codebook`` is ``codebook.choose_codebook`` on the device, so that
-``compress`` never reads anything back before encoding: one block reads the
-sample, builds its 256-bin exponent histogram in shared memory and its sum of
-squares in ``codebook._rms``'s fixed order (the same float64 sum bit for bit),
-looks sigma up in ``codebook.window_table`` (the closed-form window as a step
-table), takes the sample's top-7 by repeated block maxima (count descending,
-then exponent ascending, as ``top_exponents``), applies the fallback rule with
-integer counts, and writes the 7 exponents as little-endian bytes to the
-workspace slot ``WS_CODEBOOK``, where the encoder reads them.
-
-``exponent_histogram`` counts the 256 exponent values of the whole tensor
-(per-block shared-memory counts, then one global atomic per non-zero bin).
+``choose_codebook`` is ``codebook.choose_codebook`` on the device (the same sample, the same
+float64 sum of squares bit for bit, the same window table and top-7 fallback), writing the 7
+exponents to the workspace where the encoder reads them, so that ``compress`` never reads
+anything back before encoding. ``sample_sumsq`` and ``gather_sample`` give the host the
+sigma estimate and the sample itself; ``exponent_histogram`` counts a whole tensor's
+exponents. docs/KERNELS.md, "The codebook on the device", says how each agrees with the host.
 """
 
 from __future__ import annotations
@@ -178,10 +161,11 @@ CHOICE_LOADS = SAMPLE_MAX // CHOICE_TPB  # sampled values per thread
 
 @cuda.jit
 def choose_codebook(x16, stride, count, threshold, scale, thr, starts, n_thr, ws):
-    """ws[WS_CODEBOOK] = the default codebook of the strided sample (module docstring; one
-    block of CHOICE_TPB threads). Block barriers only where every thread's data meet: around
-    the sample's stores and the histogram, in the sum's halving tree, after the window; the
-    top-7 is found by warp 0 alone with shuffles (7 rounds of a warp maximum, no barrier)."""
+    """ws[WS_CODEBOOK] = the default codebook of the strided sample (docs/KERNELS.md, "The
+    codebook on the device"; one block of CHOICE_TPB threads). Block barriers only where every
+    thread's data meet: around the sample's stores and the histogram, in the sum's halving
+    tree, after the window; the top-7 is found by warp 0 alone with shuffles (7 rounds of a
+    warp maximum, no barrier)."""
     samp = cuda.shared.array(SAMPLE_MAX, dtype=np.uint16)
     hist = cuda.shared.array(256, dtype=np.int32)  # 32-bit: native shared-memory atomics
     ssum = cuda.shared.array(SUM_TPB, dtype=np.float64)

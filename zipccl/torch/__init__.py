@@ -4,21 +4,15 @@ Importing ``zipccl`` never imports torch; importing ``zipccl.torch`` does. Bytes
 move over a torch ``ProcessGroup`` (``transport.ProcessGroupTransport``: NCCL on
 GPUs, gloo on CPUs), so a ``torchrun`` job needs no MPI.
 
-- ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
-  ``all_reduce``: torch.distributed's signatures and results, BF16 compressed as
-  the ``policy`` ("auto" | "always" | "never" | a ``zipccl.comm.Policy``) says;
-  ``all_gather_single`` / ``reduce_scatter_single``: torch 2.13's names for the first two;
-- ``compress_fsdp(model, policy=...)``: FSDP2 in one line (``ZipAllGather``,
-  ``ZipReduceScatter``), ``hooks.stats`` counts calls and bytes;
-- ``ddp_comm_hook`` with ``DDPCommState``: DDP's gradient all-reduce;
-- ``MegatronComm``: Megatron-LM's all-gather / reduce-scatter functions;
+- ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``, ``all_reduce``
+  (and torch 2.13's names ``all_gather_single`` / ``reduce_scatter_single``): torch.distributed's
+  signatures and results, compressed as the ``policy`` says;
+- ``compress_fsdp`` (FSDP2), ``ddp_comm_hook`` (DDP), ``MegatronComm`` (Megatron-LM);
 - the torch.distributed backend "zipccl", registered on import:
-  ``dist.init_process_group("cpu:gloo,cuda:zipccl")`` compresses what any code issues
-  (``backend``); ``stats()`` says what it compressed, ``explain(op, nbytes)`` why
-  (``autotune``: "auto" calibrates once per group and caches the profile on disk).
+  ``dist.init_process_group("cpu:gloo,cuda:zipccl")`` compresses what any code issues;
+  ``stats()`` says what it compressed, ``explain(op, nbytes)`` why.
 
-What is bit-identical to torch.distributed and what zipccl guarantees instead:
-``zipccl.torch.functional``'s docstring and docs/TORCH.md.
+What is bit-identical to torch.distributed, and what zipccl guarantees instead: docs/TORCH.md.
 """
 
 from .autotune import calibrate, explain

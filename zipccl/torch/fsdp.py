@@ -1,21 +1,18 @@
 """FSDP2 comm objects: compressed all-gather of parameters, compressed reduce-scatter of gradients.
 
-``torch.distributed.fsdp`` (FSDP2, ``fully_shard``) lets each ``FSDPModule`` swap
-the collectives it runs (``set_custom_all_gather`` / ``set_custom_reduce_scatter``)
-for objects with ``allocate(size, *, dtype, device)`` and
-``__call__(output_tensor, input_tensor, group, [op,] async_op)``.
-``ZipAllGather`` and ``ZipReduceScatter`` are such objects; ``compress_fsdp``
-installs them on every FSDP module of a model -- one line in a training script::
+``torch.distributed.fsdp`` (FSDP2, ``fully_shard``; torch >= 2.11) lets each ``FSDPModule``
+swap the collectives it runs (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) for
+objects with ``allocate(size, *, dtype, device)`` and
+``__call__(output_tensor, input_tensor, group, [op,] async_op)``. ``ZipAllGather`` and
+``ZipReduceScatter`` are such objects; ``compress_fsdp`` installs them on every FSDP module
+of a model -- one line in a training script::
 
     hooks = zipccl.torch.compress_fsdp(model, policy="auto")
-    ...
-    print(hooks.stats)   # calls, compressed_calls, raw_bytes, wire_bytes
+    print(hooks.stats)   # after some steps: calls, compressed_calls, raw_bytes, wire_bytes
 
-FSDP2 calls the reduce-scatter with ``ReduceOp.AVG`` for BF16 and FP32 reduce
-buffers (``MixedPrecisionPolicy(reduce_dtype=...)``). BF16, FP32 and FP16 buffers
-are reduced by zipccl (see ``zipccl.torch.functional`` for the exact result);
-``PREMUL_SUM`` (a custom gradient divide factor) passes through to
-torch.distributed's own reduce-scatter.
+FSDP2 reduce-scatters with ``ReduceOp.AVG``; BF16, FP32 and FP16 buffers are reduced by zipccl
+(``zipccl.torch.functional`` states the exact result). ``PREMUL_SUM`` (a custom gradient divide
+factor) passes through to torch.distributed's own reduce-scatter.
 """
 
 from __future__ import annotations
@@ -28,7 +25,8 @@ import torch
 from ..comm.policy import Policy
 from .functional import Collectives, Stats
 
-try:  # the interfaces FSDP2 calls (torch >= 2.8); the objects work by duck typing without them
+try:  # the base classes of FSDP2's comm objects, in every torch zipccl.torch supports (>= 2.11);
+    # the objects work by duck typing without them
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
 except ImportError:  # pragma: no cover - older torch

@@ -1,20 +1,18 @@
 """Megatron-LM-shaped collectives: drop-ins for its swappable gradient / parameter functions.
 
-Megatron-LM's ``megatron/core/distributed/param_and_grad_buffer.py`` calls two
-module-level functions, ``dist_all_gather_func(output, input, group=, async_op=)``
-and ``dist_reduce_scatter_func(output, input, op=, group=, async_op=)`` (torch's
-``all_gather_into_tensor`` / ``reduce_scatter_tensor``), and waits on the handle
-they return. ``MegatronComm`` provides both, always returning a handle with
-``.wait()``::
+Megatron-LM's ``megatron/core/distributed/param_and_grad_buffer.py`` calls two module-level
+functions, ``dist_all_gather_func(output, input, group=, async_op=)`` and
+``dist_reduce_scatter_func(output, input, op=, group=, async_op=)``, and waits on the handle
+they return. ``MegatronComm`` provides both, always returning a handle with ``.wait()``::
 
     import megatron.core.distributed.param_and_grad_buffer as pgb
     mc = zipccl.torch.MegatronComm(policy="auto")
     pgb.dist_all_gather_func, pgb.dist_reduce_scatter_func = mc.all_gather, mc.reduce_scatter
 
-The compressed path issues its own collectives and reads their results on the
-host, so it must not run inside a torch ``_coalescing_manager`` on NCCL (which
-defers every collective to the end of the block): Megatron uses one around its
-bucket loop; with compression on, use one bucket per call site or patch the loop.
+On CUDA tensors a compressed call enqueues its work on torch's current stream and reads nothing
+back to the host, but it issues several transfers (the slot exchange's rounds, spilled tails on
+a gloo group); torch's ``_coalescing_manager`` on NCCL defers every collective to the end of its
+block, and Megatron puts one around its bucket loop: that is untested, so call outside one.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The byte mover over a ``torch.distributed`` ProcessGroup: a torchrun job needs no MPI.
 
-``ProcessGroupTransport`` fills the same small interface as the MPI and NCCL
-transports (``zipccl.comm.transport.Transport``): ``alltoallv`` and
-``allgather`` of bytes, native ``reduce_scatter`` / ``allreduce`` of typed
-buffers, ``close``. It moves the engine's buffers (NumPy arrays for host data,
-CuPy arrays for device data) with the group's own collectives, viewed as torch
-tensors without copies: NCCL on GPUs, gloo on CPUs.
+``ProcessGroupTransport`` fills the same small interface as the MPI and NCCL transports
+(``zipccl.comm.transport.Transport``), moving the engine's buffers (NumPy arrays for host
+data, CuPy arrays for device data) with the group's own collectives, viewed as torch tensors
+without copies: NCCL on GPUs, gloo on CPUs. On a GPU it makes the stream the bytes must follow
+(the caller's, or the pipeline's transfer stream) torch's current stream for each call, so
+encode -> transfer -> decode stay in order without a host synchronisation (docs/TORCH.md).
 
-Ordering on a GPU: torch.distributed orders each collective after the work
-already queued on torch's *current* stream and, with ``async_op=False``, makes
-that stream wait for the collective. The compressed collectives pass the stream
-the bytes must follow (the caller's stream, or the pipeline's transfer stream);
-the transport makes it torch's current stream for the duration of the call, so
-encode -> transfer -> decode stay in order without a host synchronisation.
-
-``GroupAgreement`` makes every rank raise the same ``CollectiveError`` if any rank
-reports a problem (one small MAX all-reduce on the group; the messages travel only on
-failure). It waits on the host, so zipccl's collectives no longer use it (their errors
-travel in the slot headers and the error word); it stays for callers that want such a
-check at a point of their choosing.
+``GroupAgreement`` makes every rank raise the same ``CollectiveError`` if any rank reports a
+problem (one small MAX all-reduce on the group; the messages travel only on failure). It waits
+on the host, so zipccl's own collectives do not use it (their errors travel in the slot
+headers and the error word); it is for callers that want such a check at a point they choose.
 
 This module imports torch: it is loaded only by ``zipccl.torch``.
 """
@@ -284,7 +276,7 @@ def peer_failures(group) -> str:
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
-# warn); torch 2.11 on the GPU machines has only the old ones.
+# warn there); the earlier versions zipccl.torch supports (torch >= 2.11) have only the old ones.
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
