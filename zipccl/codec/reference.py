@@ -1,21 +1,12 @@
 """The reference codec: pure NumPy, slow and obvious. It is the specification.
 
-Every fast path (``codec/cpu.py``, ``codec/gpu.py``) must write exactly the bytes
-``encode`` writes and accept exactly the frames ``decode`` accepts. The steps
-follow the paper's exponent coding:
-
-1. split each BF16 value into a sign-mantissa byte and an exponent byte;
-2. code each exponent as 1 + its codebook index, or 0 (escape) if absent;
-3. store the 3-bit codes as three 1-bit planes of uint32 words;
-4. store, per block of ``format.BLOCK`` values, the number of escapes, and
-   then the escaped exponent bytes in element order;
-5. if that is longer than the raw data, store the raw data instead.
-
-FP32 and FP16 (``docs/FORMAT.md``) reuse every step. An FP32 value's upper 16
-bits are a BF16 value with the same sign and exponent: they go through steps 1-4
-as BF16, and the lower 16 bits are stored raw in one more static section. An FP16
-value's low byte is the byte plane, its 5-bit exponent takes the 3-bit code, and
-its sign and top two mantissa bits are three more bit planes.
+Every fast path (``codec/cpu.py``, ``codec/gpu.py``) must write exactly the bytes ``encode``
+writes and accept exactly the frames ``decode`` accepts. The steps follow the paper's exponent
+coding: split each BF16 value into a sign-mantissa byte and an exponent byte; code each exponent
+as 1 + its codebook index, or 0 (escape); store the 3-bit codes as three bit planes; store per
+block the escape count, then the escaped exponents in element order; if that is longer than
+the raw data, store the raw data. FP32 and FP16 reuse every step (docs/FORMAT.md, "FP32 and
+FP16").
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """The slot exchange: the one compressed all-to-all of frames that never waits on the host.
 
-Every compressed collective moves its messages through ``slot_exchange``:
-
-1. **encode** each outgoing piece into a region of the send workspace
-   (``slots.region_bytes``), the codebook chosen on the device from the piece itself
-   (``engine.encode_slot``); an all-gather encodes its shard once for every peer;
-2. **slot headers and spill-out** (``Spills.launch_out``): a kernel writes each slot's
-   header and copies the tail of any frame longer than its slot to mapped host memory;
-3. **transfer** one slot per message, ``slots.slot_bytes`` each: a byte count every rank
-   computes from the element counts and the capacity rule, so the host posts it at once;
-4. **spill-in** (``Spills.launch_in``): a kernel checks every received slot header and,
-   for a frame that spilled, waits (on the CPU: the progress thread) for its tail;
-5. **decode** straight from the received regions (``engine.decode_frame``), then the
-   reduction of the round's columns (``on_chunk``) for reductions.
-
-Messages are cut into rounds of ``chunk`` elements (0: one round). On a device engine
-round k's transfer runs on the transfer stream while round k+1 is encoded on the
-caller's stream and round k-1 decoded on the decode stream, ordered by events only.
-With ``channel.raw`` (policy "raw") the codec is off: each frame is RAW (``raw_header``
-and the values' bytes, ``engine.encode_slot(raw=True)``) in a slot sized to hold it whole,
-so the call moves the values plus the two headers through the same rounds and transfers.
-The host reads nothing back: errors (a bad frame, a slot header that does not match the
-call) land in the communicator's sticky error word (``Spills.error``), raised as
-``CollectiveError`` at the next call.
+Every compressed collective moves its messages through ``slot_exchange``, in rounds of ``chunk``
+elements: each piece is encoded into a region (``engine.encode_slot``), a kernel writes the slot
+headers and spills the tail of a frame longer than its slot (``Spills.launch_out``), one
+transfer per round moves fixed-size slots whose byte count every rank computes alike, a kernel
+checks the received headers and waits for spilled tails (``Spills.launch_in``), and the
+receiver decodes from the slots (then reduces, ``on_chunk``). On a device engine round k's
+transfer overlaps round k+1's encode and round k-1's decode, ordered by events only; errors
+land in the channel's sticky error word, raised at the next call. ``channel.raw`` (policy "raw")
+sends RAW frames through the same rounds. docs/COLLECTIVES.md, "The slot exchange", says more.
 """
 
 from __future__ import annotations

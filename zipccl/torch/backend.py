@@ -1,63 +1,15 @@
 """The torch.distributed backend "zipccl": compression for any code, by changing the backend string.
 
-``import zipccl.torch`` registers it; then::
-
-    dist.init_process_group("cpu:gloo,cuda:zipccl")   # GPUs (or "cpu:zipccl" on CPUs)
-
-and every eligible collective that any code issues -- FSDP1/FSDP2, DDP, DTensor,
-TorchTitan, a user's ``dist.all_reduce`` -- goes through ``zipccl.torch``'s
-compressed collectives, as the policy decides; everything else goes to an inner
-group with the inner backend's exact behaviour.
-
-How it is built. ``ZipProcessGroup`` is a Python subclass of
-``torch.distributed.ProcessGroup`` (torch's extension point for Python groups,
-the one ``torch.testing._internal.distributed.multi_threaded_pg`` uses). At
-creation it builds, over the same store and ranks, an *inner* plain c10d
-``ProcessGroup`` holding gloo for CPU tensors and, where CUDA and NCCL are
-available, NCCL for CUDA tensors; both backends are also registered on the zipccl
-group itself, so torch's device queries (object collectives, FSDP2's buffer
-allocation) see the inner ones. torch calls the group's methods by their c10d
-names (``all_gather_single`` / ``_allgather_base``, ``reduce_scatter_single`` /
-``_reduce_scatter_base``, ``all_to_all_single`` / ``alltoall_base``,
-``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``, ``barrier``,
-``send``, ...), from Python (``torch.distributed``'s functions) and from C++
-(DDP's reducer, functional collectives), with options objects
-(``AllreduceOptions``, ...). Each method here either
-
-- compresses: BF16 / FP32 / FP16 ``all_gather_single``, ``reduce_scatter_single``
-  (SUM, AVG), ``all_to_all_single``, single-tensor ``allreduce`` (SUM, AVG), and
-  the list forms ``allgather`` / ``reduce_scatter`` where every tensor has the
-  input's shape (through one flat buffer: one extra copy); the arguments are
-  checked first, and any call torch would reject goes to the inner group
-  unchanged, so it raises torch's own error; or
-- passes the call, arguments and options untouched, to the inner group: every
-  other method, every other dtype or reduction (MAX, PREMUL_SUM, ...), coalesced
-  calls, point-to-point, object collectives (they move uint8 tensors).
-
-While a compressed call runs, every call it makes on this group (zipccl's frames,
-agreements, native fallbacks) goes to the inner group: a per-thread depth counter
-(``_Passthrough``) marks them.
-
-The policy: ``pg_options=BackendOptions(policy=...)``, else ``$ZIPCCL_POLICY``
-(``always`` / ``never`` / ``auto``), else ``"auto"``, which calibrates once per
-group and device type on the first eligible call (``zipccl.torch.autotune``).
-
-What the registration cannot do (torch 2.13, the version tested here; torch 2.9-2.12
-expose the same ``register_backend`` and Python ``ProcessGroup`` and call the
-``_allgather_base`` / ``_reduce_scatter_base`` / ``alltoall_base`` names, which are
-implemented too, untested):
-
-- torch replaces its whole group by a Python one, so in ``"cpu:gloo,cuda:zipccl"``
-  CPU tensors reach zipccl as well and go to zipccl's own inner gloo (with the same
-  results: torch's gloo group is built and left unused);
-- ``init_process_group(device_id=...)`` does not bind the inner NCCL group (torch sets
-  the id on the group it replaces), so NCCL communicators are created lazily;
-  ``split_group`` and NCCL-only features reached through the group
-  (``_get_backend(...)`` options, symmetric memory, ``TORCH_NCCL_*`` flight
-  recorder dumps) are the inner group's;
-- ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` does not wrap a Python group in torch's
-  collective-checking wrapper;
-- ``torch.compile`` traces a Python group's collectives as opaque calls.
+``import zipccl.torch`` registers it; then ``dist.init_process_group("cpu:gloo,cuda:zipccl")``
+and every eligible collective any code issues (FSDP, DDP, DTensor, a user's ``dist.all_reduce``)
+goes through ``zipccl.torch``'s ``Collectives`` as the policy decides; everything else goes to
+an inner c10d group (gloo for CPU tensors, NCCL or gloo for CUDA ones) with its exact behaviour.
+``ZipProcessGroup`` is a Python ``ProcessGroup``: each method either compresses (coded dtypes,
+SUM / AVG, the single-tensor and same-shape list forms) or passes the call untouched to the
+inner group; calls a compressed call makes on the group pass through (``_Passthrough``). The
+policy: ``BackendOptions(policy=...)``, else ``$ZIPCCL_POLICY``, else "auto" (calibrated once
+per group and device type, ``autotune``). torch >= 2.11 (tested: 2.13). How it is built and
+what the registration cannot do: docs/TORCH.md, "The backend".
 """
 
 from __future__ import annotations
