@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     from zipccl.codec import cpu, gpu, reference
-    from zipccl.kernels import decode, encode, runtime
+    from zipccl.kernels import decode, encode, encode_launch, layout, runtime
     from zipccl.kernels._common import CRC_ZERO, TPB, WS_ERR_STICKY
 
     info = machine_info(cp)
@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                                    for i in range(sets)], iters)
             record("decompress", "api", "eager", e, host=host, ratio=api_ratio)
             del api_frames
-        lt = encode.layout_tuple(lay)
+        lt = layout.layout_tuple(lay)
         hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
-        fin_blocks = max(1, min(encode.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
+        fin_blocks = max(1, min(encode_launch.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
         ev = [(runtime.view(bits[i], (n & ~7) // 2, np.uint32), runtime.view(bits[i], n, np.uint16),
                runtime.view(frames[i], lay.raw_size, np.uint8),
                runtime.view(frames[i], lay.raw_size // 4, np.uint32),

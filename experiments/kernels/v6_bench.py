@@ -111,12 +111,12 @@ def main(argv=None) -> int:
     if want_v & {"v6b", "tile"}:
         import v6b_encode
 
-        from zipccl.kernels import encode
+        from zipccl.kernels import encode, encode_launch
 
         one_tile = encode._tiles_kernel(fmt.DTYPE_BF16, per_ticket=1)  # the library's loop before v6c
         variants = {"v6b": ("v6b encode (one barrier)", v6b_encode.launch),
                     "tile": ("encode, one tile a ticket (v5)",
-                             lambda *a: encode.launch(*a, tiles_kernel=one_tile, per_ticket=1))}
+                             lambda *a: encode_launch.launch(*a, tiles_kernel=one_tile, per_ticket=1))}
     cb = Codebook.from_sigma(0.02)
     cb16 = Codebook.from_sigma(0.02, dtype="float16")
     stream = cp.cuda.Stream(non_blocking=True)

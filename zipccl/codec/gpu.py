@@ -44,7 +44,7 @@ Collectives use the ``*_into`` functions.
 
 FP32 and FP16: ``encode_into`` / ``decode_into`` take float32 (or 32-bit integer)
 and float16 arrays (or 16-bit integers with ``dtype="float16"``) through the same
-plans and workspaces (``kernels/encode.py``'s ``WidePlan`` / ``kernels/decode_fp16.py``): FP32
+plans and workspaces (``kernels/encode_launch.py``'s ``WidePlan`` / ``kernels/decode_fp16.py``): FP32
 runs the BF16 tile kernels' FP32 builds, FP16 the encoder's FP16 build and a decoder on the BF16
 decoder's tile structure.
 ``compress`` chooses the FP32 codebook on the device, as for BF16 (the choice kernel on the upper
@@ -82,11 +82,11 @@ _MODULES: list = []
 
 
 def _kernels():
-    """(_common, encode, decode, runtime, stats): zipccl.kernels imports numba.cuda, so only
+    """(_common, encode_launch, decode, runtime, stats): zipccl.kernels imports numba.cuda, so only
     when a GPU codec call happens (imported once; later calls are a list lookup)."""
     if not _MODULES:
-        from ..kernels import _common, decode, encode, launch, runtime, stats
-        _MODULES.extend(((_common, encode, decode, runtime, stats), launch))
+        from ..kernels import _common, decode, encode_launch, launch, runtime, stats
+        _MODULES.extend(((_common, encode_launch, decode, runtime, stats), launch))
     return _MODULES[0]
 
 
@@ -94,11 +94,11 @@ _WIDE: list = []
 
 
 def _wide():
-    """(encode, decode_fp16): the modules of FP32 / FP16 frames, imported on the first call."""
+    """(encode_launch, decode_fp16): the modules of FP32 / FP16 frames, imported on the first call."""
     if not _WIDE:
         _kernels()
-        from ..kernels import decode_fp16, encode
-        _WIDE.extend((encode, decode_fp16))
+        from ..kernels import decode_fp16, encode_launch
+        _WIDE.extend((encode_launch, decode_fp16))
     return _WIDE
 
 
