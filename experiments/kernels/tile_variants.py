@@ -53,7 +53,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu, gpu_codebook, gpu_workspace
     from zipccl.kernels import decode, encode, encode_launch
     from zipccl.kernels import launch as launch_route
 
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             (decode, decode_fp16 if fp32 else decode)
         setattr(module, slot, (enc if side == "encode" else dec)[a])
         plans.grid_size = lambda tiles, _bps=None: _common.grid_size(tiles, bps)
-        gpu._PLANS.clear()  # plans hold the kernel they were built with
+        gpu_workspace._PLANS.clear()  # plans hold the kernel they were built with
 
     stream = cp.cuda.Stream(non_blocking=True)
 
@@ -100,8 +100,8 @@ def main(argv=None) -> int:
         if not fp32:  # BF16 bit patterns (truncated: any patterns will do)
             x = (x.view(cp.uint32) >> 16).astype(cp.uint16)
         cp.cuda.Device().synchronize()
-        cb = gpu.sample_codebook(x)
-        ws = gpu.Workspace(n)
+        cb = gpu_codebook.sample_codebook(x)
+        ws = gpu_workspace.Workspace(n)
         want = cp.empty(fmt.max_compressed_size(n, fmt.DTYPE_FP32 if fp32 else fmt.DTYPE_BF16), cp.uint8)
         out = cp.empty_like(want)
         back = cp.empty_like(x)

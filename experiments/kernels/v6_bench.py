@@ -102,7 +102,7 @@ def main(argv=None) -> int:
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import cpu, gpu, reference
+    from zipccl.codec import cpu, gpu, gpu_workspace, reference
     from zipccl.kernels import runtime
 
     want_v = set(args.variants) - {"none"}
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         bits = [gaussian_bits(n, seed=s, xp=cp) for s in range(sets)]
         frames = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
-        ws = gpu.Workspace(n)
+        ws = gpu_workspace.Workspace(n)
         stream.synchronize()  # the values are made on the stream; the host copy below is not on it
         want = codec.encode(cp.asnumpy(bits[0]), cb, None, False)
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb, stream, workspace=w))

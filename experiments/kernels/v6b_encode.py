@@ -189,7 +189,7 @@ def launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, 
 def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=None):
     """Encode ``bits`` (uint16 BF16 patterns, host under the simulator or device) with
     ``launcher`` (``encode_launch.launch``'s arguments) into ``out`` (or a new buffer); returns it."""
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu_workspace
     from zipccl.kernels import runtime
 
     n = int(bits.size)
@@ -197,7 +197,7 @@ def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=No
     if out is None:
         out = np.zeros(fmt.max_compressed_size(n), np.uint8)
     nbytes = int(out.size)
-    hdr, crc_base, cb64 = gpu._template(n, (n,), exponents)
+    hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), exponents)
     v = runtime.view
     launcher(v(bits, (n & ~7) // 2, np.uint32), v(bits, n, np.uint16), v(out, nbytes, np.uint8),
              v(out, nbytes // 4, np.uint32), v(out, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base,

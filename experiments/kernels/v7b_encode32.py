@@ -175,7 +175,7 @@ def plan(tiles, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: 
 def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=None):
     """Encode FP32 ``bits`` (uint32 patterns, host under the simulator or device) with ``launcher``
     (``encode_launch.launch_wide``'s arguments) into ``out`` (or a new buffer); returns it."""
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu_workspace
     from zipccl.kernels import runtime
 
     n = int(bits.size)
@@ -183,7 +183,7 @@ def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=No
     if out is None:
         out = np.zeros(fmt.max_compressed_size(n, FP32), np.uint8)
     nb = int(out.size)
-    hdr, crc_base, cb64 = gpu._template(n, (n,), exponents, FP32)
+    hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), exponents, FP32)
     v = runtime.view
     launcher(v(bits, n, np.uint32), v(bits, 0, np.uint16), v(bits, n, np.uint32), v(bits, 2 * n, np.uint16),
              v(out, nb, np.uint8), v(out, nb // 4, np.uint32), v(out, nb // 8, np.int64), ws.array, lay, hdr,

@@ -72,7 +72,7 @@ class Plan(plans.Plan):
     """The launches of one encode with everything but the stream fixed: the values at
     ``x_ptr`` (n of them), the frame buffer ``out_ptr`` (``out_nbytes``), the workspace,
     the header template, codebook and checksum flag. Built once per buffer set
-    (``codec/gpu.py`` caches it); ``launch(stream)`` is two driver calls,
+    (``codec/gpu_workspace.py`` caches it); ``launch(stream)`` is two driver calls,
     ``retarget(x_ptr, out_ptr)`` points it at other buffers of the same sizes.
     """
 
