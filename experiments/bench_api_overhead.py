@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     import zipccl
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu, gpu_arrays, gpu_codebook, gpu_route, gpu_workspace
 
     info = machine_info(cp)
     info["machine"] = f"{cp.cuda.runtime.getDeviceCount()} x {info['gpu']} (one used)"
     run_id = time.strftime("%Y%m%dT%H%M%S")
     stream = cp.cuda.Stream(non_blocking=True)
     stream.use()
-    launch = gpu._launch()
+    launch = gpu_route._launch()
     pinned = launch.pinned()
     busy_src = cp.zeros(ROTATE_BYTES, cp.uint8)
     busy_dst = cp.empty_like(busy_src)
@@ -164,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         x_ptr = bits[0].data.ptr
         buf = cp.empty(fmt.Layout.for_count(n).raw_size, cp.uint8)
         o_ptr, o_bytes = buf.data.ptr, buf.nbytes
-        ws = gpu.default_workspace(s, n)
+        ws = gpu_workspace.default_workspace(s, n)
         f_ptr, f_bytes = frames[0].data.ptr, frames[0].nbytes
         dst = outs[0]
 
         def choose():
-            gpu._choose(x_ptr, n, ws, s)
+            gpu_codebook._choose(x_ptr, n, ws, s)
 
         def enc_api():
             gpu._encode(x_ptr, n, o_ptr, o_bytes, None, s, True, (n,), ws)
@@ -204,11 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         raw_size = fmt.Layout.for_count(n).raw_size
         steps = {
             "is_device_array": lambda: zipccl.arrays.is_device_array(x),
-            "typed_view": lambda: gpu._typed_view(x, "bfloat16"),
-            "values": lambda: gpu._values(x),
-            "alloc_frame": lambda: gpu._empty_like_framework(x, raw_size, "u8"),
-            "alloc_values": lambda: gpu._empty_like_framework(x, (n,), "bf16"),
-            "workspace": lambda: gpu.default_workspace(s, n),
+            "typed_view": lambda: gpu_arrays._typed_view(x, "bfloat16"),
+            "values": lambda: gpu_arrays._values(x),
+            "alloc_frame": lambda: gpu_arrays._empty_like_framework(x, raw_size, "u8"),
+            "alloc_values": lambda: gpu_arrays._empty_like_framework(x, (n,), "bf16"),
+            "workspace": lambda: gpu_workspace.default_workspace(s, n),
             "launch_choose": choose,
             "launch_encode": enc_api,
             "launch_decode": decode,

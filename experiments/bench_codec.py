@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from naive_split import naive_split
     from numba import cuda
 
-    from zipccl.codec import cpu, gpu, reference
-    from zipccl.kernels import decode, encode, runtime
+    from zipccl.codec import cpu, gpu, gpu_workspace, reference
+    from zipccl.kernels import decode, encode, encode_launch, layout, runtime
     from zipccl.kernels._common import CRC_ZERO, TPB, WS_ERR_STICKY
 
     info = machine_info(cp)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         frames = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
         frames_cs = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
-        ws = gpu.Workspace(n)
+        ws = gpu_workspace.Workspace(n)
         stream.synchronize()
 
         # ---- correctness on the timed buffers, before any timing
@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                                    for i in range(sets)], iters)
             record("decompress", "api", "eager", e, host=host, ratio=api_ratio)
             del api_frames
-        lt = encode.layout_tuple(lay)
-        hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
-        fin_blocks = max(1, min(encode.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
+        lt = layout.layout_tuple(lay)
+        hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
+        fin_blocks = max(1, min(encode_launch.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
         ev = [(runtime.view(bits[i], (n & ~7) // 2, np.uint32), runtime.view(bits[i], n, np.uint16),
                runtime.view(frames[i], lay.raw_size, np.uint8),
                runtime.view(frames[i], lay.raw_size // 4, np.uint32),

@@ -155,7 +155,7 @@ def _timed(cp, stream, fn, warmup: int, repeats: int) -> float:
 
 def _gpu_case(cp, dt: str, mib: int, stream, args, common: dict) -> list[dict]:
     """Check, then time, one (dtype, size): four variants, one record each."""
-    from zipccl.codec import gpu, reference
+    from zipccl.codec import gpu, gpu_codebook, gpu_workspace, reference
 
     code = fmt.dtype_code(dt)
     item = fmt.ITEMSIZE[code]
@@ -174,10 +174,10 @@ def _gpu_case(cp, dt: str, mib: int, stream, args, common: dict) -> list[dict]:
         frame = zipccl.compress(x)
         bit_exact = bool(cp.array_equal(zipccl.decompress(frame).view(cp.uint8), x.view(cp.uint8)))
         ratio = frame.size / x.nbytes
-        cb = gpu.sample_codebook(x)
+        cb = gpu_codebook.sample_codebook(x)
         out = cp.empty(fmt.max_compressed_size(n, code), cp.uint8)
         back = cp.empty_like(x)
-        ws = gpu.Workspace(n)
+        ws = gpu_workspace.Workspace(n)
         variants = {
             "compress": lambda: zipccl.compress(x, stream=stream),
             "decompress": lambda: zipccl.decompress(frame, stream=stream),

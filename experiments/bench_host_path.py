@@ -266,7 +266,7 @@ def single_process_costs(args) -> list[dict]:
     region = eng.workspace("r", slots.region_bytes(n))
     frame = region[slots.SLOT_HEADER:]
     out = eng.values_workspace("o", n)
-    ws = eng.gpu.Workspace(n)
+    ws = eng.gpu_workspace.Workspace(n)
     words = cupy.zeros(8, dtype=cupy.uint32)
     ctrl = cupy.cuda.alloc_pinned_memory(128)
     ctrl_ptr = np.frombuffer(ctrl, dtype=np.uint8, count=128).ctypes.data

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import zipccl
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu, gpu_arrays, gpu_codebook, gpu_workspace
     from zipccl.kernels import launch as lr
 
     @cuda.jit
@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     cb = Codebook.from_sigma(0.02)
     frame = cp.zeros(zipccl.max_compressed_size(m), cp.uint8)
     out = cp.zeros(m, cp.uint16)
-    ws = gpu.Workspace(m)
+    ws = gpu_workspace.Workspace(m)
     parts = {
         "encode_into": lambda: gpu.encode_into(x, frame, cb, s, workspace=ws),
         "decode_into": lambda: gpu.decode_into(frame, out, s, workspace=ws),
-        "_values": lambda: gpu._values(x),
+        "_values": lambda: gpu_arrays._values(x),
         "current_device": lr.current_device,
-        "stream_key": lambda: gpu._stream_key(stream),
+        "stream_key": lambda: gpu_arrays._stream_key(stream),
         "compress (sync)": lambda: zipccl.compress(x, dtype="bfloat16", stream=stream),
     }
     f = zipccl.compress(x, dtype="bfloat16", stream=stream)
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     # device time of the on-device codebook choice (events over back-to-back launches)
     xp = int(x.data.ptr)
     for _ in range(10):
-        gpu._choose(xp, m, ws, s)
-    us = time_calls(lambda: gpu._choose(xp, m, ws, s), 200, stream=stream).seconds * 1e6
+        gpu_codebook._choose(xp, m, ws, s)
+    us = time_calls(lambda: gpu_codebook._choose(xp, m, ws, s), 200, stream=stream).seconds * 1e6
     rows.append(("choose_codebook (device)", us))
     write({"route": "choose_codebook device us", "size_bytes": 2 * m, "device_us_per_call": us})
     # the same codec call through libcuda's cuLaunchKernel by ctypes instead of cuda.bindings

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import zipccl
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu, gpu_workspace
 
     info = machine_info(cp)
     run_id = time.strftime("%Y%m%dT%H%M%S")
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             f0 = zipccl.compress(bits[0], dtype="bfloat16", stream=stream)
             cb = Codebook(tuple(int(e) for e in cp.asnumpy(f0[fmt.CODEBOOK_AT:fmt.CODEBOOK_AT + 7])))
             del f0
-            ws = gpu.Workspace(n)
+            ws = gpu_workspace.Workspace(n)
             size = zipccl.max_compressed_size(n)
             frames = [cp.zeros(size, cp.uint8) for _ in bits]
             outs = [cp.zeros(n, cp.uint16) for _ in bits]

@@ -29,7 +29,7 @@ if SIMULATOR:
 
 from zipccl import format as fmt
 from zipccl.codebook import Codebook, estimate_sigma
-from zipccl.codec import gpu, reference
+from zipccl.codec import gpu, gpu_codebook, gpu_route, gpu_workspace, reference
 from zipccl.format import errors
 from zipccl.kernels import _common
 
@@ -95,7 +95,7 @@ def _encode(dev: Device, bits: np.ndarray, cb, checksum=True) -> np.ndarray:
 def _decode(dev: Device, frame: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """(values, error bits) of a device decode of a host frame into a guarded output."""
     guard = dev.full(n + 64, GUARD, np.uint16)
-    ws = gpu.Workspace(max(n, 1))
+    ws = gpu_workspace.Workspace(max(n, 1))
     gpu.decode_into(dev.asarray(frame), guard[32:32 + n], workspace=ws)
     err = ws.last_error()
     g = dev.to_host(guard)
@@ -171,7 +171,7 @@ def test_random_bits_take_the_raw_fallback(dev):
 
 @long_under_simulator
 def test_workspace_is_reused_across_calls(dev):
-    ws = gpu.Workspace(8192)
+    ws = gpu_workspace.Workspace(8192)
     cb = Codebook.from_sigma(0.02)
     for seed in range(3):  # each call must see only its own status words
         bits = gaussian_bits(4096 + 1000 * seed, seed=seed)
@@ -235,7 +235,7 @@ def _decode_by(dev: Device, frame: np.ndarray, n: int, dtype: str, warps: bool) 
     lay = fmt.Layout.for_count(n, code)
     fb = dev.asarray(frame)
     out = dev.full(n, 0, np.uint32 if code == fmt.DTYPE_FP32 else np.uint16)
-    ws = gpu.Workspace(max(n, 1))
+    ws = gpu_workspace.Workspace(max(n, 1))
     nb = frame.size
     v = runtime.view
     f = (v(fb, nb, np.uint8), v(fb, nb // 4, np.uint32), v(fb, nb // 8, np.int64))
@@ -304,7 +304,7 @@ def test_warp_decoder_scan_over_several_chunks():
         np.uint32(9999).tobytes(), np.uint8)  # tile 600 claims more escapes than it has values
     counts[600] = fmt.BLOCK
     want = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    ws = gpu.Workspace(n)
+    ws = gpu_workspace.Workspace(n)
     nb = frame.size
     v = runtime.view
     chunks = -(-lay.n_blocks // 512)
@@ -411,9 +411,9 @@ def test_plan_route_matches_reference(dev, dtype):
     assert fmt.parse_header(ref).n_escapes >= n // 613 and not fmt.parse_header(ref).raw
     view = {"bfloat16": np.uint16, "float32": np.float32, "float16": np.float16}[dtype]
     kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
-    ws = gpu.Workspace(n)
-    with gpu.plans_under_simulator() if dev.simulated else nullcontext():
-        before = len(gpu._PLANS)
+    ws = gpu_workspace.Workspace(n)
+    with gpu_route.plans_under_simulator() if dev.simulated else nullcontext():
+        before = len(gpu_workspace._PLANS)
         for k in range(2 if dtype == "bfloat16" else 1):  # BF16: the plan again, retargeted
             x = dev.asarray(bits.view(view))
             buf = dev.full(fmt.max_compressed_size(n, code) + 256, CANARY, np.uint8)
@@ -425,7 +425,8 @@ def test_plan_route_matches_reference(dev, dtype):
         gpu.decode_into(dev.asarray(ref), out.view(view), workspace=ws, **kw)
         assert ws.last_error() == 0
         assert np.array_equal(dev.to_host(out).view(bits.dtype), bits)
-        assert len(gpu._PLANS) == before + 2 or not dev.simulated  # one encode plan, one decode plan
+        # one encode plan, one decode plan
+        assert len(gpu_workspace._PLANS) == before + 2 or not dev.simulated
 
 @long_under_simulator
 def test_decompress_of_frames_that_change_under_it(dev):
@@ -476,14 +477,14 @@ def test_decompress_of_frames_that_change_under_it(dev):
 
 def test_sigma_and_histogram_on_the_device(dev):
     bits = gaussian_bits(dev.size(20000, 3_000_017), sigma=dev.size(0.013, 0.007), seed=dev.size(4, 2))
-    assert gpu.estimate_sigma(dev.asarray(bits)) == pytest.approx(estimate_sigma(bits), rel=1e-12)
-    assert gpu.sample_codebook(dev.asarray(bits)) == Codebook.from_sample(bits)
+    assert gpu_codebook.estimate_sigma(dev.asarray(bits)) == pytest.approx(estimate_sigma(bits), rel=1e-12)
+    assert gpu_codebook.sample_codebook(dev.asarray(bits)) == Codebook.from_sample(bits)
     c = edge_corpus()
-    assert gpu.estimate_sigma(dev.asarray(c)) == pytest.approx(estimate_sigma(c), rel=1e-12)
-    assert gpu.histogram_codebook(dev.asarray(c)) == Codebook.from_histogram(c, dtype="bfloat16")
+    assert gpu_codebook.estimate_sigma(dev.asarray(c)) == pytest.approx(estimate_sigma(c), rel=1e-12)
+    assert gpu_codebook.histogram_codebook(dev.asarray(c)) == Codebook.from_histogram(c, dtype="bfloat16")
     half_zero = gaussian_bits(dev.size(30000, 200_000), seed=9)
     half_zero[1::2] = 0  # not Gaussian: from_sample falls back to the sample's top-7
-    assert gpu.sample_codebook(dev.asarray(half_zero)) == Codebook.from_sample(half_zero)
+    assert gpu_codebook.sample_codebook(dev.asarray(half_zero)) == Codebook.from_sample(half_zero)
 
 
 @long_under_simulator
@@ -503,8 +504,8 @@ def test_default_codebook_is_chosen_on_the_device_as_on_the_host(dev):
     for bits in [*gaussians, half_zero, nan_only, heavy, edge_corpus(), random_bits,
                  gaussian_bits(7, seed=1), np.zeros(0, np.uint16)]:
         x = dev.asarray(bits)
-        ws = gpu.Workspace(max(bits.size, 1))
-        gpu._choose_on_device(x, bits.size, ws, None)
+        ws = gpu_workspace.Workspace(max(bits.size, 1))
+        gpu_codebook._choose_on_device(x, bits.size, ws, None)
         cb = int(ws._slots()[_common.WS_CODEBOOK])
         got = tuple((cb >> (8 * i)) & 0xFF for i in range(7))
         assert got == Codebook.from_sample(bits).exponents, bits[:8]
@@ -561,7 +562,7 @@ def test_one_gib(cp):
     del u
     cb = Codebook.from_sigma(0.02)
     frame = cp.empty(fmt.max_compressed_size(n), cp.uint8)
-    ws = gpu.Workspace(n)
+    ws = gpu_workspace.Workspace(n)
     gpu.encode_into(bits, frame, cb, checksum=True, workspace=ws)
     flen = ws.last_frame_len()
     host_bits = cp.asnumpy(bits)
@@ -580,7 +581,7 @@ def test_graph_replay_with_new_data(cp):
     src = cp.zeros(n, cp.uint16)
     frame = cp.zeros(fmt.max_compressed_size(n), cp.uint8)
     out = cp.zeros(n, cp.uint16)
-    ws = gpu.Workspace(n)
+    ws = gpu_workspace.Workspace(n)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         src.set(gaussian_bits(n, seed=0))

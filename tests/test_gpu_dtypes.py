@@ -25,7 +25,7 @@ from test_gpu_codec import Device  # NumPy under the simulator, CuPy on a GPU; s
 
 from zipccl import format as fmt
 from zipccl.codebook import Codebook
-from zipccl.codec import gpu, reference
+from zipccl.codec import gpu, gpu_codebook, gpu_workspace, reference
 from zipccl.format import errors
 
 FP32, FP16 = fmt.DTYPE_FP32, fmt.DTYPE_FP16
@@ -56,7 +56,7 @@ def _decode(dev: Device, frame: np.ndarray, n: int, code: int) -> tuple[np.ndarr
     item = fmt.ITEMSIZE[code]
     guard = dev.full((n + 64) * item, GUARD, np.uint8)
     out = guard[32 * item:(32 + n) * item].view(np.float32 if code == FP32 else np.float16)
-    ws = gpu.Workspace(max(n, 1))
+    ws = gpu_workspace.Workspace(max(n, 1))
     gpu.decode_into(dev.asarray(frame), out, workspace=ws)
     err = ws.last_error()
     g = dev.to_host(guard)
@@ -295,7 +295,7 @@ def test_compress_and_decompress(dev, code):
     frame = gpu.compress(x)
     assert np.array_equal(dev.to_host(frame),
                           reference.encode(bits, Codebook.from_sample(bits, dtype=code), x.shape, dtype=code))
-    assert gpu.sample_codebook(x) == Codebook.from_sample(bits, dtype=code)
+    assert gpu_codebook.sample_codebook(x) == Codebook.from_sample(bits, dtype=code)
     y = gpu.decompress(frame)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert np.array_equal(dev.to_host(y).reshape(-1).view(bits.dtype), bits)

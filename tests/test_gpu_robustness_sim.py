@@ -62,7 +62,7 @@ if SIMULATOR:
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu, reference
+    from zipccl.codec import gpu, gpu_workspace, reference
     from zipccl.format import errors
     from zipccl.kernels import _common
 
@@ -95,7 +95,7 @@ def _decode(frame: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """(values, error bits) of a GPU decode of exactly ``frame`` into a guarded output of n."""
     guard = np.full(n + 64, GUARD, np.uint16)
     out = guard[32:32 + n]
-    ws = gpu.Workspace(max(n, 1))
+    ws = gpu_workspace.Workspace(max(n, 1))
     gpu.decode_into(np.ascontiguousarray(frame), out, workspace=ws)
     assert np.all(guard[:32] == GUARD) and np.all(guard[32 + n:] == GUARD), \
         "decoder wrote outside its output"
@@ -194,7 +194,7 @@ def test_short_buffers_raise_before_launching():
     with pytest.raises(ValueError, match="shorter than"):
         gpu.decode_into(np.zeros(fmt.HEADER_SIZE - 1, np.uint8), out)
     with pytest.raises(ValueError, match="workspace"):
-        gpu.decode_into(np.zeros(4096, np.uint8), out, workspace=gpu.Workspace(16))
+        gpu.decode_into(np.zeros(4096, np.uint8), out, workspace=gpu_workspace.Workspace(16))
 
 
 # -- the simulator's block scheduling (zipccl.kernels.compat) --------------------------------

@@ -60,11 +60,12 @@ def _encoder_quick(module: str, dtype, library) -> int:
 @simulator_only
 def test_v6b_quick():
     from zipccl import format as fmt
-    from zipccl.kernels import encode
+    from zipccl.kernels import encode_launch
 
     v6b = _import("v6b_encode")
+    launch = encode_launch.launch
     assert _encoder_quick("v6b_encode", fmt.DTYPE_BF16,
-                          lambda x, cb, cs, ws: v6b.encode_frame(encode.launch, x, cb.exponents, cs, ws)) == 0
+                          lambda x, cb, cs, ws: v6b.encode_frame(launch, x, cb.exponents, cs, ws)) == 0
 
 
 @long_under_simulator

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from .kernels import cache
 
 # the modules that define the library's Numba kernels (``launch.Kernel``s)
-KERNEL_MODULES = ("encode", "decode", "decode_fp16", "decode_warps", "stats")
+KERNEL_MODULES = ("encode_launch", "decode", "decode_fp16", "decode_warps", "stats")
 
 
 def library_kernels() -> tuple:

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu, gpu_workspace
     from zipccl.kernels import runtime
 
     stream = cp.cuda.Stream(non_blocking=True)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         x = gaussian_bits(n, seed=0, xp=cp)
         frame = cp.zeros(lay.raw_size, cp.uint8)
         out = cp.zeros(n, cp.uint16)
-        ws = gpu.Workspace(n)
+        ws = gpu_workspace.Workspace(n)
         for _ in range(2):
             gpu.encode_into(x, frame, cb, stream, workspace=ws)
             gpu.decode_into(frame, out, stream, workspace=ws)
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 
             ahead, bps = (int(v) for v in args.v5.split(":"))
             k = v5_encode.make_encode_tiles(ahead, bps)
-            hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
+            hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
             f2 = cp.zeros_like(frame)
             v5_check.launch_v5(k, bps, v5_check.views(x, f2, n, lay, ws), lay, cb64, 0, hdr, crc_base,
                                runtime.stream(stream.ptr))

@@ -53,12 +53,12 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from zipccl.codec import gpu
-    from zipccl.kernels import decode, encode
+    from zipccl.codec import gpu, gpu_codebook, gpu_workspace
+    from zipccl.kernels import decode, encode, encode_launch
     from zipccl.kernels import launch as launch_route
 
     slot = "TILES32" if fp32 else "TILES"
-    enc_default, dec_default = getattr(encode, slot), getattr(decode, slot)
+    enc_default, dec_default = getattr(encode_launch, slot), getattr(decode, slot)
     enc_set = ((1, 8), (4, 8), (4, 6)) if fp32 else ((4, 8), (4, 6), (4, 4))
     dec_set = [(a, b) for a in (1, 2, 4) for b in (8, 6, 4)] if fp32 else [(2, 8), (2, 6), (2, 4)]
     dt = fmt.DTYPE_FP32 if fp32 else fmt.DTYPE_BF16
@@ -85,11 +85,11 @@ def main(argv=None) -> int:
 
     def use(side, a):
         bps = a[1]  # the plan's grid: the variant's resident blocks per multiprocessor
-        module, plans = (encode, encode) if side == "encode" else \
+        module, plans = (encode_launch, encode_launch) if side == "encode" else \
             (decode, decode_fp16 if fp32 else decode)
         setattr(module, slot, (enc if side == "encode" else dec)[a])
         plans.grid_size = lambda tiles, _bps=None: _common.grid_size(tiles, bps)
-        gpu._PLANS.clear()  # plans hold the kernel they were built with
+        gpu_workspace._PLANS.clear()  # plans hold the kernel they were built with
 
     stream = cp.cuda.Stream(non_blocking=True)
 
@@ -100,8 +100,8 @@ def main(argv=None) -> int:
         if not fp32:  # BF16 bit patterns (truncated: any patterns will do)
             x = (x.view(cp.uint32) >> 16).astype(cp.uint16)
         cp.cuda.Device().synchronize()
-        cb = gpu.sample_codebook(x)
-        ws = gpu.Workspace(n)
+        cb = gpu_codebook.sample_codebook(x)
+        ws = gpu_workspace.Workspace(n)
         want = cp.empty(fmt.max_compressed_size(n, fmt.DTYPE_FP32 if fp32 else fmt.DTYPE_BF16), cp.uint8)
         out = cp.empty_like(want)
         back = cp.empty_like(x)
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     for mib in (int(s) for s in args.sizes.split(",")):
         recs += one_size(mib)
         cp.get_default_memory_pool().free_all_blocks()
-    setattr(encode, slot, enc_default)
+    setattr(encode_launch, slot, enc_default)
     setattr(decode, slot, dec_default)
     append_records(out_path, recs)
     print(f"{'op':7} {'ahead':>5} {'bps':>3} {'MiB':>5} {'GB/s':>7} {'regs':>4} {'local':>5} ok",

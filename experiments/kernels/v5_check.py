@@ -32,8 +32,8 @@ import v5_encode as v5  # noqa: E402
 
 from zipccl import format as fmt  # noqa: E402
 from zipccl.codebook import Codebook  # noqa: E402
-from zipccl.codec import cpu, gpu, reference  # noqa: E402
-from zipccl.kernels import compat, encode, runtime  # noqa: E402
+from zipccl.codec import cpu, gpu, gpu_workspace, reference  # noqa: E402
+from zipccl.kernels import compat, encode, encode_launch, layout, runtime  # noqa: E402
 from zipccl.kernels._common import TPB  # noqa: E402
 
 MiB = 1 << 20
@@ -42,12 +42,12 @@ MiB = 1 << 20
 def views(xb, fb, n, lay, ws):
     return (runtime.view(xb, (n & ~7) // 2, np.uint32), runtime.view(xb, n, np.uint16),
             runtime.view(fb, lay.raw_size, np.uint8), runtime.view(fb, lay.raw_size // 4, np.uint32),
-            runtime.view(fb, lay.raw_size // 8, np.int64), ws.array, encode.layout_tuple(lay))
+            runtime.view(fb, lay.raw_size // 8, np.int64), ws.array, layout.layout_tuple(lay))
 
 
 def launch_v5(kernel, bps, a, lay, cb64, cs, hdr, crc_base, stream):
     kernel[v5.grid(lay.n_blocks, bps, kernel), TPB, stream](*a, cb64, cs)
-    blocks = max(1, min(encode.FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
+    blocks = max(1, min(encode_launch.FINISH_MAX_BLOCKS, (lay.n + 8 * TPB - 1) // (8 * TPB)))
     encode.encode_finish[blocks, TPB, stream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
                                               lay.n_blocks, 0)
 
@@ -69,8 +69,8 @@ def sim_main(args) -> int:
             for cs in (0, 1):
                 lay = fmt.Layout.for_count(n)
                 fb = np.full(lay.raw_size, 0xAB, np.uint8)
-                ws = gpu.Workspace(n)
-                hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
+                ws = gpu_workspace.Workspace(n)
+                hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
                 launch_v5(kernel, bps, views(x, fb, n, lay, ws), lay, cb64, cs, hdr, crc_base, 0)
                 want = reference.encode(x, cb, None, bool(cs))
                 ok = np.array_equal(fb[:want.size], want)
@@ -104,8 +104,8 @@ def gpu_main(args) -> int:
         iters = max(2 * sets, min(400, int(16 * 1024 * MiB / nbytes)))
         bits = [gaussian_bits(n, seed=seed, xp=cp) for seed in range(sets)]
         frames = [cp.zeros(lay.raw_size, cp.uint8) for _ in range(sets)]
-        ws = gpu.Workspace(n)
-        hdr, crc_base, cb64 = gpu._template(n, (n,), cb.exponents)
+        ws = gpu_workspace.Workspace(n)
+        hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
         codec = reference if n <= 8 * MiB else cpu
         want = codec.encode(cp.asnumpy(bits[0]), cb, None, False)
         results = {}

@@ -62,7 +62,7 @@ from zipccl.kernels.compat import (
     u32,
     wrap64,
 )
-from zipccl.kernels.encode import U64, _code_tile, _lut_entry, _tile_words
+from zipccl.kernels.encode_tile import U64, _code_tile, _lut_entry, _tile_words
 from zipccl.kernels.layout import layout_fields
 
 TILE_WORDS = fmt.BLOCK // 2  # uint32 words of BF16 input per tile

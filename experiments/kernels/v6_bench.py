@@ -102,7 +102,7 @@ def main(argv=None) -> int:
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import cpu, gpu, reference
+    from zipccl.codec import cpu, gpu, gpu_workspace, reference
     from zipccl.kernels import runtime
 
     want_v = set(args.variants) - {"none"}
@@ -111,12 +111,12 @@ def main(argv=None) -> int:
     if want_v & {"v6b", "tile"}:
         import v6b_encode
 
-        from zipccl.kernels import encode
+        from zipccl.kernels import encode, encode_launch
 
         one_tile = encode._tiles_kernel(fmt.DTYPE_BF16, per_ticket=1)  # the library's loop before v6c
         variants = {"v6b": ("v6b encode (one barrier)", v6b_encode.launch),
                     "tile": ("encode, one tile a ticket (v5)",
-                             lambda *a: encode.launch(*a, tiles_kernel=one_tile, per_ticket=1))}
+                             lambda *a: encode_launch.launch(*a, tiles_kernel=one_tile, per_ticket=1))}
     cb = Codebook.from_sigma(0.02)
     cb16 = Codebook.from_sigma(0.02, dtype="float16")
     stream = cp.cuda.Stream(non_blocking=True)
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         bits = [gaussian_bits(n, seed=s, xp=cp) for s in range(sets)]
         frames = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
         outs = [cp.zeros(n, cp.uint16) for _ in range(sets)]
-        ws = gpu.Workspace(n)
+        ws = gpu_workspace.Workspace(n)
         stream.synchronize()  # the values are made on the stream; the host copy below is not on it
         want = codec.encode(cp.asnumpy(bits[0]), cb, None, False)
         enc = [(lambda b=b, f=f, w=ws: gpu.encode_into(b, f, cb, stream, workspace=w))

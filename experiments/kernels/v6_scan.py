@@ -88,7 +88,7 @@ def _views(fb, ob, n, lay_bytes):
 def check_sim(sizes_k) -> int:
     """Simulator check: v6a's output is the input, and the library decoder's, bit for bit."""
     from zipccl.codebook import Codebook
-    from zipccl.codec import gpu, reference
+    from zipccl.codec import gpu_workspace, reference
 
     cb = Codebook.from_sigma(0.02)
     rng = np.random.default_rng(3)
@@ -100,7 +100,7 @@ def check_sim(sizes_k) -> int:
         for cs in (False, True):
             frame = reference.encode(x, cb, None, cs)
             lay = fmt.Layout.for_count(n)
-            ws = gpu.Workspace(n)
+            ws = gpu_workspace.Workspace(n)
             out = np.zeros(n, np.uint16)
             launch(*_views(frame, out, n, frame.size), ws.array, lay, 0)
             err = ws.last_error(0)

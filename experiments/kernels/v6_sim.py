@@ -28,13 +28,13 @@ def check_frames(name: str, inputs, reference, library, variant) -> int:
     equals the ``reference``'s and the ``library``'s byte for byte (each a function of (bits,
     checksum, workspace); the reference's of (bits, checksum)). Returns 1 if any differs."""
     from zipccl import format as fmt
-    from zipccl.codec import gpu
+    from zipccl.codec import gpu_workspace
 
     bad = 0
     for label, x in inputs:
         for cs in (False, True):
             want = reference(x, cs)
-            ws = gpu.Workspace(x.size)
+            ws = gpu_workspace.Workspace(x.size)
             lib = library(x, cs, ws)
             got = variant(x, cs, ws)
             ok = np.array_equal(got[:want.size], want) and np.array_equal(got, lib)

@@ -43,13 +43,14 @@ import v6_sim  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from zipccl import format as fmt  # noqa: E402
-from zipccl.kernels import compat, encode  # noqa: E402
+from zipccl.kernels import compat, encode_launch  # noqa: E402
 from zipccl.kernels._common import (  # noqa: E402
     BLOCKS_PER_SM,
     TPB,
     WS_CODEBOOK,
     WS_EPOCH,
     byte_checksum,
+    dev,
     flush_checksum,
     store_count,
     take_ticket,
@@ -57,8 +58,8 @@ from zipccl.kernels._common import (  # noqa: E402
     warp_offsets,
 )
 from zipccl.kernels.compat import cp_wait0, wrap64  # noqa: E402
-from zipccl.kernels.encode import (  # noqa: E402
-    STAGE_WORDS,
+from zipccl.kernels.encode import STAGE_WORDS  # noqa: E402
+from zipccl.kernels.encode_tile import (  # noqa: E402
     TILE_WORDS,
     _code_tile,
     _escapes,
@@ -73,7 +74,7 @@ FAR = np.int64(1) << 62  # no limit: the buffer holds every escape of a tile
 EBUF = 2 * fmt.BLOCK  # escape bytes of two tiles (a tile has at most BLOCK)
 
 
-@encode.dev
+@dev
 def copy_escapes(ebuf, src, count, out8, dst, lim, lane, do_cs, cs):
     """Warp 0: ``count`` staged escape bytes from ebuf[src..] to out8[dst..] (those below
     ``lim``), lane j bytes j, j + 32, ...; with ``do_cs`` their checksum terms added to cs."""
@@ -89,7 +90,7 @@ def copy_escapes(ebuf, src, count, out8, dst, lim, lane, do_cs, cs):
     return cs
 
 
-@encode.dev
+@dev
 def resolve_previous(ws, ebuf, src, prev, pcnt, epoch, lane, out8, eo, raw_size, do_cs, cs):
     """Warp 0: the previous tile's prefix (look-back; its inclusive prefix published) and its
     staged escapes copied to the frame. No-op while there is no previous tile (prev < 0)."""
@@ -180,15 +181,15 @@ encode_tiles_v6b = build()
 
 
 def launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, checksum, stream):
-    """v6b encode: ``encode.launch``'s arguments."""
-    encode.launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, checksum, stream,
-                  tiles_kernel=encode_tiles_v6b, per_ticket=1)
+    """v6b encode: ``encode_launch.launch``'s arguments."""
+    encode_launch.launch(x32, x16, out8, out32, out64, ws, lay, hdr, crc_base, crc_tab, cb64, checksum,
+                         stream, tiles_kernel=encode_tiles_v6b, per_ticket=1)
 
 
 def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=None):
     """Encode ``bits`` (uint16 BF16 patterns, host under the simulator or device) with
-    ``launcher`` (``encode.launch``'s arguments) into ``out`` (or a new buffer); returns it."""
-    from zipccl.codec import gpu
+    ``launcher`` (``encode_launch.launch``'s arguments) into ``out`` (or a new buffer); returns it."""
+    from zipccl.codec import gpu_workspace
     from zipccl.kernels import runtime
 
     n = int(bits.size)
@@ -196,7 +197,7 @@ def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=No
     if out is None:
         out = np.zeros(fmt.max_compressed_size(n), np.uint8)
     nbytes = int(out.size)
-    hdr, crc_base, cb64 = gpu._template(n, (n,), exponents)
+    hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), exponents)
     v = runtime.view
     launcher(v(bits, (n & ~7) // 2, np.uint32), v(bits, n, np.uint16), v(out, nbytes, np.uint8),
              v(out, nbytes // 4, np.uint32), v(out, nbytes // 8, np.int64), ws.array, lay, hdr, crc_base,
@@ -228,7 +229,7 @@ def check_sim(launcher, name: str, sizes_k) -> int:
 
     cb = Codebook.from_sigma(0.02)
     return v6_sim.check_frames(name, sim_inputs(sizes_k), lambda x, cs: reference.encode(x, cb, None, cs),
-                               lambda x, cs, ws: encode_frame(encode.launch, x, cb.exponents, cs, ws),
+                               lambda x, cs, ws: encode_frame(encode_launch.launch, x, cb.exponents, cs, ws),
                                lambda x, cs, ws: encode_frame(launcher, x, cb.exponents, cs, ws))
 
 

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
 
     from zipccl import format as fmt
     from zipccl.codebook import Codebook
-    from zipccl.codec import cpu, gpu, reference
+    from zipccl.codec import cpu, gpu, gpu_workspace, reference
     from zipccl.kernels import _common, decode, decode_fp16, runtime
     from zipccl.kernels.launch import device_pointer
 
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         nbytes = int(mib * MiB)
         sets = max(1, min(16, math.ceil(256 * MiB / nbytes)))  # >= 256 MiB in all: no L2-resident reruns
         iters = max(2 * sets, min(200, int(8 * 1024 * MiB / nbytes)))
-        ws = gpu.Workspace(nbytes // 2)
+        ws = gpu_workspace.Workspace(nbytes // 2)
 
         # ---- BF16 decode: the library's, as called and each decoder forced, on the library's frames
         n = nbytes // 2
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             forced("fp32", decode_fp16.Plan, frames, obits, vbits, lay, mib, n, nbytes, sets, iters, ratio,
                    chk, ws)
             outs = obits = vbits = dec = None
-            hdr, crc_base, cb64 = gpu._template(n, (n,), cb32.exponents, fp32)
+            hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb32.exponents, fp32)
             vframes = [cp.zeros(cap, cp.uint8) for _ in range(sets)]
             for name, (bps, ahead) in (V7B.items() if "v7b" not in args.skip else ()):
                 kern = v7b.kernel(bps, ahead)

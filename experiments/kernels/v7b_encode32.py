@@ -40,11 +40,12 @@ from numba import cuda  # noqa: E402
 
 from zipccl import format as fmt  # noqa: E402
 from zipccl.kernels import _common as common  # noqa: E402
-from zipccl.kernels import compat, encode  # noqa: E402
+from zipccl.kernels import compat, encode, encode_launch  # noqa: E402
 from zipccl.kernels import launch as launch_route  # noqa: E402
 from zipccl.kernels import plan as plans  # noqa: E402
 from zipccl.kernels.compat import wrap64  # noqa: E402
-from zipccl.kernels.encode import _code_tile, _escapes, _fill_tables, _pair_resolve, _tile_words  # noqa: E402
+from zipccl.kernels.encode import _pair_resolve  # noqa: E402
+from zipccl.kernels.encode_tile import _code_tile, _escapes, _fill_tables, _tile_words  # noqa: E402
 from zipccl.kernels.layout import FP32, finish_tuple, lay_lo, layout_fields, wide_tuple  # noqa: E402
 
 PER_TICKET = 2
@@ -127,7 +128,7 @@ encode_tiles32_pairs = build()
 
 def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, crc_base, crc_tab, cb64,
            checksum, stream, kernel=None):
-    """v7b encode of FP32 values: ``encode.launch_wide``'s arguments (``kernel``: another build)."""
+    """v7b encode of FP32 values: ``encode_launch.launch_wide``'s arguments (``kernel``: another build)."""
     do_cs = 1 if checksum else 0
     raw = 1 if lay.static_size > lay.raw_size else 0
     pairs = 0
@@ -136,7 +137,7 @@ def launch(x32, x16, xu32, xu16, out8, out32, out64, ws, lay: fmt.Layout, hdr, c
         grid = common.grid_size(pairs)
         (kernel or encode_tiles32_pairs)[grid, common.TPB, stream](x32, xu16, out8, out32, out64, ws,
                                                                    wide_tuple(lay), cb64, do_cs)
-    encode.encode_finish[encode.finish_blocks(lay), common.TPB, stream](
+    encode.encode_finish[encode_launch.finish_blocks(lay), common.TPB, stream](
         xu32, xu16, out8, out32, out64, ws, finish_tuple(lay), hdr, crc_base, crc_tab, raw, do_cs, pairs,
         1 if cb64 < 0 else 0)
 
@@ -145,15 +146,15 @@ def kernel(blocks_per_sm: int = common.BLOCKS_PER_SM, ahead: int = 4):
     """The lean route's handle (``launch.Kernel``) of a v7b build, for ``plan``."""
     default = (blocks_per_sm, ahead) == (common.BLOCKS_PER_SM, 4)
     enc = encode_tiles32_pairs if default else build(blocks_per_sm, ahead)
-    return launch_route.Kernel(enc, encode.TILES32.argtypes)
+    return launch_route.Kernel(enc, encode_launch.TILES32.argtypes)
 
 
 def plan(tiles, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: int, ws_count: int, lay, hdr,
          crc_base: int, crc_ptr: int, crc_count: int, cb64: int, checksum: bool):
-    """``encode.WidePlan`` of an FP32 frame (its arguments after ``tiles``, the ``kernel`` handle)
+    """``encode_launch.WidePlan`` of an FP32 frame (its arguments after ``tiles``, the ``kernel`` handle)
     with v7b's tile step and a finishing step told the number of pairs."""
-    p = encode.WidePlan(device, x_ptr, out_ptr, out_nbytes, ws_ptr, ws_count, lay, hdr, crc_base, crc_ptr,
-                        crc_count, cb64, checksum)
+    p = encode_launch.WidePlan(device, x_ptr, out_ptr, out_nbytes, ws_ptr, ws_count, lay, hdr, crc_base,
+                               crc_ptr, crc_count, cb64, checksum)
     if lay.n_blocks and lay.static_size <= lay.raw_size:
         n = lay.n
         do_cs = 1 if checksum else 0
@@ -165,15 +166,16 @@ def plan(tiles, device: int, x_ptr: int, out_ptr: int, out_nbytes: int, ws_ptr: 
         fargs = (*words, *out, ws, finish_tuple(lay), hdr, crc_base, (crc_ptr, crc_count), 0, do_cs, pairs,
                  1 if cb64 < 0 else 0)
         first = plans.Step(tiles, device, common.grid_size(pairs), targs, (0, 1), (2, 3, 4))
-        last = plans.Step(encode.FINISH, device, encode.finish_blocks(lay), fargs, (0, 1), (2, 3, 4))
+        last = plans.Step(encode_launch.FINISH, device, encode_launch.finish_blocks(lay), fargs, (0, 1),
+                          (2, 3, 4))
         p.steps = (first, last)
     return p
 
 
 def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=None):
     """Encode FP32 ``bits`` (uint32 patterns, host under the simulator or device) with ``launcher``
-    (``encode.launch_wide``'s arguments) into ``out`` (or a new buffer); returns it."""
-    from zipccl.codec import gpu
+    (``encode_launch.launch_wide``'s arguments) into ``out`` (or a new buffer); returns it."""
+    from zipccl.codec import gpu_workspace
     from zipccl.kernels import runtime
 
     n = int(bits.size)
@@ -181,7 +183,7 @@ def encode_frame(launcher, bits, exponents, checksum: bool, ws, stream=0, out=No
     if out is None:
         out = np.zeros(fmt.max_compressed_size(n, FP32), np.uint8)
     nb = int(out.size)
-    hdr, crc_base, cb64 = gpu._template(n, (n,), exponents, FP32)
+    hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), exponents, FP32)
     v = runtime.view
     launcher(v(bits, n, np.uint32), v(bits, 0, np.uint16), v(bits, n, np.uint32), v(bits, 2 * n, np.uint16),
              v(out, nb, np.uint8), v(out, nb // 4, np.uint32), v(out, nb // 8, np.int64), ws.array, lay, hdr,

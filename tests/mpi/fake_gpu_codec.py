@@ -1,13 +1,14 @@
 """The GPU codec's no-sync entry points on the CPU codec, for device-path tests without a GPU.
 
 ``zipccl.comm.pipeline.DeviceEngine`` codes frames with ``zipccl.codec.gpu``
-(``encode_into`` / ``decode_into`` / ``Workspace``). With ``fake_cupy`` as CuPy the
-real kernels run only in Numba's simulator, which takes minutes for a few thousand
-values (``mpi_device_sim.py`` does that, marked slow). ``install()`` puts this module
-in their place: the same signatures and workspace semantics (the frame length is read
-from the header the encoder wrote, decode errors land in the workspace's error
-slots and are read back later), with the bytes made by ``zipccl.codec.cpu``, which
-writes the same frames. So the device engine runs exactly its GPU code path.
+(``encode_into`` / ``decode_into``) and ``zipccl.codec.gpu_workspace`` (``Workspace``).
+With ``fake_cupy`` as CuPy the real kernels run only in Numba's simulator, which takes
+minutes for a few thousand values (``mpi_device_sim.py`` does that, marked slow).
+``install()`` puts this module in their place: the same signatures and workspace
+semantics (the frame length is read from the header the encoder wrote, decode errors land
+in the workspace's error slots and are read back later), with the bytes made by
+``zipccl.codec.cpu``, which writes the same frames. So the device engine runs exactly its
+GPU code path.
 
 ``track`` is called with every operation's stream and the byte ranges it reads
 and writes (``stream_order.py`` checks them for happens-before); by default it
@@ -37,7 +38,7 @@ def _span(a) -> tuple[int, int]:
 
 
 class Workspace:
-    """Like ``codec.gpu.Workspace``: counters the kernels update, error bits they leave."""
+    """Like ``codec.gpu_workspace.Workspace``: counters the kernels update, error bits they leave."""
 
     def __init__(self, max_elements: int):
         self.max_blocks = max(1, -(-int(max_elements) // fmt.BLOCK))
@@ -116,10 +117,12 @@ def decode_into(frame, out, stream=None, workspace=None, dtype=None):
 
 
 def install():
-    """Make ``zipccl.codec.gpu`` this module (before the device engine imports it)."""
+    """Make ``zipccl.codec.gpu`` and ``zipccl.codec.gpu_workspace`` this module (before the
+    device engine imports them)."""
     import zipccl.codec
 
     mod = sys.modules[__name__]
-    sys.modules["zipccl.codec.gpu"] = mod
-    zipccl.codec.gpu = mod
+    for name in ("gpu", "gpu_workspace"):
+        sys.modules[f"zipccl.codec.{name}"] = mod
+        setattr(zipccl.codec, name, mod)
     return mod

@@ -29,7 +29,7 @@ def counted_waits():
     """Count every call of the entry points that wait (yields the dict of counts)."""
     import cupy
 
-    import zipccl.codec.gpu as gpu  # the stand-in codec, once installed
+    import zipccl.codec.gpu_workspace as gpu_workspace  # the stand-in codec, once installed
 
     counts: dict[str, int] = {}
     patches = []
@@ -48,7 +48,7 @@ def counted_waits():
     wrap(cupy.cuda.Event, "synchronize", "Event.synchronize")
     wrap(cupy.ndarray, "get", "ndarray.get")
     wrap(cupy, "asnumpy", "cupy.asnumpy")
-    wrap(gpu.Workspace, "_slots", "Workspace read-back")
+    wrap(gpu_workspace.Workspace, "_slots", "Workspace read-back")
     for name in ("allgather_ints", "any_flag", "allgather_objects"):
         wrap(_transport.MPITransport, name, f"MPITransport.{name}")
     try:

@@ -394,7 +394,7 @@ def outgrown_workspace_keeps_its_errors() -> None:
     found = 0
     for stream, ws in used:
         found |= ws.sticky_error(stream)
-    assert "bad header" in eng.gpu.Workspace.describe(found), hex(found)
+    assert "bad header" in eng.gpu_workspace.Workspace.describe(found), hex(found)
 
 
 def _fresh(check):

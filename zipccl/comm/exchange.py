@@ -256,11 +256,11 @@ class SlotChannel:
         bits = int(self.spills.error())
         if not bits:
             return None  # every call's path: one read of mapped memory, nothing else
-        from .. import codec
+        from ..codec.gpu_workspace import Workspace
 
         words = [text for bit, text in errors.SLOT_ERRORS.items() if bits & bit]
         if bits & 0xFFFF:
-            words.insert(0, f"corrupted zipccl frame: {codec.gpu.Workspace.describe(bits & 0xFFFF)}")
+            words.insert(0, f"corrupted zipccl frame: {Workspace.describe(bits & 0xFFFF)}")
         return f"{'; '.join(words)} (error word 0x{bits:08x})"
 
     def finished(self, op: str, failed: str | None) -> None:

@@ -35,11 +35,12 @@ class DeviceEngine:
     def __init__(self, checksum: bool = False):
         import cupy
 
-        from ..codec import gpu
+        from ..codec import gpu, gpu_workspace
 
         self.cp = cupy
         self.checksum = bool(checksum)
         self.gpu = gpu
+        self.gpu_workspace = gpu_workspace
         self._work: dict[str, object] = {}
         self._sampled: dict[tuple[int, int], list] = {}  # FP16 on the slot path: _sampled_codebook
         self._stream = cupy.cuda.get_current_stream()
@@ -123,7 +124,7 @@ class DeviceEngine:
         """One codec workspace per decode slot, so each frame's error bits survive the others."""
         ws = self._decode_ws.get(slot)
         if ws is None or not ws.fits(n):
-            ws = self._decode_ws[slot] = self.gpu.Workspace(max(n, 1 << 20))
+            ws = self._decode_ws[slot] = self.gpu_workspace.Workspace(max(n, 1 << 20))
         return ws
 
     def encode(self, values, out, codebook: Codebook) -> None:
@@ -132,7 +133,7 @@ class DeviceEngine:
         if bounced:
             self.copy(src, values)
         if self._encode_ws is None or not self._encode_ws.fits(values.size):
-            self._encode_ws = self.gpu.Workspace(max(int(values.size), 1 << 20))
+            self._encode_ws = self.gpu_workspace.Workspace(max(int(values.size), 1 << 20))
         self.gpu.encode_into(src, out, codebook, self._stream, checksum=self.checksum,
                              workspace=self._encode_ws, **_typed(values))
 
@@ -233,7 +234,7 @@ class DeviceEngine:
             if self._dec_ws is not None and self._dec_used:
                 # decodes of this call are still queued on it: keep it, and its error bits
                 self._dec_retired.append(self._dec_ws)
-            self._dec_ws = self.gpu.Workspace(max(int(out.size), 1 << 20))
+            self._dec_ws = self.gpu_workspace.Workspace(max(int(out.size), 1 << 20))
         self.gpu.decode_into(frame, dst, self._dec, workspace=self._dec_ws, **_typed(out))
         self._dec_used = True
         if bounced:
@@ -268,7 +269,7 @@ class DeviceEngine:
         if bounced:
             self.copy(src, values)
         if self._encode_ws is None or not self._encode_ws.fits(values.size):
-            self._encode_ws = self.gpu.Workspace(max(int(values.size), 1 << 20))
+            self._encode_ws = self.gpu_workspace.Workspace(max(int(values.size), 1 << 20))
         out = region[SLOT_HEADER:]
         if values.dtype == np.float16:
             self.gpu.encode_into(src, out, self._sampled_codebook(values), self._stream,

@@ -208,7 +208,7 @@ def group_timeout(group):
 
 def describe(bits: int) -> str:
     """The sticky error word in words (its low bits are the decode kernels', named by
-    ``codec.gpu.Workspace.describe``).
+    ``codec.gpu_workspace.Workspace.describe``).
 
     >>> describe(errors.ERR_SLOT_CALL | 4)
     'a peer made another call (operation, element type or element count differ); decode error bits 0x4'

@@ -1,6 +1,7 @@
 """CUDA kernels of the GPU codec (Numba ``@cuda.jit``): the only package that imports numba.cuda.
 
-``encode`` (every element type) and ``decode`` (BF16, FP32; ``decode_fp16`` FP16 and the
+``encode`` (every element type; one tile's device functions in ``encode_tile``, the grids
+and launches in ``encode_launch``) and ``decode`` (BF16, FP32; ``decode_fp16`` FP16 and the
 wide types' finishing kernel; ``decode_warps`` the BF16 / FP32 decoder of large frames, a
 warp a tile) hold the codec kernels and their launchers, ``layout`` the
 frame as the kernels see it, ``plan`` the launch plans, ``stats`` the

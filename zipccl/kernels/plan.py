@@ -3,11 +3,11 @@ stream fixed.
 
 A plan is a short sequence of steps (a tile kernel, then a finishing kernel), each a compiled
 kernel (``launch.Kernel``), its grid and its packed parameters (``launch.Params``). It is
-built once per buffer set (``codec/gpu.py`` caches it); ``launch(stream)`` is one driver call
-per step, and ``retarget`` points the steps at other buffers of the same sizes by rewriting
-the data-pointer slots of the arguments that name the two buffers (the input and the output
-of the call). Each codec module's ``Plan`` says which kernels and arguments; this class does
-the rest.
+built once per buffer set (``codec/gpu_workspace.py`` caches it); ``launch(stream)`` is one
+driver call per step, and ``retarget`` points the steps at other buffers of the same sizes by
+rewriting the data-pointer slots of the arguments that name the two buffers (the input and
+the output of the call). Each codec module's ``Plan`` says which kernels and arguments; this
+class does the rest.
 """
 
 from __future__ import annotations
