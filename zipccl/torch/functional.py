@@ -363,7 +363,8 @@ class Collectives:
         if ch is None:
             from ..comm.capacity import CapacityRule
             from ..comm.exchange import SlotChannel
-            from ..comm.spill import Spills, TorchChannel
+            from ..comm.spill import Spills
+            from .transport import TorchChannel
 
             ch = self._channels[key] = SlotChannel(Spills(TorchChannel(group), device=t.is_cuda),
                                                    CapacityRule(self.capacity))
