@@ -1,60 +1,13 @@
 """Scaling projection: the alpha-beta model calibrated on 2-rank measurements, taken to p ranks.
 
-Only 2 x H200 measurements exist, so how zipccl scales beyond 2 GPUs is a model
-prediction. This module fits the parameters of ``zipccl.costmodel`` to what the
-records of ``experiments/bench_collectives.py`` measured and evaluates them for p
-ranks; ``experiments/records.py`` reads the records (which run of each link, which
-fields) and hands this module plain numbers.
-
-**Calibration** (``calibrate``), from the 2-rank measurements of each transport:
-
-- the *link*: NCCL's latency alpha and bus bandwidth B per operation, fitted to
-  the native records with ``costmodel.link_from_busbw`` (median bus bandwidth per
-  size over the records used; ``experiments/records.py``'s ``nccl_link``);
-- the *wire* (``costmodel.sendrecv_wire``): compressed frames travel as grouped NCCL
-  send/recv (``comm.exchange.slot_exchange``), i.e. at the link's
-  all-to-all alpha and B, whatever the operation;
-- the *ratio*: the median wire ratio (frame bytes / BF16 bytes) the compressed
-  records report;
-- the *codec* (``fit_codec``): one GPU codec for all transports (the codec does not
-  know the link): a fixed cost per encode or decode call (``Codec.overhead``:
-  launches, header reads, host synchronisations), the encode = decode throughput,
-  and the local reduction throughput. ``costmodel.compressed_time`` with one
-  chunk is linear in (overhead, 1 / throughput, 1 / reduction throughput), so the
-  three are a non-negative least-squares fit of the compressed records'
-  times minus the wire time, weighted by 1 / time (relative error). When codec
-  throughput was measured on its own (``experiments/bench_codec.py``'s
-  ``codec_gpu`` records), that throughput is used instead and the fit finds the
-  *overlap* ``phi`` in its place: the fraction of min(transfer, coding) that the
-  collective hides, 0 for stages run one after the other;
-- the *pipeline*: the chunk count the records name (``chunks`` in the record or
-  its config), 1 where they name none (the measured library ran encode,
-  transfer and decode one after another).
-
-**Projection**, per operation, per-rank size m (the ``metrics.nccl_tests_size``
-convention) and rank count p:
-
-- ``ring``: p ranks on one flat link (``ring_times``): native is
-  ``costmodel.native_time``; compressed is ``costmodel.compressed_time`` on the wire
-  link with the all-to-all form of reduce-scatter (the one zipccl implements) and
-  the calibrated chunks and overlap (``Calibration.zipccl_time``);
-- ``hierarchical``: p = N nodes x g ranks per node, intra-node link (NVLink) and
-  inter-node link (the shared-memory transport stands in for a ~200 Gb/s
-  network, one per GPU) (``hierarchical_times``), the usual two-level
-  algorithms: all-gather = inter-node all-gather of m among N, then intra-node
-  all-gather of N*m among g; reduce-scatter the reverse; all-reduce =
-  intra reduce-scatter, inter all-reduce of m/g among N, intra all-gather; all-to-all
-  = intra all-to-all of the buffer, then inter all-to-all among N. zipccl
-  compresses the inter-node stage only and leaves the intra-node stages native.
-
-Every prediction is a ``Projection`` with both times and the stage split.
-
-Limits (say them beside any number this produces): the 2-rank fit cannot separate
-a fixed cost that grows with the number of peers (zipccl launches one encode and
-one decode per peer today) from one that does not; the model charges it once per
-codec stage, as a batched launch would, and ``speedup_per_peer`` charges it per
-call of today's library (an upper bound on that cost). Links are those measured between 2 GPUs;
-an 8-GPU NVSwitch node and a real network may differ.
+How zipccl scales beyond the GPUs measured is a model prediction. ``calibrate`` fits the
+parameters of ``zipccl.costmodel`` (the link, the wire the frames cross, the ratio, the codec
+and its overlap, the pipeline) to the records of ``experiments/bench_collectives.py``, which
+``experiments/records.py`` reads and hands over as plain numbers; ``ring_times`` and
+``hierarchical_times`` evaluate them for p ranks on one flat link or on N nodes x g ranks,
+each as a ``Projection`` with both times and the stage split. The calibration, the two-level
+algorithms and the limits to state beside any number it produces: docs/COST_MODEL.md, "The
+scaling projection".
 
 >>> cal = Calibration.synthetic()
 >>> t = ring_times("all_gather", 1 << 30, 2, cal, "shm")
@@ -71,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import costmodel as cm
+from .costfit import fit_alpha_beta
 from .costmodel import OPS
 from .metrics import busbw_factor, nccl_tests_size
 
@@ -199,7 +153,7 @@ def fit_codec_gpu(encode: Mapping[int, float], decode: Mapping[int, float]) -> c
     gbps = {}
     for op, by in (("encode", encode), ("decode", decode)):
         sizes = sorted(by)
-        gbps[op] = cm.fit_alpha_beta(sizes, [by[s] for s in sizes])[1]
+        gbps[op] = fit_alpha_beta(sizes, [by[s] for s in sizes])[1]
     return cm.Codec("zipccl", gbps["encode"], gbps["decode"], 0.7)
 
 

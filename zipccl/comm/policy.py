@@ -1,51 +1,15 @@
 """The policy: for each collective call, compressed or native, and why.
 
-Compression pays only when moving the saved bytes takes longer than coding them,
-which depends on the link, the codec's speed and the message size. This module
-makes that choice in one place so it is inspectable (``explain``), loggable
-(``logging.getLogger("zipccl.policy")`` at DEBUG, once per new decision) and
-forceable (``mode="always" | "never"``). ``mode="raw"`` takes zipccl's exchange path
-(the same slots, pipeline and transport calls as "always") with the codec switched
-off: every frame is RAW, in a slot that holds it whole (``exchange.SlotChannel.raw``),
-so comparing "raw" with "never" and "always" separates the path from the compression.
-
-``mode="auto"`` follows a measured ``Profile`` when it has one
-(``Communicator.calibrate``). The profile holds *components*, each measured on
-its own, and the cost model (``zipccl.costmodel``) composes them into predicted
-times at any size:
-
-- native: per operation, ``alpha + bytes / beta`` fitted to the native
-  collective's measured times (``fit_alpha_beta``, as a ``Link``:
-  ``link_from_fits``);
-- compressed: zipccl's pipelined exchange (``costmodel.exchange_time``): a fixed
-  cost per call, then rounds whose stages (host work per round, encode, transfer,
-  decode [+ reduce]) overlap. Encode / decode / reduce throughputs and the ratio
-  come from timing the codec alone, the transfer from the native all-gather (two
-  ranks, or all-gather: frames move as an all-gather) or all-to-all fit on the
-  compressed bytes, the per-round cost from compressed calls on tiny messages, and
-  the per-call cost is fitted to the compressed calls measured at real sizes
-  (``costmodel.fit_exchange``; the tiny calls' value where there are none).
-
-Where the calibration's times are steady (``Profile.best_of``), both predictions are
-scaled to the nearest measured size (``costmodel.anchored``). This module holds the
-profile's data and the decisions; every prediction is the cost model's.
-
-Every term is a latency or a bandwidth, so the model extrapolates beyond the
-calibrated sizes: "auto" compresses wherever the compressed path is predicted
-faster by more than ``margin``, inside the calibrated range or not, and
-``explain`` prints both predicted times with their terms (and says when the size
-lies outside the calibrated range). Decisions are cached per (op, size): after
-the first call of a size, deciding is one dict lookup. Without a profile it falls
-back to a size threshold: BF16 messages of at least ``min_bytes`` per rank on a
-GPU are compressed; host arrays stay native unless ``compress_host=True``.
-
-Every rank must reach the same decision, so ``decide`` is a pure function of
-values all ranks agree on (they are checked collectively before it is called,
-and a profile is computed from the maximum over ranks of each measurement).
-
-Sizes follow the ``nbytes`` the communicator decides on: the send buffer of
-all-gather and reduce-scatter, the buffer of all-reduce, the mean send buffer of
-all-to-all. (``costmodel`` counts reduce-scatter by its output, ``nbytes / p``.)
+Compression pays only when moving the saved bytes takes longer than coding them, which
+depends on the link, the codec's speed and the message size. This module makes that choice in
+one place: inspectable (``explain``), logged (``zipccl.policy`` at DEBUG) and forceable
+(``mode="always" | "never"``; ``"raw"`` takes the compressed path with every frame RAW).
+``mode="auto"`` follows a measured ``Profile`` (``Communicator.calibrate``): components, each
+measured on its own, that the cost model (``zipccl.costmodel``, fitted with
+``zipccl.costfit``) composes into predicted times at any size; without one, a size threshold.
+Every rank must decide alike, so ``decide`` is a pure function of values all ranks agree on;
+decisions are cached per (op, size). How the profile's parts are measured and combined, and
+the sizes it counts: docs/COST_MODEL.md, "The policy".
 """
 
 from __future__ import annotations
@@ -55,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .. import costmodel as cm
+from ..costfit import anchored, fit_exchange, link_from_fits
 from ..costmodel import OPS, Prediction
 
 MODES = ("auto", "always", "never", "raw")
@@ -81,7 +46,7 @@ class Decision:
         return f"{self.op} {self.nbytes:,} B/rank -> {path} ({self.reason})"
 
 
-# Anchoring (costmodel.anchored): where the calibration's times are steady (each the least of
+# Anchoring (costfit.anchored): where the calibration's times are steady (each the least of
 # this many measurements), the model's prediction for a path is scaled by measured / modelled
 # time at the nearest calibrated size. The model alone assumes the pipeline's stages overlap
 # perfectly; on NVLink at 1 GiB they do not (the codec's kernels and NCCL's share the
@@ -153,14 +118,14 @@ class Profile:
             p = self.world
             # native fits are per policy size: reduce-scatter's is its send buffer of p outputs
             fits = {o: (a, b / (p if o == "reduce_scatter" else 1)) for o, (a, b) in self.native.items()}
-            link = cm.link_from_fits(self.key, fits, p)
+            link = link_from_fits(self.key, fits, p)
             c = self.codec
             codec = cm.Codec("zipccl", c["encode_gbps"], c["decode_gbps"], c["ratio"],
                              reduce_gbps=c["reduce_gbps"])
             ex = cm.Exchange(self.fixed_s[op], self.round_s[op], 2 * self.chunk, self.overlap)
             # the per-call cost that the calls of real sizes show, where there are any
             calls = [(self._per_rank(op, b), t) for b, t in self.measured.get(op, {}).get("compressed", [])]
-            found = (link, codec, cm.fit_exchange(op, p, link, codec, ex, calls))
+            found = (link, codec, fit_exchange(op, p, link, codec, ex, calls))
         self._models[op] = found
         return found
 
@@ -176,7 +141,7 @@ class Profile:
         pred = self._model_predict(op, nbytes, m)
         if self.best_of < ANCHOR_BEST_OF:
             return pred
-        return cm.anchored(pred, nbytes, self.measured.get(op, {}),
+        return anchored(pred, nbytes, self.measured.get(op, {}),
                            lambda b: self._model_predict(op, int(b), m))
 
     def _model_predict(self, op: str, nbytes: int, m) -> Prediction:
