@@ -39,7 +39,7 @@ from harness import append_records, checkpoint_bits, gaussian_bits, time_calls  
 
 from zipccl import format as fmt  # noqa: E402
 from zipccl.codebook import Codebook  # noqa: E402
-from zipccl.codec import cpu, reference  # noqa: E402
+from zipccl.codec import cpu, cpu_threads, reference  # noqa: E402
 from zipccl.metrics import algbw, compression_ratio  # noqa: E402
 
 MACHINE = "2-core CPU dev box"
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     info["world_size"] = comm.Get_size()
     info["rank"] = me
     # threads of one large call (the codec shares the node's cores among its ranks)
-    info["codec_threads_large"] = cpu.threads_per_call(1 << 30)
+    info["codec_threads_large"] = cpu_threads.threads_per_call(1 << 30)
     info["run"] = comm.bcast(info["run"])
 
     buffers = [(f"gaussian sigma=0.02, {s:g} MiB", gaussian_bits(int(s * (1 << 20)) // 2))

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     import zipccl
-    from zipccl.codec import cpu
+    from zipccl.codec import cpu_threads
 
     comm = MPI.COMM_WORLD  # an experiment's main() may name the world
     me, p = comm.Get_rank(), comm.Get_size()
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment": "cpu_mpi", "machine": MACHINE, "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "world_size": p, "zipccl_commit": git_commit(), "note": args.note,
-        "codec_threads_large": cpu.threads_per_call(1 << 30),
+        "codec_threads_large": cpu_threads.threads_per_call(1 << 30),
         "numba_threads": numba.get_num_threads(), "numba": numba.__version__,
         "numpy": np.__version__, "python": platform.python_version(),
         "mpi": MPI.Get_library_version().splitlines()[0].strip(),

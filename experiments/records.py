@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from zipccl import costfit as cf
 from zipccl import costmodel as cm
 from zipccl import scaling as sc
 
@@ -129,7 +130,7 @@ def nccl_busbw(records: Iterable[Mapping], link: str, min_bytes: int = 0
 def nccl_link(records: Iterable[Mapping], link: str, min_bytes: int = 0) -> cm.Link:
     """NCCL's ``Link`` (alpha and B per op) fitted to ``nccl_busbw(records, link, min_bytes)``."""
     nranks, busbw = nccl_busbw(records, link, min_bytes)
-    return cm.link_from_busbw(link, busbw, nranks)
+    return cf.link_from_busbw(link, busbw, nranks)
 
 
 def codec_gpu_seconds(records: Iterable[Mapping], variant: str = "v2"

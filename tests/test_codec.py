@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 import zipccl
 from zipccl import format as fmt
 from zipccl.codebook import Codebook
-from zipccl.codec import cpu, reference
+from zipccl.codec import cpu, cpu_loops, reference
 
 CODECS = [pytest.param(reference, id="reference"), pytest.param(cpu, id="cpu")]
 SIGMA_CB = Codebook.from_sigma(0.02)  # exponents 116..122
@@ -180,16 +180,16 @@ def test_raw_fallback_exactly_at_the_threshold(n_blocks):
 
 
 def test_escape_heavy_blocks_next_to_light_ones():
-    # The CPU encoder keeps up to cpu._SLOT escapes per block in scratch and re-reads
+    # The CPU encoder keeps up to cpu_loops.SLOT escapes per block in scratch and re-reads
     # the input of blocks with more; mix both kinds (and the exact boundary) in one
     # compressed frame.
     bits = _frame_with_escapes(6, 0)
     rng = np.random.default_rng(13)
-    for b, k in enumerate([cpu._SLOT - 1, cpu._SLOT, cpu._SLOT + 1, 0, 3 * cpu._SLOT, 7]):
+    for b, k in enumerate([cpu_loops.SLOT - 1, cpu_loops.SLOT, cpu_loops.SLOT + 1, 0, 3 * cpu_loops.SLOT, 7]):
         pos = b * fmt.BLOCK + rng.choice(fmt.BLOCK, k, replace=False)
         bits[pos] = (bits[pos] & 0x807F) | (rng.integers(0, 116, k).astype(np.uint16) << 7)
     h = fmt.parse_header(check_everything(bits))
-    assert not h.raw and h.n_escapes == 6 * cpu._SLOT + 7
+    assert not h.raw and h.n_escapes == 6 * cpu_loops.SLOT + 7
 
 
 def test_small_tensors_travel_raw():

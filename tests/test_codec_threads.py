@@ -20,7 +20,7 @@ from conftest import edge_corpus, gaussian_bits
 from test_comm_mpi import ROOT, clean_env, mpiexec
 
 from zipccl.codebook import Codebook
-from zipccl.codec import cpu, reference
+from zipccl.codec import cpu, cpu_threads, reference
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -36,27 +36,27 @@ from zipccl.codec import cpu, reference
     ({"SLURM_STEP_TASKS_PER_NODE": "6"}, 6),
 ])
 def test_local_ranks_from_the_launcher(env, expected):
-    assert cpu.local_ranks(env) == expected
+    assert cpu_threads.local_ranks(env) == expected
 
 
 def test_threads_per_call(monkeypatch):
-    monkeypatch.setattr(cpu, "rank_threads", lambda: 8)
-    assert cpu.threads_per_call(0) == 1
-    assert cpu.threads_per_call(cpu.SMALL - 1) == 1
+    monkeypatch.setattr(cpu_threads, "rank_threads", lambda: 8)
+    assert cpu_threads.threads_per_call(0) == 1
+    assert cpu_threads.threads_per_call(cpu_threads.SMALL - 1) == 1
     # Large calls: the rank's share, capped by this thread's Numba setting.
-    assert cpu.threads_per_call(cpu.SMALL) == min(8, numba.get_num_threads())
-    monkeypatch.setattr(cpu, "rank_threads", lambda: 1)
-    assert cpu.threads_per_call(1 << 30) == 1
+    assert cpu_threads.threads_per_call(cpu_threads.SMALL) == min(8, numba.get_num_threads())
+    monkeypatch.setattr(cpu_threads, "rank_threads", lambda: 1)
+    assert cpu_threads.threads_per_call(1 << 30) == 1
 
 
 def test_mpiexec_shares_the_cores():
     # Two ranks on this machine: each gets half of the CPUs it may run on (at least one).
     env = clean_env()
     env.pop("NUMBA_NUM_THREADS", None)
-    env.pop(cpu.ENV_THREADS, None)
+    env.pop(cpu_threads.ENV_THREADS, None)
     # rank 0 prints every rank's pair (two ranks printing at once may interleave their lines)
-    code = ("from mpi4py import MPI; from zipccl.codec import cpu; "
-            "pairs = MPI.COMM_WORLD.gather((cpu.rank_threads(), cpu.threads_per_call(1 << 30))); "
+    code = ("from mpi4py import MPI; from zipccl.codec import cpu_threads as t; "
+            "pairs = MPI.COMM_WORLD.gather((t.rank_threads(), t.threads_per_call(1 << 30))); "
             "MPI.COMM_WORLD.Get_rank() == 0 and print(pairs)")
     r = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
@@ -66,21 +66,21 @@ def test_mpiexec_shares_the_cores():
 
 
 def test_env_overrides_the_share(monkeypatch):
-    monkeypatch.setenv(cpu.ENV_THREADS, "3")
+    monkeypatch.setenv(cpu_threads.ENV_THREADS, "3")
     monkeypatch.setenv("MPI_LOCALNRANKS", "64")
-    cpu.rank_threads.cache_clear()
+    cpu_threads.rank_threads.cache_clear()
     try:
-        assert cpu.rank_threads() == 3
+        assert cpu_threads.rank_threads() == 3
     finally:
-        cpu.rank_threads.cache_clear()
+        cpu_threads.rank_threads.cache_clear()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_frames_do_not_depend_on_threads(monkeypatch, threads):
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread(s)")
-    monkeypatch.setattr(cpu, "rank_threads", lambda: threads)
-    bits = np.concatenate([edge_corpus(), gaussian_bits(3 * cpu.SMALL + 77, seed=5)])
+    monkeypatch.setattr(cpu_threads, "rank_threads", lambda: threads)
+    bits = np.concatenate([edge_corpus(), gaussian_bits(3 * cpu_threads.SMALL + 77, seed=5)])
     cb = Codebook.from_sigma(0.02)
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     for checksum in (True, False):
@@ -104,7 +104,7 @@ except ImportError:
     torch = None
 import zipccl
 from zipccl import analyze
-from zipccl.codec import cpu
+from zipccl.codec import cpu_threads
 
 def openmp():
     # The OpenMP runtime Numba's omp layer calls, looked up as the dynamic linker resolves
@@ -132,17 +132,17 @@ rng = np.random.default_rng(0)
 bf16 = lambda n: rng.normal(0, 0.02, n).astype(ml_dtypes.bfloat16)
 first = int(sys.argv[1])
 calls = [("compress %d BF16 values" % first, lambda: zipccl.compress(bf16(first)))]
-for n in (0, 10, 3 * cpu.SMALL):
+for n in (0, 10, 3 * cpu_threads.SMALL):
     for dt in (ml_dtypes.bfloat16, np.float32, np.float16):
         x = rng.normal(0, 0.02, n).astype(dt)
         calls.append((f"compress {n} {np.dtype(dt).name}", lambda x=x: zipccl.compress(x)))
         calls.append((f"decompress {n} {np.dtype(dt).name}",
                       lambda x=x: zipccl.decompress(zipccl.compress(x, checksum=False))))
 calls.append(("compress reference", lambda: zipccl.compress(bf16(5000), backend="reference")))
-calls.append(("analyze_tensor bf16", lambda: analyze.analyze_tensor("f", "t", bf16(3 * cpu.SMALL))))
+calls.append(("analyze_tensor bf16", lambda: analyze.analyze_tensor("f", "t", bf16(3 * cpu_threads.SMALL))))
 calls.append(("analyze_tensor fp32", lambda: analyze.analyze_tensor("f", "t", bf16(1000), dtype="float32")))
 if torch is not None:
-    t = torch.randn(3 * cpu.SMALL)
+    t = torch.randn(3 * cpu_threads.SMALL)
     calls.append(("compress torch", lambda: zipccl.decompress(zipccl.compress(t))))
 try:
     from mpi4py import MPI
@@ -151,7 +151,7 @@ except ImportError:
 if MPI is not None:
     def collectives():
         with zipccl.Communicator(MPI.COMM_SELF, policy="always") as comm:
-            x = bf16(3 * cpu.SMALL)
+            x = bf16(3 * cpu_threads.SMALL)
             out = np.empty_like(x)
             comm.all_gather(x, out)
             comm.all_reduce(x.copy())
@@ -170,7 +170,7 @@ print(json.dumps({"start": start, "changed": changed, "calls": len(calls)}))
 
 
 @pytest.mark.slow  # fresh interpreters per case: the slow tier (CI runs it)
-@pytest.mark.parametrize("first, env", [(0, {}), (10, {cpu.ENV_THREADS: "1"})])
+@pytest.mark.parametrize("first, env", [(0, {}), (10, {cpu_threads.ENV_THREADS: "1"})])
 def test_calls_leave_the_openmp_settings_alone(first, env):
     # OMP_NUM_THREADS=1 (what torchrun and most launchers set), below Numba's own count, so a
     # call that writes Numba's count into the caller's OpenMP settings shows.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from zipccl import costfit as cf
 from zipccl import costmodel as cm
 from zipccl.metrics import busbw, nccl_tests_size
 
@@ -130,10 +131,10 @@ def test_fit_alpha_beta_recovers_parameters():
     alpha, beta = 25e-6, 40.0
     sizes = [2**k for k in range(16, 31, 2)]
     times = [alpha + s / (beta * 1e9) for s in sizes]
-    a, b = cm.fit_alpha_beta(sizes, times)
+    a, b = cf.fit_alpha_beta(sizes, times)
     assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
     with pytest.raises(ValueError):
-        cm.fit_alpha_beta([1.0], [1.0])
+        cf.fit_alpha_beta([1.0], [1.0])
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -142,7 +143,7 @@ def test_link_from_busbw_round_trips(p):
                     per_op_latency={"all_gather": 1e-5, "reduce_scatter": 3e-5, "all_to_all": 2e-5})
     table = {op: {m: busbw(op, nccl_tests_size(op, m, p), cm.native_time(op, m, p, truth), p)
                   for m in (MIB, 16 * MIB, 256 * MIB)} for op in truth.per_op}
-    fitted = cm.link_from_busbw("f", table, nranks=p)
+    fitted = cf.link_from_busbw("f", table, nranks=p)
     for op in truth.per_op:
         assert fitted.bw(op) == pytest.approx(truth.bw(op), rel=1e-6)
         assert fitted.lat(op) == pytest.approx(truth.lat(op), rel=1e-6)
@@ -155,7 +156,7 @@ def test_links_fitted_to_the_committed_nccl_runs_match_them_within_10_percent():
     assert {"nvlink", "shm"} <= set(links)
     for name in links:
         p, table = rec.nccl_busbw(recs, name, 16 * MIB)
-        link = cm.link_from_busbw(name, table, p)
+        link = cf.link_from_busbw(name, table, p)
         assert set(table) == set(cm.OPS)
         for op, points in table.items():
             for m, measured in points.items():
@@ -197,7 +198,7 @@ def test_peer_codec_reads_the_newest_peers_run_at_the_nearest_size():
 @pytest.mark.parametrize("op", cm.OPS)
 def test_link_from_fits_predicts_the_fitted_times(op, p):
     alpha, beta = 3e-5, 40.0
-    link = cm.link_from_fits("l", {op: (alpha, beta)}, nranks=p)
+    link = cf.link_from_fits("l", {op: (alpha, beta)}, nranks=p)
     for m in (MIB, 256 * MIB):
         assert cm.native_time(op, m, p, link) == pytest.approx(alpha + m / (beta * 1e9), rel=1e-12)
         terms = cm.native_terms(op, m, p, link)
@@ -257,10 +258,10 @@ def test_predict_with_an_exchange_uses_its_rounds_and_the_frames_link():
 
 def test_fit_offset_recovers_a_constant_and_never_goes_negative():
     model = [1e-3, 4e-3, 16e-3]
-    assert cm.fit_offset([x + 7e-4 for x in model], model) == pytest.approx(7e-4, rel=1e-9)
-    assert cm.fit_offset([x * 0.5 for x in model], model) == 0.0
+    assert cf.fit_offset([x + 7e-4 for x in model], model) == pytest.approx(7e-4, rel=1e-9)
+    assert cf.fit_offset([x * 0.5 for x in model], model) == 0.0
     with pytest.raises(ValueError):
-        cm.fit_offset([], [])
+        cf.fit_offset([], [])
 
 
 def test_fp32_prediction_script_writes_one_record_per_codec_op_and_size(tmp_path):

@@ -19,7 +19,7 @@ PKG = ROOT / "zipccl"
 LAYERS = (
     ("format",),
     ("arrays", "codebook", "checkpoints", "metrics"),
-    ("kernels", "costmodel"),
+    ("kernels", "costmodel", "costfit"),
     ("codec", "scaling"),
     ("api", "comm"),
     ("analyze", "__init__"),

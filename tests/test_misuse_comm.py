@@ -22,7 +22,7 @@ from test_comm_mpi import ROOT, clean_env, mpiexec
 
 import zipccl
 from zipccl.codebook import Codebook
-from zipccl.codec import cpu
+from zipccl.codec import cpu_threads
 from zipccl.comm import CollectiveError
 from zipccl.comm.args import as_count, check_counts
 
@@ -123,7 +123,7 @@ def test_communicator_threads_on_two_ranks():
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_codec_from_threads_gives_one_threads_bytes(backend):
-    sizes = (1000, cpu.SMALL + 77, 3 * cpu.SMALL)  # one thread per call, and parallel loops
+    sizes = (1000, cpu_threads.SMALL + 77, 3 * cpu_threads.SMALL)  # one thread per call, and parallel loops
     data = [gaussian_bits(n, seed=i).view(BF16) for i, n in enumerate(sizes)]
     frames = [zipccl.compress(x, backend=backend) for x in data]
     wrong: list[str] = []
@@ -150,8 +150,8 @@ def test_codec_threads_under_the_workqueue_layer():
     """Numba's workqueue layer aborts a process whose threads run parallel regions at once;
     the CPU codec's calls take turns under it."""
     code = ("import threading, numpy as np, ml_dtypes, numba, zipccl\n"
-            "from zipccl.codec import cpu\n"
-            "xs = [np.random.default_rng(i).normal(0, .02, 3 * cpu.SMALL).astype(ml_dtypes.bfloat16)"
+            "from zipccl.codec import cpu_threads\n"
+            "xs = [np.random.default_rng(i).normal(0, .02, 3 * cpu_threads.SMALL).astype(ml_dtypes.bfloat16)"
             " for i in range(3)]\n"
             "ref = [zipccl.compress(x) for x in xs]\n"
             "assert numba.threading_layer() == 'workqueue'\n"

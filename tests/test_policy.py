@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from zipccl.comm.policy import Policy, Profile
-from zipccl.costmodel import fit_alpha_beta
+from zipccl.costfit import fit_alpha_beta
 
 RECORDS = Path(__file__).resolve().parents[1] / "experiments" / "results" / "collectives.jsonl"
 MIB = 1 << 20

@@ -100,7 +100,7 @@ CHANNEL_TIMEOUTS = """
 import datetime, os, sys
 import torch.distributed as dist
 import zipccl.torch  # registers "zipccl"
-from zipccl.comm.spill import TorchChannel
+from zipccl.torch.transport import TorchChannel
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=7))
 g = dist.new_group([0], timeout=datetime.timedelta(seconds=3))

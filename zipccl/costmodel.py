@@ -1,50 +1,12 @@
 """The alpha-beta cost model: when does compressing a collective pay?
 
-One model shared by the theory notebook (``theory/03_when_compression_pays.ipynb``), the
-adaptive policy (native or compressed, per operation and size) and the scaling
-projection. It predicts the time of each collective natively and compressed from:
-
-- a ``Link``: per-step latency alpha (s) and bus bandwidth B (GB/s, the
-  nccl-tests definition, so measured busbw plugs straight in), optionally per op;
-- a ``Codec``: encode / decode throughput (GB/s of BF16 input), a fixed cost per
-  call, the compression ratio r, and the local reduction throughput;
-- the number of ranks p and the per-rank message size m (bytes, uncompressed;
-  the same convention as ``zipccl.metrics.nccl_tests_size``);
-- the number of pipeline chunks k.
-
-Native ring times (nccl-tests' bus-bandwidth factors make these exact for a
-measured B)::
-
-    all_gather, reduce_scatter:  (p-1) * (alpha + m / B)          m = per-rank piece
-    all_to_all:                  (p-1) * alpha + (p-1)/p * m / B   m = whole send buffer
-    all_reduce:                  2(p-1) * alpha + 2(p-1)/p * m / B
-
-Compressed, each rank encodes what it sends, moves r times the bytes, decodes
-what it receives. Reduce-scatter cannot be compressed end to end through a ring
-without re-encoding partial sums at every hop ("ring" method), so the usual
-alternative is a compressed all-to-all followed by a local reduction
-("all_to_all" method); the model evaluates both. All-reduce is a compressed
-reduce-scatter followed by a compressed all-gather.
-
-Pipelining cuts the message into k chunks whose stages (encode, transfer,
-decode[, reduce]) overlap: with per-chunk stage times t_s = o_s + T_s / k
-(o_s the fixed cost of a stage), the total is sum_s t_s + (k - 1) * max_s t_s.
-k = 1 is the unpipelined sum; as k grows the time approaches the slowest stage,
-until the per-chunk fixed costs win. The model assumes the codec and the
-transfer do not slow each other down (on a GPU they share memory bandwidth,
-which is small next to HBM at these link speeds).
-
-The same model, given an ``Exchange``, predicts zipccl's own compressed path as
-``zipccl.comm.collectives`` runs it and as ``Communicator.calibrate`` measures it:
-a fixed cost per call, then rounds of one chunk each whose stages (host work
-per round, encode, transfer on a ``wire`` link, decode with any reduction on the
-decode stream) overlap. The adaptive policy (``zipccl.comm.policy``) uses it, with the
-per-call cost fitted to calibration calls (``fit_exchange``) and each path scaled to the
-nearest steady measurement (``anchored``).
-
-The module holds no measured numbers: links and codecs are fitted to (``link_from_busbw``,
-``link_from_fits``, ``fit_alpha_beta``) or built from the project's committed records
-(``experiments/records.py`` reads them: ``nccl_link``, ``baseline_codec``).
+One model for the theory notebook (``theory/03_when_compression_pays.ipynb``), the policy
+and the scaling projection. From a ``Link`` (per-step latency, nccl-tests' bus bandwidth, per
+op), a ``Codec`` (encode, decode and reduction throughput, fixed cost per call, ratio), the ranks
+and the per-rank size it predicts each collective's time natively (ring terms) and compressed:
+pipelined stages in chunks, or, given an ``Exchange``, zipccl's own rounds (``exchange_time``).
+It holds no measured numbers; ``zipccl.costfit`` fits its parameters to measurements. The formulas and
+what they assume: docs/COST_MODEL.md.
 
 >>> link = Link("shm", bandwidth=25.0, latency=20e-6)
 >>> codec = Codec("zipccl", encode_gbps=2000.0, decode_gbps=2000.0, ratio=0.70)
@@ -55,17 +17,17 @@ The module holds no measured numbers: links and codecs are fitted to (``link_fro
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .metrics import OPS, busbw_factor, nccl_tests_size
+from .metrics import OPS
 
 GB = 1e9
 
 
-def _check_op(op: str) -> None:
+def check_op(op: str) -> None:
+    """Raise ValueError unless ``op`` is one of ``metrics.OPS``."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
 
@@ -95,11 +57,11 @@ class Link:
         if self.latency < 0:
             raise ValueError(f"link latency must be >= 0 s, got {self.latency}")
         for op, bw in self.per_op.items():
-            _check_op(op)
+            check_op(op)
             if not bw > 0:
                 raise ValueError(f"bandwidth of {op} must be > 0 GB/s, got {bw}")
         for op, lat in self.per_op_latency.items():
-            _check_op(op)
+            check_op(op)
             if lat < 0:
                 raise ValueError(f"latency of {op} must be >= 0 s, got {lat}")
 
@@ -243,7 +205,7 @@ def ring_terms(op: str, nranks: int) -> tuple[float, float]:
     >>> ring_terms("all_gather", 4), ring_terms("all_reduce", 2)
     ((3, 3), (2, 1.0))
     """
-    _check_op(op)
+    check_op(op)
     p = nranks
     if op in ("all_gather", "reduce_scatter"):
         return p - 1, p - 1
@@ -258,7 +220,7 @@ def native_terms(op: str, nbytes: float, nranks: int, link: Link) -> dict[str, f
     >>> native_terms("all_to_all", 25e9, 2, Link("l", 25.0, 1e-5))
     {'latency': 1e-05, 'bandwidth': 0.5}
     """
-    _check_op(op)
+    check_op(op)
     if nranks <= 1:
         return {"latency": 0.0, "bandwidth": 0.0}
     steps, factor = ring_terms(op, nranks)
@@ -266,7 +228,7 @@ def native_terms(op: str, nbytes: float, nranks: int, link: Link) -> dict[str, f
 
 
 def native_time(op: str, nbytes: float, nranks: int, link: Link) -> float:
-    """Seconds for the uncompressed ring collective (see the module docstring).
+    """Seconds for the uncompressed ring collective (``ring_terms``, docs/COST_MODEL.md).
 
     >>> native_time("all_gather", 25e9, 2, Link("l", 25.0))  # one step of 25 GB at 25 GB/s
     1.0
@@ -370,7 +332,7 @@ def compressed_time(op: str, nbytes: float, nranks: int, link: Link, codec: Code
 
 
 def _best(op, nbytes, nranks, link, codec, chunks, method) -> tuple[float, str, dict[str, float]]:
-    _check_op(op)
+    check_op(op)
     p = nranks
     if p <= 1:
         return 0.0, "local", {}
@@ -460,7 +422,7 @@ def exchange_time(op: str, nbytes: float, nranks: int, wire: Link, codec: Codec,
     >>> round(t, 4), k, list(st)
     (0.501, 1, ['fixed', 'host', 'encode', 'transfer', 'decode'])
     """
-    _check_op(op)
+    check_op(op)
     p = nranks
     if p <= 1:
         return 0.0, 1, {}
@@ -501,57 +463,6 @@ def predict(op: str, nbytes: int, nranks: int, link: Link, codec: Codec, *,
                       chunks=k, stages=stages, native_stages=native_terms(op, nbytes, nranks, link))
 
 
-def fit_exchange(op: str, nranks: int, link: Link, codec: Codec, exchange: Exchange,
-                 measured: Sequence[tuple[float, float]]) -> Exchange:
-    """``exchange`` with its per-call cost fitted to measured (per-rank bytes, seconds) of the
-    compressed path (``fit_offset`` over the model's time without it); as it is without points.
-
-    >>> link, codec = Link("w", 25.0), Codec("c", 1e3, 1e3, 0.5)
-    >>> ex = fit_exchange("all_gather", 2, link, codec, Exchange(), [(25e6, 1.55e-3), (250e6, 6.5e-3)])
-    >>> round(ex.fixed_s * 1e3, 6)  # the model says 0.55 and 5.5 ms: 1 ms more per call
-    1.0
-    """
-    pts = [(b, t) for b, t in measured if t > 0]
-    if not pts:
-        return exchange
-    bare = dataclasses.replace(exchange, fixed_s=0.0)
-    model = [predict(op, b, nranks, link, codec, exchange=bare).compressed_s for b, _ in pts]
-    return dataclasses.replace(exchange, fixed_s=fit_offset([t for _, t in pts], model))
-
-
-def anchored(pred: Prediction, nbytes: float, measured: Mapping[str, Sequence[Sequence[float]]],
-             at: Callable[[float], Prediction]) -> Prediction:
-    """``pred`` (the model at ``nbytes``) with each path scaled by measured / modelled time at the
-    measured size nearest ``nbytes`` (in log size).
-
-    ``measured[path]`` holds [bytes, seconds] points of "native" and "compressed" and ``at(bytes)``
-    is the model's prediction there, sizes in one convention. The model alone assumes perfectly
-    overlapped stages; where the measured times are steady this keeps its shape between sizes and
-    its level at the nearest measurement. The factors are kept in ``Prediction.anchor``.
-
-    >>> link, codec = Link("l", 25.0), Codec("c", 1e3, 1e3, 0.5)
-    >>> def at(b):
-    ...     return predict("all_gather", b, 2, link, codec)
-    >>> a = anchored(at(1e8), 1e8, {"compressed": [[5e7, 2 * at(5e7).compressed_s]]}, at)
-    >>> a.anchor, a.compressed_s == 2 * at(1e8).compressed_s, a.native_s == at(1e8).native_s
-    ({'compressed': 2.0}, True, True)
-    """
-    scale = {}
-    for path in ("native", "compressed"):
-        pts = [(b, t) for b, t in measured.get(path, []) if b > 0 and t > 0]
-        if not pts:
-            continue
-        b, t = min(pts, key=lambda bt: abs(math.log(bt[0] / max(nbytes, 1))))
-        m = at(b)
-        model_t = m.native_s if path == "native" else m.compressed_s
-        if model_t > 0:
-            scale[path] = t / model_t
-    if not scale:
-        return pred
-    return dataclasses.replace(pred, native_s=pred.native_s * scale.get("native", 1.0),
-                               compressed_s=pred.compressed_s * scale.get("compressed", 1.0), anchor=scale)
-
-
 def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: float, *,
                           chunks: int | None = 1, overhead: float = 0.0, reduce_gbps: float = math.inf,
                           method: str | None = None, max_chunks: int = 64) -> float:
@@ -585,106 +496,3 @@ def break_even_throughput(op: str, nbytes: int, nranks: int, link: Link, ratio: 
         if hi / lo < 1 + 1e-6:
             break
     return hi
-
-
-def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
-    """Fit ``seconds = alpha + nbytes / (beta * 1e9)``: (alpha s, beta GB/s).
-
-    Minimizes the *relative* squared error (weights 1 / seconds^2), so small and
-    large messages count alike. Use it on measured (size, time) points of one
-    operation on one link (per ring step), or of one codec kernel. A negative
-    alpha is clipped to 0 and beta refitted through the origin.
-
-    >>> a, b = fit_alpha_beta([1e6, 2e6, 4e6], [1e-5 + 1e-4, 1e-5 + 2e-4, 1e-5 + 4e-4])
-    >>> round(a * 1e6, 6), round(b, 6)
-    (10.0, 10.0)
-    """
-    xs, ys = [float(x) for x in nbytes], [float(y) for y in seconds]
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError("need at least two (size, time) points of equal count")
-    if len(set(xs)) < 2:
-        raise ValueError("need at least two different sizes")
-    if min(ys) <= 0:
-        raise ValueError("times must be > 0")
-    w = [1.0 / (y * y) for y in ys]
-    sw = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, xs, strict=True))
-    sy = sum(wi * y for wi, y in zip(w, ys, strict=True))
-    sxx = sum(wi * x * x for wi, x in zip(w, xs, strict=True))
-    sxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys, strict=True))
-    det = sw * sxx - sx * sx
-    slope = (sw * sxy - sx * sy) / det
-    alpha = (sy - slope * sx) / sw
-    if alpha < 0 or slope <= 0:  # refit through the origin
-        alpha, slope = 0.0, sxy / sxx
-    if slope <= 0:
-        raise ValueError("time does not grow with size; cannot fit a bandwidth")
-    return alpha, 1.0 / slope / GB
-
-
-def fit_offset(seconds: Sequence[float], model: Sequence[float]) -> float:
-    """The constant c >= 0 for which ``model + c`` best fits ``seconds`` in relative squared error.
-
-    The compressed path's per-call cost, fitted on calls of real sizes once the
-    size-dependent terms (``model``) are known.
-
-    >>> round(fit_offset([2e-3, 11e-3], [1e-3, 10e-3]) * 1e3, 6)
-    1.0
-    """
-    ys, ms = [float(y) for y in seconds], [float(m) for m in model]
-    if len(ys) != len(ms) or not ys or min(ys) <= 0:
-        raise ValueError("need at least one pair of (measured > 0, modelled) times of equal count")
-    w = [1.0 / (y * y) for y in ys]
-    return max(0.0, sum(wi * (y - m) for wi, y, m in zip(w, ys, ms, strict=True)) / sum(w))
-
-
-def link_from_fits(name: str, fits: Mapping[str, tuple[float, float]], nranks: int = 2) -> Link:
-    """A ``Link`` from per-op fits of ``seconds = alpha + m / (beta * 1e9)`` (``fit_alpha_beta``).
-
-    ``m`` is the per-rank size (``metrics.nccl_tests_size``'s convention); each fit
-    is turned into the ring form of ``native_time`` (``ring_terms``), so that the
-    link predicts exactly the fitted times. The default bandwidth is all_gather's
-    (or the first op's).
-
-    >>> link = link_from_fits("l", {"all_to_all": (2e-5, 50.0)}, nranks=2)
-    >>> link.bw("all_to_all"), round(native_time("all_to_all", 50e9, 2, link), 6)
-    (25.0, 1.00002)
-    """
-    if not fits:
-        raise ValueError("need the fit of at least one op")
-    per_op, lats = {}, {}
-    for op, (alpha, beta) in fits.items():
-        steps, factor = ring_terms(op, nranks)
-        if not steps:  # one rank: no ring (native_time is 0); keep the fit as it is
-            steps = factor = 1
-        per_op[op], lats[op] = float(beta) * factor, float(alpha) / steps
-    default = per_op.get("all_gather", next(iter(per_op.values())))
-    return Link(name, default, min(lats.values()), per_op=per_op, per_op_latency=lats)
-
-
-def link_from_busbw(name: str, op_busbw: Mapping[str, Mapping[int, float]], nranks: int = 2) -> Link:
-    """Fit a ``Link`` from measured bus bandwidths {op: {per-rank bytes: GB/s}} on ``nranks`` ranks.
-
-    Each measured busbw is turned back into a time with nccl-tests' definition,
-    and alpha / B are fitted per op (``fit_alpha_beta`` on the ring-step form of
-    ``native_time``). The link's latency is the mean alpha; its default bandwidth
-    is all_gather's (or the first op's) fitted B; ``per_op`` and ``per_op_latency``
-    keep every op's own fit.
-    """
-    per_op, lats = {}, {}
-    p = nranks
-    for op, points in op_busbw.items():
-        _check_op(op)
-        xs, ys = [], []
-        for m, gbps in sorted(points.items()):
-            size = nccl_tests_size(op, m, p)
-            t = size * busbw_factor(op, p) / (gbps * GB)
-            steps = (2 if op == "all_reduce" else 1) * (p - 1)
-            # native_time = steps * alpha + steps * x / B, with x the bytes one step moves
-            x = size * busbw_factor(op, p) / steps
-            xs.append(x)
-            ys.append(t / steps)
-        alpha, beta = fit_alpha_beta(xs, ys)
-        per_op[op], lats[op] = beta, alpha
-    default = per_op.get("all_gather", next(iter(per_op.values())))
-    return Link(name, default, sum(lats.values()) / len(lats), per_op=per_op, per_op_latency=lats)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import costmodel as cm
+from .costfit import fit_alpha_beta
 from .costmodel import OPS
 from .metrics import busbw_factor, nccl_tests_size
 
@@ -151,7 +152,7 @@ def fit_codec_gpu(encode: Mapping[int, float], decode: Mapping[int, float]) -> c
     gbps = {}
     for op, by in (("encode", encode), ("decode", decode)):
         sizes = sorted(by)
-        gbps[op] = cm.fit_alpha_beta(sizes, [by[s] for s in sizes])[1]
+        gbps[op] = fit_alpha_beta(sizes, [by[s] for s in sizes])[1]
     return cm.Codec("zipccl", gbps["encode"], gbps["decode"], 0.7)
 
 

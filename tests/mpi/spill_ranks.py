@@ -322,7 +322,7 @@ def main(mode: str, calls: int, torch_rank: tuple[int, int] | None) -> int:
         import fake_cupy
 
         fake_cupy.install()
-    from zipccl.comm.spill import MPIChannel, Spills, TorchChannel
+    from zipccl.comm.spill import MPIChannel, Spills
 
     mem = Memory(mode)
     if torch_rank is None:
@@ -344,6 +344,8 @@ def main(mode: str, calls: int, torch_rank: tuple[int, int] | None) -> int:
     else:
         import torch
         import torch.distributed as dist
+
+        from zipccl.torch.transport import TorchChannel
 
         me, size = torch_rank
         dist.init_process_group("gloo", rank=me, world_size=size)

@@ -72,7 +72,7 @@ def run(case: str, rank: int) -> dict:
 
 def _spill_channel_alone(rank: int):
     """Rank 0 makes a spill channel over the world; rank 1 never does."""
-    from zipccl.comm.spill import TorchChannel
+    from zipccl.torch.transport import TorchChannel
 
     return (lambda: TorchChannel().close()) if rank == 0 else (lambda: None)
 

@@ -318,9 +318,10 @@ def check_transport(rank: int, p: int, res: dict) -> None:
 
 def check_agreement(rank: int, p: int, res: dict) -> None:
     """A problem on one rank raises the same error on every rank."""
-    import zipccl.torch as zt
+    from zipccl.comm.agreement import Agreement
+    from zipccl.torch.transport import ProcessGroupTransport
 
-    agree = zt.GroupAgreement(None, "cpu")
+    agree = Agreement(ProcessGroupTransport(None, "cpu"), p).agree
     try:
         agree("bad frame" if rank == 1 else None)
         res["agreement"] = {"ok": False, "detail": "no error raised"}

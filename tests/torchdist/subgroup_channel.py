@@ -17,7 +17,7 @@ import numpy as np
 def main(out_dir: str, rank: int) -> None:
     import torch.distributed as dist
 
-    from zipccl.comm.spill import TorchChannel
+    from zipccl.torch.transport import TorchChannel
 
     dist.init_process_group("gloo", rank=rank, world_size=4)
     pair = dist.new_group([0, 1])  # every process makes it (torch's rule for new_group)

@@ -33,7 +33,7 @@ def calibrate(communicator, *, device: bool = False,
 
     Runs on every rank of ``communicator`` (collective), which must be a ``Communicator``.
     """
-    from ..costmodel import fit_alpha_beta
+    from ..costfit import fit_alpha_beta
 
     if device:
         import cupy
@@ -155,7 +155,7 @@ def _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes) -> dict
     fitted slope, fixed launch costs being part of the per-round cost measured separately.
     """
     from ..codebook import Codebook
-    from ..costmodel import fit_alpha_beta
+    from ..costfit import fit_alpha_beta
     from ..format import slot as slots
 
     p, MPI, mpi = communicator.size, communicator._MPI, communicator.comm

@@ -1,16 +1,15 @@
 """The policy: for each collective call, compressed or native, and why.
 
 Compression pays only when moving the saved bytes takes longer than coding them, which
-depends on the link, the codec's speed and the message size. This module makes that choice
-in one place, inspectable (``explain``), logged (``zipccl.policy`` at DEBUG) and forceable
-(``mode="always" | "never"``; ``"raw"`` takes zipccl's exchange with the codec off).
-``mode="auto"`` follows a measured ``Profile`` (``Communicator.calibrate``) whose components
-the cost model (``zipccl.costmodel``) composes into predicted times at any size, anchored to
-the nearest calibrated size where the measurements are steady; without one it compresses GPU
-messages from ``min_bytes`` per rank on. Decisions are cached per (op, size), and ``decide`` is
-a pure function of values every rank agrees on, so every rank decides alike. This module holds
-the profile's data and the decisions; every prediction is the cost model's.
-docs/COLLECTIVES.md, "The policy", says what is measured and how it is composed.
+depends on the link, the codec's speed and the message size. This module makes that choice in
+one place: inspectable (``explain``), logged (``zipccl.policy`` at DEBUG) and forceable
+(``mode="always" | "never"``; ``"raw"`` takes the compressed path with every frame RAW).
+``mode="auto"`` follows a measured ``Profile`` (``Communicator.calibrate``): components, each
+measured on its own, that the cost model (``zipccl.costmodel``, fitted with
+``zipccl.costfit``) composes into predicted times at any size; without one, a size threshold.
+Every rank must decide alike, so ``decide`` is a pure function of values all ranks agree on;
+decisions are cached per (op, size). How the profile's parts are measured and combined, and
+the sizes it counts: docs/COST_MODEL.md, "The policy".
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .. import costmodel as cm
+from ..costfit import anchored, fit_exchange, link_from_fits
 from ..costmodel import OPS, Prediction
 
 MODES = ("auto", "always", "never", "raw")
@@ -47,7 +47,7 @@ class Decision:
         return f"{self.op} {self.nbytes:,} B/rank -> {path} ({self.reason})"
 
 
-# Anchoring (costmodel.anchored): where the calibration's times are steady (each the least of
+# Anchoring (costfit.anchored): where the calibration's times are steady (each the least of
 # this many measurements), the model's prediction for a path is scaled by measured / modelled
 # time at the nearest calibrated size. The model alone assumes the pipeline's stages overlap
 # perfectly; on a fast link at large sizes they do not (the codec's kernels and NCCL's share
@@ -120,14 +120,14 @@ class Profile:
             p = self.world
             # native fits are per policy size: reduce-scatter's is its send buffer of p outputs
             fits = {o: (a, b / (p if o == "reduce_scatter" else 1)) for o, (a, b) in self.native.items()}
-            link = cm.link_from_fits(self.key, fits, p)
+            link = link_from_fits(self.key, fits, p)
             c = self.codec
             codec = cm.Codec("zipccl", c["encode_gbps"], c["decode_gbps"], c["ratio"],
                              reduce_gbps=c["reduce_gbps"])
             ex = cm.Exchange(self.fixed_s[op], self.round_s[op], 2 * self.chunk, self.overlap)
             # the per-call cost that the calls of real sizes show, where there are any
             calls = [(self._per_rank(op, b), t) for b, t in self.measured.get(op, {}).get("compressed", [])]
-            found = (link, codec, cm.fit_exchange(op, p, link, codec, ex, calls))
+            found = (link, codec, fit_exchange(op, p, link, codec, ex, calls))
         self._models[op] = found
         return found
 
@@ -143,7 +143,7 @@ class Profile:
         pred = self._model_predict(op, nbytes, m)
         if self.best_of < ANCHOR_BEST_OF:
             return pred
-        return cm.anchored(pred, nbytes, self.measured.get(op, {}),
+        return anchored(pred, nbytes, self.measured.get(op, {}),
                            lambda b: self._model_predict(op, int(b), m))
 
     def _model_predict(self, op: str, nbytes: int, m) -> Prediction:

@@ -1,38 +1,16 @@
 """Spills: the tails of frames longer than their slots, moved beside the collective.
 
 A compressed collective moves every frame as a fixed-size slot (``format.slot``); a frame that
-does not fit (escapes beyond the capacity, or a RAW frame) *spills* the rest of its bytes,
-its tail. ``Spills`` moves tails without ever making the caller's thread wait for the device
-or for a peer (NCCL's contract):
-
-- ``begin`` (host, at call time) writes the call's frame descriptors into a *call block* of
-  pinned, device-mapped host memory, sized for the worst case (every tail as long as its
-  region allows) and reused once the call has finished, and queues the call for the
-  progress thread.
-- ``launch_out`` (after the encodes, before the transfer) enqueues a kernel that writes the
-  slot headers and copies the tails into the block, then raises a flag in it.
-- ``launch_in`` (after the transfer, before the decodes) enqueues a kernel that checks the
-  received slot headers, posts which peers send a tail and how long, and only if one does,
-  waits for a flag the progress thread raises, then copies the tails into the regions.
-- One *progress thread* per ``Spills`` handles calls strictly in call order: it waits (by
-  reading mapped memory, with a sleep backoff) for a call's tails to be out, sends them over
-  the host channel, waits for the call's request, receives the tails it names into the
-  block and raises the flag. It never calls CUDA or NCCL.
-
-The deadlock rule holds: a stream waits only on the CPU (the flag), and the CPU waits only
-on device work enqueued before (this call's spill-out and transfer, the peers' likewise).
-The sender's tails are written by a kernel enqueued at call time, never by a copy the
-progress thread would submit later.
-
-Errors never make the host wait: received slot headers that are not one, or that disagree
-with the call, and the decode workspaces' bits (``record_error``) are ORed into a sticky
-error word in mapped memory; ``error()`` reads it, and every slot header this rank sends
-afterwards carries it to the peers. An exception in the progress thread is kept and raised
-by the next call of any method.
-
-With ``device=False`` (host arrays) the same steps run on host memory at once, in the
-caller's thread (``kernels.spill``'s NumPy twins); ``launch_in`` then returns when the tails
-are in. The same happens with a stand-in CuPy that runs kernels at once.
+does not fit spills the rest of its bytes, its tail. ``Spills`` moves tails without ever making
+the caller's thread wait for the device or a peer (NCCL's contract): ``begin`` writes the
+call's frame descriptors into a pinned, device-mapped call block; ``launch_out`` and
+``launch_in`` enqueue the kernels (``kernels.spill``) that copy tails out and in; one progress
+thread per ``Spills`` moves them over a host channel (``MPIChannel`` here, ``TorchChannel`` in
+``zipccl.torch.transport``) in call order. A stream waits only on the CPU, the CPU only on
+device work enqueued before. Errors go into a sticky word in mapped memory that every slot
+header then carries to the peers. With ``device=False`` (host arrays) the same steps run at
+once in the caller's thread. The protocol, the deadlock rule and the error bits:
+docs/COLLECTIVES.md, "Spills".
 """
 
 from __future__ import annotations
@@ -96,7 +74,7 @@ class HostChannel(Protocol):
     def close(self) -> None: ...
 
 
-class _Handle:
+class SendHandle:
     """A send in flight: its channel's wait and test, and the buffer it must keep alive."""
 
     def __init__(self, wait, test, buffer):
@@ -128,9 +106,9 @@ class MPIChannel:
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
 
-    def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
+    def isend(self, data: np.ndarray, peer: int, tag: int) -> SendHandle:
         req = self.comm.Isend(data, dest=peer, tag=tag)
-        return _Handle(req.Wait, req.Test, data)
+        return SendHandle(req.Wait, req.Test, data)
 
     def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
         status = self._mpi.Status()
@@ -143,67 +121,6 @@ class MPIChannel:
         if self.comm is not None:
             self.comm.Free()
             self.comm = None
-
-
-class TorchChannel:
-    """A host channel over a gloo backend of its own among the ranks of ``group`` (default: the
-    world), made by those ranks alone.
-
-    The backend is a ``ProcessGroupGloo`` built directly over a ``PrefixStore`` of the job's
-    default store, keyed by the group's name and by how many channels this process has made for
-    that group before; so no job-wide collective is needed (``new_group`` is one: every process
-    of the job would have to reach it, also those outside ``group``), and two channels over the
-    same ranks never meet. The group's ranks must make their channels in the same order (they
-    do: a channel is made at the group's first compressed call, which every rank of the group
-    makes). Ranks and peers are ranks in ``group``. Its timeout is the group's
-    (``group_timeout``), so a peer that never comes fails this rank in that time, as the
-    group's own collectives would.
-    """
-
-    _made: dict[str, int] = {}  # channels made so far in this process, by group name
-
-    def __init__(self, group=None):
-        import torch.distributed as dist
-
-        self._dist = dist
-        group = group if group is not None else dist.group.WORLD
-        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-        name = str(getattr(group, "group_name", "") or dist.get_process_group_ranks(group))
-        k = TorchChannel._made.get(name, 0)
-        TorchChannel._made[name] = k + 1
-        store = dist.PrefixStore(f"zipccl-spill/{name}/{k}", dist.distributed_c10d._get_default_store())
-        self.timeout = group_timeout(group)
-        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
-
-    def isend(self, data: np.ndarray, peer: int, tag: int) -> _Handle:
-        import torch
-
-        t = torch.from_numpy(data)
-        work = self.group.send([t], peer, tag)
-        return _Handle(work.wait, work.is_completed, t)
-
-    def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
-        import torch
-
-        self.group.recv([torch.from_numpy(out)], peer, tag).wait()
-
-    def close(self) -> None:
-        self.group = None  # the backend goes with its last reference; nothing collective
-
-
-def group_timeout(group):
-    """The timeout ``group``'s collectives run under (a ``datetime.timedelta``): its CPU or CUDA
-    backend's options (torch 2.11 and 2.13 keep it there), else torch's default for groups.
-    A zipccl backend group answers with the gloo group it wraps, made with its timeout."""
-    import torch
-    import torch.distributed as dist
-
-    for device in ("cpu", "cuda"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError, ValueError):
-            continue
-    return dist.distributed_c10d.default_pg_timeout
 
 
 def describe(bits: int) -> str:
@@ -271,7 +188,7 @@ class _Call:
 
 class Spills:
     """The spill machinery of one communicator: call blocks, the sticky error word, the
-    progress thread and the host channel (``MPIChannel`` or ``TorchChannel``).
+    progress thread and the host channel (``MPIChannel``, or ``zipccl.torch``'s ``TorchChannel``).
 
     ``device``: the regions are device memory (of the device current at construction) and
     the steps are kernels on the given streams (CuPy); otherwise they are host memory and

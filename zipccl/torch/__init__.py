@@ -31,12 +31,12 @@ from .functional import (
     reduce_scatter_tensor,
 )
 from .megatron import MegatronComm
-from .transport import GroupAgreement, ProcessGroupTransport
+from .transport import ProcessGroupTransport
 
 register()
 
 __all__ = [
-    "BackendOptions", "Collectives", "DDPCommState", "FSDPHooks", "GroupAgreement", "MegatronComm",
+    "BackendOptions", "Collectives", "DDPCommState", "FSDPHooks", "MegatronComm",
     "ProcessGroupTransport", "ReduceOp", "Stats", "ZipAllGather", "ZipProcessGroup", "ZipReduceScatter",
     "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all_single", "calibrate",
     "compress_fsdp", "ddp_comm_hook", "explain", "reduce_scatter_single", "reduce_scatter_tensor",

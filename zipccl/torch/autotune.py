@@ -1,31 +1,16 @@
 """``policy="auto"`` in the torch layer: measure once per group, cache on disk, decide alike everywhere.
 
-``calibrate(group, device)`` times every collective of the cost model (all-gather,
-reduce-scatter, all-to-all, all-reduce) natively and compressed at a few sizes, on
-the group itself, every rank taking part; each time is the slowest rank's, the
-least of ``BEST_OF`` runs of ``repeat`` back-to-back calls. It also times the codec
-alone (``zipccl.compress`` / ``decompress``) and a local BF16 sum, and reads the
-wire ratio from the compressed calls. The result is a ``zipccl.comm.policy.Profile``
-(the same the MPI ``Communicator.calibrate`` builds), whose predictions are the cost
-model's (``zipccl.costmodel``: native alpha-beta fits, the compressed exchange
-with its per-call cost fitted to the compressed calls, each path scaled to the
-nearest measured size). Rank 0's profile is broadcast and every rank decides from
-those same bytes, so all ranks choose alike for every (op, size).
-
-The profile is cached at ``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``) as
-``profile-<hash>.json``, keyed by what determines it: world size and ranks per host,
-the device model(s), the link (the inner backend, and every ``NCCL_*`` / ``GLOO_*``
-setting), and the versions of zipccl, torch, NCCL, Numba and CuPy. A job whose key
-matches loads it (rank 0 reads, every rank receives the same text) and does not
-calibrate; a damaged or other-version file is measured again and replaced.
-
-``ZIPCCL_POLICY=always|never|auto`` replaces the default ``"auto"``: the zipccl
-backend's policy, and the ``"auto"`` of ``zipccl.torch``'s functions and hooks
-(an explicit "always" / "never" in code stays). ``ZIPCCL_CALIBRATION_SIZES``
-(comma-separated bytes per rank) overrides the calibrated sizes.
-
-Host tensors under the functions and hooks keep the threshold rule (native unless
-``compress_host``); the backend calibrates on every device type it serves.
+``calibrate(group, device)`` times every collective natively and compressed at a few sizes on
+the group itself (each time the slowest rank's, the least of ``BEST_OF`` runs), the codec
+alone and a local BF16 sum, into a ``zipccl.comm.policy.Profile`` (the same the MPI
+``Communicator.calibrate`` builds) whose predictions are the cost model's. Rank 0's profile
+is broadcast, so all ranks decide alike for every (op, size). It is cached at
+``$ZIPCCL_CACHE_DIR`` as ``profile-<hash>.json``, keyed by what determines it (ranks and
+hosts, devices, the link and its settings, the versions); a job whose key matches loads it
+instead of measuring. ``ZIPCCL_POLICY`` replaces the default ``"auto"``,
+``ZIPCCL_CALIBRATION_SIZES`` the calibrated sizes; host tensors under the functions and hooks
+keep the threshold rule. What is measured: docs/TORCH.md, "What `auto` measures, and where
+the profile lives".
 """
 
 from __future__ import annotations
@@ -45,7 +30,8 @@ import torch.distributed as dist
 
 from ..comm.calibrate import CALIBRATION_BEST_OF as BEST_OF
 from ..comm.policy import MODES, Policy, Profile
-from ..costmodel import OPS, fit_alpha_beta
+from ..costfit import fit_alpha_beta
+from ..costmodel import OPS
 from . import functional
 from .functional import Collectives, ReduceOp
 from .transport import resolve_group

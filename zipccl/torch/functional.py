@@ -239,7 +239,8 @@ class Collectives:
 
     def _channel(self, group, t: torch.Tensor, decision):
         """The slot channel of compressed calls over ``group`` on ``t``'s device."""
-        from ..comm.spill import Spills, TorchChannel
+        from ..comm.spill import Spills
+        from .transport import TorchChannel
 
         return self._core.channel((group, t.device),
                                   lambda: Spills(TorchChannel(group), device=t.is_cuda), decision)

@@ -1,16 +1,13 @@
-"""The byte mover over a ``torch.distributed`` ProcessGroup: a torchrun job needs no MPI.
+"""The byte movers over a ``torch.distributed`` ProcessGroup: a torchrun job needs no MPI.
 
-``ProcessGroupTransport`` fills the same small interface as the MPI and NCCL transports
-(``zipccl.comm.transport.Transport``), moving the engine's buffers (NumPy arrays for host
-data, CuPy arrays for device data) with the group's own collectives, viewed as torch tensors
-without copies: NCCL on GPUs, gloo on CPUs. On a GPU it makes the stream the bytes must follow
-(the caller's, or the pipeline's transfer stream) torch's current stream for each call, so
-encode -> transfer -> decode stay in order without a host synchronisation (docs/TORCH.md).
-
-``GroupAgreement`` makes every rank raise the same ``CollectiveError`` if any rank reports a
-problem (one small MAX all-reduce on the group; the messages travel only on failure). It waits
-on the host, so zipccl's own collectives do not use it (their errors travel in the slot
-headers and the error word); it is for callers that want such a check at a point they choose.
+``ProcessGroupTransport`` fills ``zipccl.comm.transport.Transport`` with the group's own
+collectives (NCCL on GPUs, gloo on CPUs), viewing the engine's NumPy / CuPy buffers as torch
+tensors without copies. On a GPU it makes the stream the bytes must follow torch's current
+stream for the call, so encode -> transfer -> decode stay in order without a host wait.
+``TorchChannel`` is ``zipccl.torch``'s spill channel (``comm.spill.HostChannel``): a gloo
+backend of its own among a group's ranks. ``post_failure`` / ``peer_failures`` tell a rank's
+failure to its peers through the job's store. Agreement across ranks is ``comm.agreement``'s,
+over this transport.
 
 This module imports torch: it is loaded only by ``zipccl.torch``.
 """
@@ -23,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..comm.base import CollectiveError
+from ..comm.spill import SendHandle
 from ..comm.transport import Transport
 
 _OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -208,28 +205,6 @@ class ProcessGroupTransport(Transport):
         return bool(t.item())
 
 
-class GroupAgreement:
-    """``agree(err)``: raises the same CollectiveError on every rank of ``group`` if any rank has ``err``.
-
-    One 4-byte MAX all-reduce when all is well (on the group's device: the host for
-    gloo, the current GPU for NCCL).
-    """
-
-    def __init__(self, group=None, device: torch.device | str = "cpu"):
-        self.group = resolve_group(group)
-        self.device = torch.device(device)
-        self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
-
-    def __call__(self, err: str | None, op: str = "collective") -> None:
-        self._flag.fill_(1 if err else 0)
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
-        if int(self._flag.item()):
-            errs: list = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(errs, err, group=self.group)
-            bad = [(r, e) for r, e in enumerate(errs) if e]
-            raise CollectiveError(f"zipccl {op} failed: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
-
-
 # -- a rank's failure, told to its peers through the job's store ------------------------------
 # A rank whose call fails its own checks never reaches the exchange its peers wait in; they fail
 # when the group's timeout runs out (every channel zipccl makes runs under it), and then read
@@ -238,9 +213,13 @@ _POSTS: dict[str, int] = {}  # failures this process posted, per key
 _SEEN: dict[str, int] = {}  # the latest post read, per key
 
 
+def _group_name(group) -> str:
+    """The group's name, or its ranks where it has none: a key the group's ranks agree on."""
+    return str(getattr(group, "group_name", "") or dist.get_process_group_ranks(group))
+
+
 def _fail_key(group, rank: int) -> str:
-    name = str(getattr(group, "group_name", "") or dist.get_process_group_ranks(group))
-    return f"zipccl-failed/{name}/{rank}"
+    return f"zipccl-failed/{_group_name(group)}/{rank}"
 
 
 def post_failure(group, text: str) -> None:
@@ -273,6 +252,58 @@ def peer_failures(group) -> str:
         return "; ".join(found)
     except Exception:  # noqa: BLE001 -- the store itself may be gone: then nothing to name
         return ""
+
+
+# -- the spill channel ----------------------------------------------------------------------
+class TorchChannel:
+    """A host channel over a gloo backend of its own among the ranks of ``group`` (default: the
+    world), made by those ranks alone.
+
+    The backend is a ``ProcessGroupGloo`` built directly over a ``PrefixStore`` of the job's
+    default store, keyed by the group's name and by how many channels this process has made for
+    that group before; so no job-wide collective is needed (``new_group`` is one: every process
+    of the job would have to reach it, also those outside ``group``), and two channels over the
+    same ranks never meet. The group's ranks must make their channels in the same order (they
+    do: a channel is made at the group's first compressed call, which every rank of the group
+    makes). Ranks and peers are ranks in ``group``. Its timeout is the group's
+    (``group_timeout``), so a peer that never comes fails this rank in that time, as the
+    group's own collectives would.
+    """
+
+    _made: dict[str, int] = {}  # channels made so far in this process, by group name
+
+    def __init__(self, group=None):
+        group = group if group is not None else dist.group.WORLD
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        name = _group_name(group)
+        k = TorchChannel._made.get(name, 0)
+        TorchChannel._made[name] = k + 1
+        store = dist.PrefixStore(f"zipccl-spill/{name}/{k}", dist.distributed_c10d._get_default_store())
+        self.timeout = group_timeout(group)
+        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
+
+    def isend(self, data: np.ndarray, peer: int, tag: int) -> SendHandle:
+        t = torch.from_numpy(data)
+        work = self.group.send([t], peer, tag)
+        return SendHandle(work.wait, work.is_completed, t)
+
+    def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
+        self.group.recv([torch.from_numpy(out)], peer, tag).wait()
+
+    def close(self) -> None:
+        self.group = None  # the backend goes with its last reference; nothing collective
+
+
+def group_timeout(group):
+    """The timeout ``group``'s collectives run under (a ``datetime.timedelta``): its CPU or CUDA
+    backend's options, else torch's default for groups. A zipccl backend group answers with
+    the gloo group it wraps, made with its timeout."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return dist.distributed_c10d.default_pg_timeout
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
