@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, comm) -> int:
     raw = comm.allreduce(st.raw_bytes)
 
     if me == 0:
-        where = (f"GPU arrays, transport {zc.transport_name}, codec {zc._device_engine.codec_name}"
+        where = (f"GPU arrays, transport {zc.transport_name}, GPU codec"
                  if on_gpu else "host arrays, transport MPI, CPU codec")
         if shared:
             where += (f" (ranks share GPUs, up to {placement.ranks_per_gpu} per GPU: NCCL cannot "

@@ -140,10 +140,10 @@ def check_slots(rank: int, p: int, res: dict, device: str, group) -> None:
                             res[f"slots/{op}/{case}"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
         if device == "cuda":
             torch.cuda.synchronize()
-        errors = [ch.error_text() for ch in zc._channels.values()]
+        errors = [ch.error_text() for ch in zc._core.channels().values()]
         res[f"slots/sticky_error_clear/cap_{cap}"] = {
-            "ok": bool(zc._channels) and not any(errors),
-            "detail": f"{len(zc._channels)} channels; errors {errors}"}
+            "ok": bool(zc._core.channels()) and not any(errors),
+            "detail": f"{len(zc._core.channels())} channels; errors {errors}"}
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ class DeviceEngine:
     """CuPy buffers on the current device, the GPU codec, one stream per call."""
 
     device = True
-    codec_name = "gpu"
 
     def __init__(self, checksum: bool = False):
         import cupy
