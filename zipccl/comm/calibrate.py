@@ -1,28 +1,169 @@
 """Calibration: measure the cost model's components on this machine so that ``"auto"`` follows them.
 
-``Communicator.calibrate`` delegates here. Calibration times real calls of the
-communicator (native and compressed, forced by ``Communicator.forcing``), the codec alone on the
-engine the calls use, and the compressed path's fixed costs, and packs them into a
-``policy.Profile`` that every rank holds identically. Profiles can be saved and
-loaded again for the same device / transport / ranks / machine.
+One harness, ``measure``, for both front ends: ``Communicator.calibrate`` (``calibrate`` below)
+and the torch groups' ``zipccl.torch.autotune``. A ``FrontEnd`` gives what differs (its
+barrier, slowest-rank maximum, device wait, calls and codec); ``measure`` times every op
+natively and compressed at each size, optionally the compressed path's fixed costs, then the
+codec alone, fits the cost model and packs a ``policy.Profile`` that every rank holds
+identically. Profiles can be saved and loaded again for the same device / transport / ranks /
+machine.
 
-Each time is the least of ``CALIBRATION_BEST_OF`` measurements (the number is
-recorded in the profile as ``best_of``).
+Each time is the least of ``CALIBRATION_BEST_OF`` measurements (the number is recorded in the
+profile as ``best_of``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 
 from .. import format as fmt
 from ..arrays import BF16
+from ..costfit import fit_alpha_beta
 from ..costmodel import OPS
 from .policy import Profile
 from .transport import cupy_stream
 
 CALIBRATION_BEST_OF = 3  # each calibration time is the least of this many measurements
+
+Thunk = Callable[[], object]  # one call to time
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+    """What ``measure`` needs of a front end (every rank of the group passes its own).
+
+    - ``barrier()``, ``slowest(values)`` (each value's maximum over the ranks, a list),
+      ``sync()`` (wait for the work enqueued; host: nothing);
+    - ``make_call(compressed, op, n)``: a context manager giving ``(call, nbytes)``: ``op`` on
+      messages of ``n`` BF16 elements per rank (the metrics convention) on the given path, and
+      ``nbytes()``, the bytes the policy saw for the last call; timed inside the block;
+    - ``codec(n)``: ``({"encode" | "decode" | "reduce": (bytes, call)}, ratio)``, the codec
+      alone on ``n`` elements; ``codec_points``: timed at the largest message (1) or also at a
+      quarter of it (2: a fitted slope without the launches' fixed cost); ``codec_clock(call,
+      repeat)``: seconds per call of ``repeat`` calls after one untimed (default: the wall clock);
+    - ``one_block_rounds()``: where given, a context in which compressed calls run in rounds of
+      one escape block, to measure the per-round and per-call costs (else both are 0: the
+      per-call cost is then fitted to the compressed calls alone);
+    - ``key``, ``world``, ``chunk`` (elements per round), ``device``: the profile's own.
+    """
+
+    key: str
+    world: int
+    chunk: int
+    device: bool
+    barrier: Thunk
+    slowest: Callable[[list[float]], list[float]]
+    sync: Thunk
+    make_call: Callable[[bool, str, int], AbstractContextManager[tuple[Thunk, Callable[[], int]]]]
+    codec: Callable[[int], tuple[dict[str, tuple[int, Thunk]], float]]
+    codec_points: int = 1
+    codec_clock: Callable[[Thunk, int], float] | None = None
+    one_block_rounds: Callable[[], AbstractContextManager] | None = None
+
+
+def measure(fe: FrontEnd, sizes, ops=OPS, repeat: int = 3) -> Profile:
+    """The ``Profile`` of ``fe``'s calls at ``sizes`` (bytes per rank) for every op in ``ops``.
+
+    Collective: every rank of the front end's group calls it at the same point.
+    """
+    p = fe.world
+
+    def timed(call) -> float:
+        """Seconds per call: the mean of ``repeat`` calls back to back (slowest rank), the
+        least of CALIBRATION_BEST_OF such measurements after 2 warm-up calls. One
+        measurement alone was seen up to 3.5x off on NVLink at 1 GiB (the native path timed
+        6.2 ms against 1.8 ms in a steady loop), and that made the model prefer
+        compression where it loses."""
+        best = float("inf")
+        call()
+        call()
+        fe.sync()
+        for _ in range(CALIBRATION_BEST_OF):
+            fe.barrier()
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                call()
+            fe.sync()
+            best = min(best, fe.slowest([(time.perf_counter() - t0) / repeat])[0])
+        return best
+
+    def timed_call(compressed: bool, op: str, n: int) -> tuple[int, float]:
+        with fe.make_call(compressed, op, n) as (call, nbytes):
+            t = timed(call)
+            return int(nbytes()), t
+
+    measured: dict[str, dict[str, list[list[float]]]] = {}
+    native, round_s, fixed_s = {}, {}, {}
+    for op in ops:
+        meas = measured.setdefault(op, {"native": [], "compressed": []})
+        for size in sizes:
+            for path_name, compressed in (("native", False), ("compressed", True)):
+                meas[path_name].append(list(timed_call(compressed, op, max(1, size // 2))))
+        try:
+            native[op] = fit_alpha_beta([b for b, _ in meas["native"]], [t for _, t in meas["native"]])
+        except ValueError:
+            continue  # not enough signal for this op: the threshold rule stays for it
+        round_s[op], fixed_s[op] = _fixed_costs(fe, op, timed_call)
+    codec = _codec(fe, sizes, repeat)
+    return Profile(fe.key, p, fe.chunk, fe.device, native, codec, round_s, fixed_s, measured,
+                   best_of=CALIBRATION_BEST_OF)
+
+
+def _fixed_costs(fe: FrontEnd, op: str, timed_call) -> tuple[float, float]:
+    """(per round, per call) seconds of the compressed path: one round vs 16 rounds of one block."""
+    if fe.one_block_rounds is None:
+        return 0.0, 0.0
+    per = fe.world if op in ("all_to_all", "all_reduce") else 1
+    with fe.one_block_rounds():
+        t1 = timed_call(True, op, per * fmt.BLOCK)[1]
+        t16 = timed_call(True, op, per * 16 * fmt.BLOCK)[1]
+    exchanges = 2 if op == "all_reduce" else 1
+    h = max(0.0, (t16 - t1) / (15 * exchanges)) if fe.chunk else 0.0
+    return h, max(0.0, t1 - exchanges * h)
+
+
+def _codec(fe: FrontEnd, sizes, repeat: int) -> dict:
+    """Encode / decode / reduction throughput (GB/s of BF16 input) and ratio of the codec alone.
+
+    Timed on the largest calibrated message (and a quarter of it: ``codec_points``); the
+    throughput is the fitted slope where two sizes grew, else bytes / time of the largest.
+    """
+    top = max(fmt.BLOCK, max(sizes) // 2)
+    points = (max(fmt.BLOCK, top // 4), top) if fe.codec_points > 1 else (top,)
+
+    def wall_clock(call, repeat: int) -> float:
+        call()
+        fe.sync()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            call()
+        fe.sync()
+        return (time.perf_counter() - t0) / repeat
+
+    clock = fe.codec_clock or wall_clock
+    pts: dict[str, list[tuple[int, float]]] = {}
+    ratio = 1.0
+    for n in points:
+        calls, ratio = fe.codec(n)
+        local = [min(clock(call, repeat) for _ in range(CALIBRATION_BEST_OF)) for _, call in calls.values()]
+        *worst, ratio = fe.slowest([*local, ratio])
+        for (name, (nbytes, _)), t in zip(calls.items(), worst, strict=True):
+            pts.setdefault(name, []).append((nbytes, t))
+        del calls
+        fe.sync()
+    rates = {}
+    for name, xs in pts.items():
+        try:
+            rates[f"{name}_gbps"] = fit_alpha_beta([b for b, _ in xs], [t for _, t in xs])[1]
+        except ValueError:  # one size, or no growth with size (tiny host messages)
+            b, t = xs[-1]
+            rates[f"{name}_gbps"] = b / max(t, 1e-9) / 1e9
+    return {**rates, "ratio": ratio}
 
 
 def calibrate(communicator, *, device: bool = False,
@@ -33,11 +174,7 @@ def calibrate(communicator, *, device: bool = False,
 
     Runs on every rank of ``communicator`` (collective), which must be a ``Communicator``.
     """
-    from ..costfit import fit_alpha_beta
-
     if device:
-        import cupy
-
         communicator._route(True, stream)
     key = "|".join([("device" if device else "host"), communicator.transport_name if device else "mpi",
                     f"{communicator.size} ranks", machine or _machine_name(device)])
@@ -46,6 +183,23 @@ def calibrate(communicator, *, device: bool = False,
         if prof is not None:
             communicator.policy = dataclasses.replace(communicator.policy, profile=prof)
             return prof
+    prof = measure(_communicator_front_end(communicator, key, device, stream), sizes, ops, repeat)
+    communicator.policy = dataclasses.replace(communicator.policy, profile=prof)
+    if path is not None and communicator.rank == 0:
+        with open(path, "w") as f:
+            f.write(prof.to_json())
+    return prof
+
+
+def _communicator_front_end(communicator, key: str, device: bool, stream) -> FrontEnd:
+    """``measure``'s view of a ``Communicator``: MPI barriers and maxima, its calls forced to
+    one path (``Communicator.forcing``), its fixed costs with one-block rounds, and the
+    codec on the engine its calls use (device time: CUDA events on a device)."""
+    from ..codebook import Codebook
+    from ..format import slot as slots
+
+    if device:
+        import cupy
     p, MPI, mpi = communicator.size, communicator._MPI, communicator.comm
     eng = communicator._route(True, stream)[0] if device else communicator._host
     rng = np.random.default_rng(12345 + communicator.rank)
@@ -64,29 +218,14 @@ def calibrate(communicator, *, device: bool = False,
         if device:
             cupy_stream(stream).synchronize()
 
-    def timed(call) -> float:
-        """Seconds per call: the mean of ``repeat`` calls back to back (slowest rank), the
-        least of CALIBRATION_BEST_OF such measurements after 2 warm-up calls. One
-        measurement alone was seen up to 3.5x off on NVLink at 1 GiB (the native path timed
-        6.2 ms against 1.8 ms in a steady loop), and that made the model prefer
-        compression where it loses."""
-        best = float("inf")
-        call()
-        call()
-        sync()
-        for _ in range(CALIBRATION_BEST_OF):
-            mpi.Barrier()
-            t0 = MPI.Wtime()
-            for _ in range(repeat):
-                call()
-            sync()
-            best = min(best, mpi.allreduce((MPI.Wtime() - t0) / repeat, op=MPI.MAX))
-        return best
+    def slowest(values: list[float]) -> list[float]:
+        buf = np.asarray(values, dtype=np.float64)
+        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        return [float(v) for v in buf]
 
     kw = {"dtype": "bfloat16", "stream": stream}
 
-    def make_call(op: str, n: int):
-        """The call of ``op`` whose messages hold ``n`` elements per rank (metrics convention)."""
+    def call_of(op: str, n: int):
         if op == "all_gather":
             x, out = data(n), empty(p * n)
             return lambda: communicator.all_gather(x, out, **kw)
@@ -107,72 +246,26 @@ def calibrate(communicator, *, device: bool = False,
             communicator.all_reduce(buf, **kw)
         return call
 
-    measured: dict[str, dict[str, list[list[float]]]] = {}
-    native, round_s, fixed_s = {}, {}, {}
-    saved_chunk = communicator.chunk
-    try:
-        for op in ops:
-            meas = measured.setdefault(op, {"native": [], "compressed": []})
-            for size in sizes:
-                call = make_call(op, max(1, size // 2))
-                for path_name, force in (("native", False), ("compressed", True)):
-                    with communicator.forcing(force):
-                        t = timed(call)
-                    meas[path_name].append([communicator.last_decision.nbytes, t])
-                del call
-            try:
-                native[op] = fit_alpha_beta([b for b, _ in meas["native"]],
-                                            [t for _, t in meas["native"]])
-            except ValueError:
-                continue  # not enough signal for this op: the threshold rule stays for it
-            # fixed costs of the compressed path: one round vs 16 rounds of one block
-            with communicator.forcing(True):
-                communicator.chunk = fmt.BLOCK if saved_chunk else 0
-                per = p if op in ("all_to_all", "all_reduce") else 1
-                t1 = timed(make_call(op, per * fmt.BLOCK))
-                t16 = timed(make_call(op, per * 16 * fmt.BLOCK))
-                communicator.chunk = saved_chunk
-            exchanges = 2 if op == "all_reduce" else 1
-            h = max(0.0, (t16 - t1) / (15 * exchanges)) if saved_chunk else 0.0
-            round_s[op] = h
-            fixed_s[op] = max(0.0, t1 - exchanges * h)
-        codec = _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes)
-    finally:
-        communicator.chunk = saved_chunk
-    prof = Profile(key, p, communicator.chunk, bool(device), native, codec, round_s, fixed_s, measured,
-                   best_of=CALIBRATION_BEST_OF)
-    communicator.policy = dataclasses.replace(communicator.policy, profile=prof)
-    if path is not None and communicator.rank == 0:
-        with open(path, "w") as f:
-            f.write(prof.to_json())
-    return prof
+    @contextmanager
+    def make_call(compressed: bool, op: str, n: int):
+        call = call_of(op, n)
+        with communicator.forcing(compressed):
+            yield call, lambda: communicator.last_decision.nbytes
 
-
-def _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes) -> dict:
-    """Encode / decode / reduction throughput (GB/s of BF16 input) and ratio of the codec alone.
-
-    Timed on the largest calibrated message and a quarter of it; the throughput is the
-    fitted slope, fixed launch costs being part of the per-round cost measured separately.
-    """
-    from ..codebook import Codebook
-    from ..costfit import fit_alpha_beta
-    from ..format import slot as slots
-
-    p, MPI, mpi = communicator.size, communicator._MPI, communicator.comm
-    top = max(fmt.BLOCK, max(sizes) // 2)
-    pts = {"encode": [], "decode": [], "reduce": []}
-    ratio = 1.0
-
-    def device_time(call) -> float:
-        """Seconds per call on the engine's clock (CUDA events on a device), slowest rank."""
-        return mpi.allreduce(eng.elapsed(call, 3), op=MPI.MAX)
+    @contextmanager
+    def one_block_rounds():
+        saved = communicator.chunk
+        communicator.chunk = fmt.BLOCK if saved else 0
+        try:
+            yield
+        finally:
+            communicator.chunk = saved
 
     def host(a) -> np.ndarray:  # calibration may wait: a copy to the host
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
-    # the largest calibrated message and a quarter of it: kernels long enough that the
-    # time is the device's, not the launches' (those are in the per-round cost)
-    for n in (max(fmt.BLOCK, top // 4), top):
+    def codec(n: int):
+        """A fresh codebook's encode, decode (checked: the round trip) and a p-way reduction."""
         x = data(n)
         frame = eng.workspace("calibrate_frame", slots.region_bytes(n) - slots.SLOT_HEADER)
         out = eng.values_workspace("calibrate_out", n)
@@ -181,24 +274,17 @@ def _calibrate_codec(communicator, eng, data, empty, sync, timed, sizes) -> dict
         eng.encode(x, frame, cb)
         sync()
         ratio = fmt.parse_header(host(frame[:fmt.HEADER_SIZE]), buffer_len=frame.size).frame_len / (2 * n)
-        pts["encode"].append((2 * n, device_time(lambda x=x, f=frame, cb=cb: eng.encode(x, f, cb))))
-        pts["decode"].append((2 * n, device_time(lambda f=frame, o=out: eng.decode(f, o, 0))))
+        eng.decode(frame, out, 0)
+        sync()
         if not np.array_equal(host(out), bits):
             raise RuntimeError("zipccl calibration: the codec failed its own round trip")
         stage = empty(p * n)
-        pts["reduce"].append((2 * p * n, device_time(lambda s=stage, o=out, n=n: eng.reduce_cols(
-            s, p, n, 0, n, o))))
-        del x, stage
-        sync()
-    ratio = mpi.allreduce(ratio, op=MPI.MAX)
-    rates = {}
-    for name, xs in pts.items():
-        try:
-            rates[f"{name}_gbps"] = fit_alpha_beta([b for b, _ in xs], [t for _, t in xs])[1]
-        except ValueError:  # no growth with size (tiny host messages): bytes / time of the larger
-            b, t = xs[-1]
-            rates[f"{name}_gbps"] = b / max(t, 1e-9) / 1e9
-    return {**rates, "ratio": ratio}
+        return {"encode": (2 * n, lambda: eng.encode(x, frame, cb)),
+                "decode": (2 * n, lambda: eng.decode(frame, out, 0)),
+                "reduce": (2 * p * n, lambda: eng.reduce_cols(stage, p, n, 0, n, out))}, ratio
+
+    return FrontEnd(key, p, communicator.chunk, bool(device), mpi.Barrier, slowest, sync, make_call,
+                    codec, codec_points=2, codec_clock=eng.elapsed, one_block_rounds=one_block_rounds)
 
 
 def _load_profile(communicator, path: str, key: str) -> Profile | None:

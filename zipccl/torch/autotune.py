@@ -1,16 +1,18 @@
 """``policy="auto"`` in the torch layer: measure once per group, cache on disk, decide alike everywhere.
 
-``calibrate(group, device)`` times every collective natively and compressed at a few sizes on
-the group itself (each time the slowest rank's, the least of ``BEST_OF`` runs), the codec
-alone and a local BF16 sum, into a ``zipccl.comm.policy.Profile`` (the same the MPI
-``Communicator.calibrate`` builds) whose predictions are the cost model's. Rank 0's profile
-is broadcast, so all ranks decide alike for every (op, size). It is cached at
-``$ZIPCCL_CACHE_DIR`` as ``profile-<hash>.json``, keyed by what determines it (ranks and
-hosts, devices, the link and its settings, the versions); a job whose key matches loads it
-instead of measuring. ``ZIPCCL_POLICY`` replaces the default ``"auto"``,
-``ZIPCCL_CALIBRATION_SIZES`` the calibrated sizes; host tensors under the functions and hooks
-keep the threshold rule. What is measured: docs/TORCH.md, "What `auto` measures, and where
-the profile lives".
+``calibrate(group, device)`` measures on the group itself, every rank taking part, through the
+one harness ``zipccl.comm.calibrate.measure`` (the four collectives natively and compressed at a
+few sizes; here also the codec alone via ``zipccl.compress`` / ``decompress``, a local BF16 sum
+and the compressed calls' wire ratio) into a ``zipccl.comm.policy.Profile``. Rank 0's profile is
+broadcast, so all ranks choose alike for every (op, size). It is cached at
+``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``) as ``profile-<hash>.json``, keyed by world
+size and ranks per host, device model(s), link (inner backend, ``NCCL_*`` / ``GLOO_*``) and
+versions; a matching job loads it, a damaged or other-version file is measured again.
+
+``ZIPCCL_POLICY=always|never|auto`` replaces the default ``"auto"`` (an explicit "always" /
+"never" in code stays); ``ZIPCCL_CALIBRATION_SIZES`` (bytes per rank) overrides the sizes.
+Host tensors under the functions and hooks keep the threshold rule (native unless
+``compress_host``); the backend calibrates on every device type it serves.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ import os
 import time
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..comm.calibrate import CALIBRATION_BEST_OF as BEST_OF
+from ..comm.calibrate import FrontEnd, measure
 from ..comm.policy import MODES, Policy, Profile
-from ..costfit import fit_alpha_beta
 from ..costmodel import OPS
 from . import functional
 from .functional import Collectives, ReduceOp
@@ -222,7 +224,10 @@ def _parse(text: str | None, key: str, world: int) -> Profile | None:
 
 
 def _measure(group, device: torch.device, key: str, sizes, repeat: int) -> Profile:
-    """Time the four collectives both ways, the codec, and the local sum (see the module docstring)."""
+    """The one harness (``comm.calibrate.measure``) on ``group``: its calls through
+    ``Collectives`` forced to one path by their policy, and the codec alone
+    (``zipccl.compress`` / ``decompress``), a torch p-way BF16 sum (FP32 accumulation) and the
+    wire ratio of the compressed calls."""
     from .. import compress, decompress
 
     p, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -244,23 +249,8 @@ def _measure(group, device: torch.device, key: str, sizes, repeat: int) -> Profi
         dist.all_reduce(t, op=ReduceOp.MAX, group=group)
         return [float(v) for v in t.tolist()]
 
-    def timed(call) -> float:
-        """Seconds per call, slowest rank: least of BEST_OF means of ``repeat`` calls, after 2."""
-        call()
-        call()
-        sync()
-        best = float("inf")
-        for _ in range(BEST_OF):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(repeat):
-                call()
-            sync()
-            best = min(best, slowest([(time.perf_counter() - t0) / repeat])[0])
-        return best
-
-    def make_call(c: Collectives, op: str, n: int):
-        """``op`` on messages of ``n`` BF16 elements per rank (the metrics convention)."""
+    def call_of(c: Collectives, op: str, n: int):
+        """``op`` through ``c`` on messages of ``n`` BF16 elements per rank (the metrics convention)."""
         if op == "all_gather":
             x, out = data(n), empty(p * n)
             return lambda: c.all_gather_into_tensor(out, x, group=group)
@@ -278,46 +268,27 @@ def _measure(group, device: torch.device, key: str, sizes, repeat: int) -> Profi
             c.all_reduce(out, ReduceOp.SUM, group=group)
         return call
 
-    paths = {"native": Collectives(Policy("never")), "compressed": Collectives(Policy("always"))}
-    measured, native = {}, {}
-    for op in OPS:
-        meas = measured[op] = {"native": [], "compressed": []}
-        for size in sizes:
-            for name, c in paths.items():
-                t = timed(make_call(c, op, max(1, size // 2)))
-                meas[name].append([int(c.last_decision.nbytes), t])
-        native[op] = fit_alpha_beta([b for b, _ in meas["native"]], [t for _, t in meas["native"]])
-    st = paths["compressed"].stats
-    ratio = slowest([st.wire_bytes / max(1, st.raw_bytes)])[0]
+    paths = {False: Collectives(Policy("never")), True: Collectives(Policy("always"))}
 
-    # the codec alone at the largest size: encode / decode / a p-way BF16 sum (FP32 accumulation)
-    n = max(4096, max(sizes) // 2)
-    x = data(n)
-    frame = compress(x, checksum=False)
-    out = empty(n)
-    stage = data(p * n)
+    @contextmanager
+    def make_call(compressed: bool, op: str, n: int):
+        c = paths[compressed]
+        yield call_of(c, op, n), lambda: int(c.last_decision.nbytes)
 
-    def best(call) -> float:
-        call()
-        sync()
-        t = float("inf")
-        for _ in range(BEST_OF):
-            t0 = time.perf_counter()
-            for _ in range(repeat):
-                call()
-            sync()
-            t = min(t, (time.perf_counter() - t0) / repeat)
-        return t
+    def codec(n: int):
+        x = data(n)
+        frame = compress(x, checksum=False)
+        out = empty(n)
+        stage = data(p * n)
+        st = paths[True].stats
+        return {"encode": (2 * n, lambda: compress(x, checksum=False)),
+                "decode": (2 * n, lambda: decompress(frame, out=out) if not cuda else decompress(frame)),
+                "reduce": (2 * p * n, lambda: stage.view(p, n).float().sum(0).to(torch.bfloat16)),
+                }, st.wire_bytes / max(1, st.raw_bytes)
 
-    te, td, tr = slowest([
-        best(lambda: compress(x, checksum=False)),
-        best(lambda: decompress(frame, out=out) if not cuda else decompress(frame)),
-        best(lambda: stage.view(p, n).float().sum(0).to(torch.bfloat16))])
-    codec = {"encode_gbps": 2 * n / te / 1e9, "decode_gbps": 2 * n / td / 1e9,
-             "reduce_gbps": 2 * p * n / tr / 1e9, "ratio": ratio}
-    zero = dict.fromkeys(OPS, 0.0)  # one round a call; the per-call cost is fitted to the calls
-    return Profile(key, p, paths["compressed"].chunk, cuda, native, codec, zero, dict(zero), measured,
-                   best_of=BEST_OF)
+    fe = FrontEnd(key, p, paths[True].chunk, cuda, lambda: dist.barrier(group=group), slowest, sync,
+                  make_call, codec)
+    return measure(fe, sizes, OPS, repeat)
 
 
 def policy_for(group, device: torch.device, base: Policy | None = None) -> Policy:
