@@ -165,6 +165,25 @@ def cupy_view(t):
     return cupy.ndarray((t.numel(),), dt, cupy.cuda.MemoryPointer(mem, 0))
 
 
+def unowned(a: Arr) -> Arr:
+    """``a`` over the same memory without holding its owner (a torch tensor, a caller's array):
+    what a plan keeps, so that a cached call never keeps a freed buffer alive. Valid only while
+    a live array of the same address, size and type is passed again (the plan key's promise)."""
+    import ctypes
+
+    d = a.data
+    if a.device:
+        cp = sys.modules["cupy"]
+        mem = cp.cuda.UnownedMemory(int(d.data.ptr), int(d.nbytes), None, int(d.device.id))
+        view = cp.ndarray(d.shape, d.dtype, cp.cuda.MemoryPointer(mem, 0))
+    elif d.nbytes:
+        buf = (ctypes.c_char * int(d.nbytes)).from_address(int(d.__array_interface__["data"][0]))
+        view = np.frombuffer(buf, dtype=d.dtype)
+    else:
+        view = np.empty(0, dtype=d.dtype)
+    return Arr(view, a.device, a.code, a.dtype, a.torch)
+
+
 def check_pair(send: Arr, recv: Arr) -> None:
     """``send`` and ``recv`` of one call: both host or both device arrays, of one dtype."""
     if send.device != recv.device:

@@ -25,10 +25,11 @@ from ..comm import all_reduce as _ar
 from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
-from ..comm.args import Arr, call_key, check_counts, wrap
+from ..comm.args import Arr, call_key, check_counts, unowned, wrap
 from ..comm.base import CollectiveError, ExchangeStats
 from ..comm.call import Call
 from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Link
+from ..comm.plans import MAX_PLANS
 from ..comm.policy import Decision, Policy
 from ..comm.stats import Stats
 from . import transport as _tr
@@ -159,6 +160,7 @@ class Collectives:
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
         self._links: dict[tuple, tuple[ProcessGroupTransport, Link]] = {}
         self._uneven: dict[tuple, object] = {}  # auto's agreed decision for uneven all-to-alls
+        self._fast: dict[tuple, tuple] = {}  # compressed signatures planned: (plan, call, route, link)
         _LIVE.add(self)
 
     @property
@@ -211,11 +213,26 @@ class Collectives:
         ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
         return work if ch is None else _CheckedWork(work, ch)
 
+    def _replay(self, key, t: torch.Tensor, result: torch.Tensor, group, async_op: bool,
+                stats: Stats | None):
+        """A compressed call whose signature (``_fast_key``) was planned before: its call and
+        route come back from the plan (the memory the key names is the caller's, alive), so
+        nothing is checked or derived again; host memory agrees its control row, as always."""
+        plan, call, route, link = self._fast[key]
+        if t.is_cuda:
+            self._engine(t)  # CuPy's device and the engine's stream: the key's stream
+        else:
+            self._core.agree(plan, link, False)
+        self._core.last_decision = plan.decision
+        self._core.run(call, route, True, stats)
+        return self._work(result, group) if async_op else None
+
     def _run(self, group, t: torch.Tensor, result: torch.Tensor, describe, native, async_op: bool,
-             stats: Stats | None, reduce: str | None = None, decided=None):
+             stats: Stats | None, reduce: str | None = None, decided=None, fast=None):
         """The one path of a coded call: describe (the collective's checks), plan and agree on
         the group, run compressed through the core, or natively through ``native()`` (torch's
-        own function); count it (AVG: the collective's file divides after the stated sum)."""
+        own function); count it (AVG: the collective's file divides after the stated sum). A
+        compressed plan keeps its call and route under ``fast`` for ``_replay``."""
         core = self._core
         call: Call = describe()
         tr, link = self._link(group, t)
@@ -235,6 +252,14 @@ class Collectives:
             return work if async_op else None
         route = core.route(call, eng, tr, self._channel(group, t, plan.decision))
         core.run(call, route, True, stats)  # AVG: the collective's file divides after the sum
+        if fast is not None and key is not None:
+            if len(self._fast) >= MAX_PLANS:
+                self._fast.clear()
+            call.send, call.recv = unowned(call.send), (
+                call.send if call.recv is call.send else unowned(call.recv))
+            if call.op == "all_reduce":
+                call.recv = call.send
+            self._fast[fast] = (plan, call, route, link)
         return self._work(result, group) if async_op else None
 
     def _channel(self, group, t: torch.Tensor, decision):
@@ -273,6 +298,9 @@ class Collectives:
         ``stats``: one more ``Stats`` to count the call in.
         """
         group = resolve_group(group)
+        fk = _fast_key("all_gather", group, input_tensor, output_tensor)
+        if fk in self._fast:
+            return self._replay(fk, input_tensor, output_tensor, group, async_op, stats)
         p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
@@ -283,7 +311,7 @@ class Collectives:
                                          async_op, stats)
         s, r = self._arr(input_tensor, "input_tensor"), self._arr(output_tensor, "output_tensor")
         return self._run(group, input_tensor, output_tensor, lambda: _ag.describe(s, r, p, rank),
-                         native, async_op, stats)
+                         native, async_op, stats, fast=fk)
 
     @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
@@ -294,8 +322,11 @@ class Collectives:
         SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
         """
         group = resolve_group(group)
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
         name = _op_name(op)
+        fk = _fast_key("reduce_scatter", group, input, output, name)
+        if fk in self._fast:
+            return self._replay(fk, input, output, group, async_op, stats)
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
             return _tr.reduce_scatter_single(output, input, op, group, async_op)
@@ -305,7 +336,7 @@ class Collectives:
                                          async_op, stats, _reduce_name(op) if _coded(input) else None)
         s, r = self._arr(input, "input"), self._arr(output, "output")
         return self._run(group, input, output, lambda: _rs.describe(s, r, name, p, rank), native,
-                         async_op, stats, reduce=name)
+                         async_op, stats, reduce=name, fast=fk)
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
     all_gather_single = all_gather_into_tensor
@@ -321,8 +352,13 @@ class Collectives:
         rows of dim 0; without them both tensors split into equal blocks.
         """
         group = resolve_group(group)
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
         uneven = input_split_sizes is not None or output_split_sizes is not None
+        fk = None
+        if not uneven:  # per-peer counts change from call to call: planned each time
+            fk = _fast_key("all_to_all", group, input, output)
+            if fk in self._fast:
+                return self._replay(fk, input, output, group, async_op, stats)
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
         sc = _element_counts(input, input_split_sizes, p, "input")
         rc = _element_counts(output, output_split_sizes, p, "output")
 
@@ -352,7 +388,8 @@ class Collectives:
                 nbytes = _agreed_max(group, input, [nbytes])[0]
                 decided = self._uneven[key] = self._core.decide(describe(), p, self.resolve(
                     self.policy, group, input))
-        return self._run(group, input, output, describe, native, async_op, stats, decided=decided)
+        return self._run(group, input, output, describe, native, async_op, stats, decided=decided,
+                         fast=fk)
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -363,8 +400,11 @@ class Collectives:
         reduce-scatter of near-equal shards (the stated reduction), then all-gather.
         """
         group = resolve_group(group)
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
         name = _op_name(op)
+        fk = _fast_key("all_reduce", group, tensor, tensor, name)
+        if fk in self._fast:
+            return self._replay(fk, tensor, tensor, group, async_op, stats)
+        p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
             return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
@@ -375,12 +415,23 @@ class Collectives:
                                          _reduce_name(op) if _coded(tensor) else None)
         b = self._arr(tensor, "tensor")
         return self._run(group, tensor, tensor, lambda: _ar.describe(b, name, p, rank), native,
-                         async_op, stats, reduce=name)
+                         async_op, stats, reduce=name, fast=fk)
 
 
 def _reduce_name(op) -> str:
     """A torch ReduceOp's short name (for decisions' reasons)."""
     return str(getattr(op, "name", op)).split(".")[-1].lower()
+
+
+def _fast_key(op: str, group, t, r, extra=None):
+    """What a compressed call's plan is kept under: the op, the group, both tensors' address,
+    size, type, device and layout, and the stream (CUDA: torch's current one); None for
+    arguments that are not two tensors (the checked path names the problem)."""
+    if not (isinstance(t, torch.Tensor) and isinstance(r, torch.Tensor)):
+        return None
+    st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
+            t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
 
 
 def _coded(*tensors) -> bool:
@@ -438,6 +489,7 @@ def forget_groups() -> None:
 
     for c in list(_LIVE):
         c._links.clear()
+        c._fast.clear()
         try:
             c._core.close_channels(timeout=10.0)
         except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread

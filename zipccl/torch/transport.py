@@ -27,6 +27,15 @@ _OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.Red
         "min": dist.ReduceOp.MIN}
 
 
+def _backend_name(group, device: torch.device) -> str:
+    """The name of the backend that moves ``device``'s tensors in ``group`` ("nccl", "gloo", ...;
+    a zipccl group's inner one)."""
+    try:
+        return str(group._get_backend(device).name()).lower()
+    except (RuntimeError, AttributeError, ValueError):
+        return str(dist.get_backend(group)).lower()
+
+
 def resolve_group(group):
     """``group`` itself, or the default (world) group for None."""
     if group is None:
@@ -117,6 +126,7 @@ class ProcessGroupTransport(Transport):
         self.device = torch.device(device)
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
+        self.backend = _backend_name(self.group, self.device)
 
     @property
     def _cuda(self) -> bool:
@@ -153,7 +163,11 @@ class ProcessGroupTransport(Transport):
     def alltoallv_shared(self, send, count: int, at: int, recv, rcounts: Sequence[int],
                          rdispls: Sequence[int], stream=None) -> None:
         """Every peer receives the same ``count`` bytes at ``send[at:]`` (every rank sends the
-        same count): the group's all-gather, so the slot is not copied once per peer."""
+        same count). On NCCL the group's all-gather, so the slot is not copied once per peer; on
+        gloo the all-to-all, whose all-gather measured slower (experiments/results/host_path.jsonl,
+        the two-rank H200 runs of 2026-12-02)."""
+        if self.backend != "nccl":
+            return super().alltoallv_shared(send, count, at, recv, rcounts, rdispls, stream)
         s8, r8 = as_torch(send).view(torch.uint8), as_torch(recv).view(torch.uint8)
         count, at = int(count), int(at)
         with _StreamScope(stream, self._cuda):
