@@ -205,6 +205,21 @@ def test_reductions_alike_sum_avg_stated_others_the_transports(self_comm):
         self_comm.all_reduce(np.zeros(4, np.int32), op="avg")
 
 
+def test_zipccl_policy_env_replaces_the_default_auto(monkeypatch):
+    """$ZIPCCL_POLICY replaces a Communicator's default "auto", as in zipccl.torch; an explicit
+    mode in code stays."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("ZIPCCL_POLICY", "never")
+    with zipccl.Communicator(MPI.COMM_SELF) as c:
+        assert c.policy.mode == "never"
+    with zipccl.Communicator(MPI.COMM_SELF, policy="always") as c:
+        assert c.policy.mode == "always"
+    monkeypatch.setenv("ZIPCCL_POLICY", "sometimes")
+    with pytest.raises(ValueError, match="ZIPCCL_POLICY"):
+        zipccl.Communicator(MPI.COMM_SELF)
+
+
 def test_nccl_backend_refuses_host_arrays():
     from mpi4py import MPI
 

@@ -108,22 +108,22 @@ def test_registration_is_idempotent():
 
 
 def test_env_policy(monkeypatch):
-    from zipccl.comm.policy import Policy
+    from zipccl.comm.policy import POLICY_ENV, Policy, env_policy
     from zipccl.torch import autotune
 
-    monkeypatch.delenv(autotune.POLICY_ENV, raising=False)
-    assert autotune.env_policy() is None
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    assert env_policy() is None
     base = Policy("auto", min_bytes=123)
     assert autotune.policy_for_mode(base) is base
-    monkeypatch.setenv(autotune.POLICY_ENV, "Always")
+    monkeypatch.setenv(POLICY_ENV, "Always")
     forced = autotune.policy_for_mode(base)
     assert (forced.mode, forced.min_bytes) == ("always", 123)
     assert autotune.policy_for_mode(base) is forced  # one object: its decisions stay memoised
     never = Policy("never")
     assert autotune.policy_for_mode(never) is never  # an explicit mode in code stays
-    monkeypatch.setenv(autotune.POLICY_ENV, "sometimes")
+    monkeypatch.setenv(POLICY_ENV, "sometimes")
     with pytest.raises(ValueError, match="ZIPCCL_POLICY"):
-        autotune.env_policy()
+        env_policy()
 
 
 def test_backend_options():

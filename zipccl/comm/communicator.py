@@ -34,7 +34,7 @@ from .base import CollectiveError
 from .call import Call
 from .core import COLLECTIVES, DEFAULT_CHUNK_BYTES, Core, Link
 from .plans import Plan
-from .policy import OPS, Decision, Policy, Profile
+from .policy import OPS, Decision, Policy, Profile, env_policy
 from .stats import Stats
 from .transport import MPITransport, Transport
 
@@ -150,6 +150,8 @@ class Communicator:
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+        if isinstance(policy, str) and policy == "auto":
+            policy = env_policy() or "auto"  # $ZIPCCL_POLICY replaces the default, as in torch
         pol = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 
 from .. import costmodel as cm
@@ -166,6 +167,21 @@ class Profile:
         return Profile(d["key"], int(d["world"]), int(d["chunk"]), bool(d["overlap"]),
                        {op: tuple(v) for op, v in d["native"].items()}, d["codec"], d["round_s"],
                        d["fixed_s"], d["measured"], int(d.get("best_of", 1)))
+
+
+POLICY_ENV = "ZIPCCL_POLICY"
+
+
+def env_policy() -> str | None:
+    """``$ZIPCCL_POLICY`` ("always", "never", "auto", "raw"), or None when unset; ValueError
+    otherwise. It replaces the default "auto" of every front end (an explicit mode in code
+    stays): ``Communicator``, ``zipccl.torch``'s functions and hooks, the torch backend."""
+    v = os.environ.get(POLICY_ENV, "").strip().lower()
+    if not v:
+        return None
+    if v not in MODES:
+        raise ValueError(f"{POLICY_ENV}={v!r}: expected one of {MODES}")
+    return v
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,12 @@ import torch
 import torch.distributed as dist
 
 from ..comm.calibrate import FrontEnd, measure
-from ..comm.policy import MODES, Policy, Profile
+from ..comm.policy import Policy, Profile, env_policy
 from ..costmodel import OPS
 from . import functional
 from .functional import Collectives, ReduceOp
 from .transport import resolve_group
 
-POLICY_ENV = "ZIPCCL_POLICY"
 CACHE_ENV = "ZIPCCL_CACHE_DIR"
 SIZES_ENV = "ZIPCCL_CALIBRATION_SIZES"
 DEVICE_SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)  # bytes per rank
@@ -57,16 +56,6 @@ class Calibration:
 
 _DONE: dict[tuple, tuple] = {}  # (id(group), device type) -> (group, Policy, Calibration)
 _FORCED: dict[tuple, Policy] = {}
-
-
-def env_policy() -> str | None:
-    """``$ZIPCCL_POLICY`` ("always", "never", "auto"), or None when unset; ValueError otherwise."""
-    v = os.environ.get(POLICY_ENV, "").strip().lower()
-    if not v:
-        return None
-    if v not in MODES:
-        raise ValueError(f"{POLICY_ENV}={v!r}: expected one of {MODES}")
-    return v
 
 
 def cache_dir() -> Path:

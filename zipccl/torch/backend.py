@@ -27,7 +27,7 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
 )
 
-from ..comm.policy import MODES, Policy
+from ..comm.policy import MODES, Policy, env_policy
 from ..comm.stats import Stats
 from .functional import _CODED, Collectives, _op_name
 from .transport import post_failure
@@ -62,8 +62,6 @@ class BackendOptions:
 
 def _mode(policy: str | Policy | None) -> str | Policy:
     """The policy a new group starts with: the argument, else ``$ZIPCCL_POLICY``, else "auto"."""
-    from .autotune import env_policy
-
     if policy is not None:
         return policy
     return env_policy() or "auto"
