@@ -44,19 +44,24 @@ OPS = ("all_gather", "reduce_scatter", "all_to_all")
 
 @contextlib.contextmanager
 def counted(record: dict, transport_cls, cuda: bool = True):
-    """Count synchronising calls and time the transport's calls while the block runs."""
+    """Count synchronising calls and time the transport's calls while the block runs (a timed
+    call inside another, ``alltoallv_shared`` calling ``alltoallv`` on gloo, counts once)."""
     patches = []
+    depth = [0]
 
     def wrap(owner, name: str, label: str, timed: bool = False):
         real = getattr(owner, name)
 
         def counting(*a, **k):
             if timed:
+                depth[0] += 1
                 t0 = time.perf_counter()
                 try:
                     return real(*a, **k)
                 finally:
-                    record["transport_s"] += time.perf_counter() - t0
+                    depth[0] -= 1
+                    if depth[0] == 0:
+                        record["transport_s"] += time.perf_counter() - t0
             record["waits"][label] = record["waits"].get(label, 0) + 1
             return real(*a, **k)
 
