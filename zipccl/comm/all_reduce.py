@@ -28,14 +28,14 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     buf = call.send.data
     if stated(call, route, compress):
         counts = list(call.send_counts)
-        shard = route.eng.values_workspace("shard", counts[route.rank], buf.dtype)
+        shard = route.eng.values_workspace("shard", counts[route.tr.rank], buf.dtype)
         stats = reduce_blocks(route, buf, shard, counts, compress=compress)
         stats.add(gather(route, shard, buf, counts, compress=compress))
         finish(call, route)
         return stats
     kind = "bfloat16" if call.send.bf16 else None
     route.tr.allreduce(buf, call.reduce, route.stream, dtype=kind)
-    p = route.size
+    p = route.tr.size
     raw = 2 * buf.nbytes * (p - 1) // p
     return ExchangeStats(raw, raw)
 

@@ -81,5 +81,5 @@ def bind(call: Call, route: Route):
     s8, r8 = byte_view(call.send.data), byte_view(call.recv.data)
     if call.uneven or overlap(s8, r8):
         return None
-    c = [s8.size // route.size] * route.size
+    c = [s8.size // route.tr.size] * route.tr.size
     return route.tr.bind_alltoallv(s8, c, offsets(c), r8, c, offsets(c), route.stream)

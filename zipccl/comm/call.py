@@ -88,14 +88,6 @@ class Route:
     chunk: int = 0
     loopback: bool = False  # one rank sends its message through a slot to itself
 
-    @property
-    def rank(self) -> int:
-        return self.tr.rank
-
-    @property
-    def size(self) -> int:
-        return self.tr.size
-
 
 def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
                  recvs: Sequence[tuple[int, int]], stream=None) -> None:

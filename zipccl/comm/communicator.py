@@ -116,6 +116,11 @@ def _one_call(method):
 VERIFY = ("first", "always")
 
 
+def _pair(send, recv, dtype):
+    """The wrapped (send, recv) of a call (``args.wrap``: recv must be writable)."""
+    return wrap(send, dtype, "send"), wrap(recv, dtype, "recv", writable=True)
+
+
 class Communicator:
     """Compressed collectives over an mpi4py communicator (collective constructor).
 
@@ -179,6 +184,21 @@ class Communicator:
             self.close()
             raise
 
+    @property
+    def stats(self) -> Stats:
+        """What this communicator's calls moved, per collective (``comm.stats.Stats``)."""
+        return self._core.stats
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The policy's decision for the last call."""
+        return self._core.last_decision
+
+    @property
+    def last_stats(self):
+        """Bytes the last call sent (``base.ExchangeStats``: wire and raw)."""
+        return self._core.last_stats
+
     # -- settings: every change drops the plans and agreed signatures (on every rank) --------
     @property
     def policy(self) -> Policy:
@@ -206,21 +226,6 @@ class Communicator:
             raise ValueError(f"chunk must be a non-negative multiple of {fmt.BLOCK}, got {value}")
         self._core.chunk = value
         self._settings_changed()
-
-    @property
-    def stats(self) -> Stats:
-        """What this communicator's calls moved, per collective (``comm.stats.Stats``)."""
-        return self._core.stats
-
-    @property
-    def last_decision(self) -> Decision | None:
-        """The policy's decision for the last call."""
-        return self._core.last_decision
-
-    @property
-    def last_stats(self):
-        """Bytes the last call sent (``base.ExchangeStats``: wire and raw)."""
-        return self._core.last_stats
 
     @contextmanager
     def forcing(self, compress: bool) -> Iterator[Communicator]:
@@ -424,13 +429,8 @@ class Communicator:
         ``recv`` holds size x ``send.size`` elements. Like ncclAllGather; ``send``
         may be rank's own slice of ``recv`` (in place).
         """
-        key, st = call_key("all_gather", send, recv, dtype, stream)
-        plan = self._core.plans.get(key)
-        if plan is not None and plan.run is not None:
-            return self._replay(plan)
-        self._call("all_gather", key, st, lambda: _ag.describe(
-            wrap(send, dtype, "send"), wrap(recv, dtype, "recv", writable=True), self.size,
-            self.rank))
+        self._collective("all_gather", send, recv, dtype, stream, None,
+                         lambda: _ag.describe(*_pair(send, recv, dtype), self.size, self.rank))
 
     @_one_call
     def reduce_scatter(self, send, recv, op: str = "sum", *, dtype: str | None = None,
@@ -444,16 +444,11 @@ class Communicator:
         every path, as ``zipccl.torch``'s AVG. Other ops: the transport's own reduction
         (BF16 needs NCCL for them: MPI has no BF16 type).
         """
-        key, st = call_key("reduce_scatter", send, recv, dtype, stream, op)
-        plan = self._core.plans.get(key)
-        if plan is not None and plan.run is not None:
-            return self._replay(plan)
-
         def describe_call() -> Call:
-            s, r = wrap(send, dtype, "send"), wrap(recv, dtype, "recv", writable=True)
+            s, r = _pair(send, recv, dtype)
             return _rs.describe(s, r, reduction_of(s, op), self.size, self.rank)
 
-        self._call("reduce_scatter", key, st, describe_call)
+        self._collective("reduce_scatter", send, recv, dtype, stream, op, describe_call)
 
     @_one_call
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, *,
@@ -470,13 +465,8 @@ class Communicator:
         """
         if send_counts is not None or recv_counts is not None:
             return self._all_to_all_counts(send, recv, send_counts, recv_counts, dtype, stream)
-        key, st = call_key("all_to_all", send, recv, dtype, stream)
-        plan = self._core.plans.get(key)
-        if plan is not None and plan.run is not None:
-            return self._replay(plan)
-        self._call("all_to_all", key, st, lambda: _aa.describe(
-            wrap(send, dtype, "send"), wrap(recv, dtype, "recv", writable=True), self.size,
-            self.rank))
+        self._collective("all_to_all", send, recv, dtype, stream, None,
+                         lambda: _aa.describe(*_pair(send, recv, dtype), self.size, self.rank))
 
     @_one_call
     def all_reduce(self, buf, op: str = "sum", *, dtype: str | None = None, stream=None) -> None:
@@ -486,18 +476,22 @@ class Communicator:
         then an all-gather, with the reduction stated in ``reduce_scatter``; native NCCL is
         ncclAllReduce (AVG: the stated one); native MPI is the same two steps uncompressed.
         """
-        key, st = call_key("all_reduce", buf, None, dtype, stream, op)
-        plan = self._core.plans.get(key)
-        if plan is not None and plan.run is not None:
-            return self._replay(plan)
-
         def describe_call() -> Call:
             b = wrap(buf, dtype, "buf", writable=True)
             return _ar.describe(b, reduction_of(b, op), self.size, self.rank)
 
-        self._call("all_reduce", key, st, describe_call)
+        self._collective("all_reduce", buf, None, dtype, stream, op, describe_call)
 
     # -- the path every call takes ----------------------------------------------------------
+    def _collective(self, op: str, send, recv, dtype, stream, extra, make) -> None:
+        """Look the call up by its key (arrays' identity, stream, ``extra``): an agreed native
+        plan with a bound call is the whole call; otherwise ``_call``."""
+        key, st = call_key(op, send, recv, dtype, stream, extra)
+        plan = self._core.plans.get(key)
+        if plan is not None and plan.run is not None:
+            return self._replay(plan)
+        self._call(op, key, st, make)
+
     def _call(self, op: str, key, stream, make) -> None:
         """Describe (``make``: the collective file's checks), plan, agree, run and count one
         call. A local argument error is reported in the control row and raises on every rank."""

@@ -47,7 +47,7 @@ def stated(call: Call, route: Route, compress: bool) -> bool:
 def finish(call: Call, route: Route) -> None:
     """After the stated sum: AVG divides by the group size (``reduction.divide``)."""
     if call.reduce == "avg":
-        route.eng.divide(call.recv.data, route.size)
+        route.eng.divide(call.recv.data, route.tr.size)
 
 
 def run(call: Call, route: Route, compress: bool) -> ExchangeStats:

@@ -36,6 +36,7 @@ from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
 
 ReduceOp = dist.ReduceOp
+_DONE = object()  # ``Collectives._replayed``: the call ran from its plan
 _CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 
 
@@ -213,6 +214,14 @@ class Collectives:
         ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
         return work if ch is None else _CheckedWork(work, ch)
 
+    def _replayed(self, op: str, group, t, result, async_op: bool, stats: Stats | None, extra=None):
+        """(``_DONE``, the call's result) if ``op`` on these tensors was planned compressed
+        before (``_fast_key``) and has run again from its plan; else (its key, None)."""
+        key = _fast_key(op, group, t, result, extra)
+        if key not in self._fast:
+            return key, None
+        return _DONE, self._replay(key, t, result, group, async_op, stats)
+
     def _replay(self, key, t: torch.Tensor, result: torch.Tensor, group, async_op: bool,
                 stats: Stats | None):
         """A compressed call whose signature (``_fast_key``) was planned before: its call and
@@ -298,9 +307,9 @@ class Collectives:
         ``stats``: one more ``Stats`` to count the call in.
         """
         group = resolve_group(group)
-        fk = _fast_key("all_gather", group, input_tensor, output_tensor)
-        if fk in self._fast:
-            return self._replay(fk, input_tensor, output_tensor, group, async_op, stats)
+        fk, done = self._replayed("all_gather", group, input_tensor, output_tensor, async_op, stats)
+        if fk is _DONE:
+            return done
         p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
@@ -321,11 +330,10 @@ class Collectives:
         Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16, FP32 and FP16
         SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
         """
-        group = resolve_group(group)
-        name = _op_name(op)
-        fk = _fast_key("reduce_scatter", group, input, output, name)
-        if fk in self._fast:
-            return self._replay(fk, input, output, group, async_op, stats)
+        group, name = resolve_group(group), _op_name(op)
+        fk, done = self._replayed("reduce_scatter", group, input, output, async_op, stats, name)
+        if fk is _DONE:
+            return done
         p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
@@ -355,9 +363,9 @@ class Collectives:
         uneven = input_split_sizes is not None or output_split_sizes is not None
         fk = None
         if not uneven:  # per-peer counts change from call to call: planned each time
-            fk = _fast_key("all_to_all", group, input, output)
-            if fk in self._fast:
-                return self._replay(fk, input, output, group, async_op, stats)
+            fk, done = self._replayed("all_to_all", group, input, output, async_op, stats)
+            if fk is _DONE:
+                return done
         p, rank = dist.get_world_size(group), dist.get_rank(group)
         sc = _element_counts(input, input_split_sizes, p, "input")
         rc = _element_counts(output, output_split_sizes, p, "output")
@@ -399,11 +407,10 @@ class Collectives:
         Same arguments as ``torch.distributed.all_reduce``. BF16, FP32, FP16 SUM / AVG compressed:
         reduce-scatter of near-equal shards (the stated reduction), then all-gather.
         """
-        group = resolve_group(group)
-        name = _op_name(op)
-        fk = _fast_key("all_reduce", group, tensor, tensor, name)
-        if fk in self._fast:
-            return self._replay(fk, tensor, tensor, group, async_op, stats)
+        group, name = resolve_group(group), _op_name(op)
+        fk, done = self._replayed("all_reduce", group, tensor, tensor, async_op, stats, name)
+        if fk is _DONE:
+            return done
         p, rank = dist.get_world_size(group), dist.get_rank(group)
 
         def native():
