@@ -45,7 +45,8 @@ def names() -> list[str]:
             + ["backend/auto_calibrated", "backend/auto_result"])
 
 
-NCCL_NAMES = ["nccl/registered", "nccl/all_gather", "nccl/all_reduce", "nccl/broadcast", "nccl/counted"]
+NCCL_NAMES = ["nccl/registered", "nccl/all_gather", "nccl/all_reduce", "nccl/broadcast", "nccl/counted",
+              "nccl/loopback_replayed", "nccl/capture_refused"]
 
 
 def backend_spec(device: str) -> str:
@@ -213,7 +214,35 @@ def check_nccl_one_rank(res: dict) -> None:
     st = zt.stats()
     res["nccl/counted"] = {"ok": st["all_gather"]["calls"] >= 1 and st["all_reduce"]["calls"] >= 1,
                            "detail": json.dumps(st)}
+    check_loopback_and_capture(res, x)
     dist.destroy_process_group()
+
+
+def check_loopback_and_capture(res: dict, x) -> None:
+    """One rank over NCCL, ``Policy.loopback``: the compressed path planned, then replayed from
+    its plan, bit-exact; inside a CUDA graph capture it is refused with a clear error."""
+    import torch
+
+    import zipccl.torch as zt
+    from zipccl.comm import CollectiveError, Policy
+
+    zc = zt.Collectives(Policy("always", loopback=True))
+    out = torch.empty_like(x)
+    for _ in range(3):
+        out.zero_()
+        zc.all_gather_into_tensor(out, x)
+    torch.cuda.synchronize()
+    _record(res, "nccl/loopback_replayed", bits(out), bits(x))
+    ok, detail = False, "no error"
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            zc.all_gather_into_tensor(out, x)
+    except CollectiveError as e:
+        ok, detail = "CUDA graph" in str(e), str(e)
+    except Exception as e:  # noqa: BLE001 -- recorded: any other error is the failure
+        detail = f"{type(e).__name__}: {e}"
+    res["nccl/capture_refused"] = {"ok": ok, "detail": detail[:500]}
 
 
 if __name__ == "__main__":

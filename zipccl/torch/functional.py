@@ -228,6 +228,7 @@ class Collectives:
         route come back from the plan (the memory the key names is the caller's, alive), so
         nothing is checked or derived again; host memory agrees its control row, as always."""
         plan, call, route, link = self._fast[key]
+        _not_capturing(t)
         if t.is_cuda:
             self._engine(t)  # CuPy's device and the engine's stream: the key's stream
         else:
@@ -259,6 +260,7 @@ class Collectives:
             work = native()
             core.count(call.op, False, ExchangeStats(*(2 * [_native_bytes(call, tr.size)])), stats)
             return work if async_op else None
+        _not_capturing(t)
         route = core.route(call, eng, tr, self._channel(group, t, plan.decision))
         core.run(call, route, True, stats)  # AVG: the collective's file divides after the sum
         if fast is not None and key is not None:
@@ -428,6 +430,15 @@ class Collectives:
 def _reduce_name(op) -> str:
     """A torch ReduceOp's short name (for decisions' reasons)."""
     return str(getattr(op, "name", op)).split(".")[-1].lower()
+
+
+def _not_capturing(t: torch.Tensor) -> None:
+    """A compressed call cannot be captured in a CUDA graph yet: refuse it, before anything is
+    enqueued, with what to do instead (a native call is torch's own, capturable on NCCL)."""
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise CollectiveError("zipccl.torch: a compressed collective cannot be captured in a CUDA "
+                              "graph yet; call it outside the capture, or with policy='never' "
+                              "inside it (torch's own collective)")
 
 
 def _fast_key(op: str, group, t, r, extra=None):
