@@ -1,13 +1,9 @@
 """``Policy(loopback=True)``: one rank runs the whole compressed path through a slot to itself
 (for measuring host cost and capture on one GPU): every collective gives back its input's bits
-(the reductions of one rank: the stated sum of one value), over MPI and over a gloo group."""
+(the reductions of one rank: the stated sum of one value), over MPI here; over a one-rank
+gloo group in tests/torchdist/ranks.py (check_loopback, read by tests/test_torch.py)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -15,8 +11,6 @@ import pytest
 
 from zipccl.comm import Policy
 from zipccl.comm.reduction import reduce_sum
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_loopback_needs_always_or_raw():
@@ -66,15 +60,3 @@ def test_communicator_loopback_is_exact(dtype, mode):
         assert np.array_equal(y.view(bits.dtype), stated.view(bits.dtype))
         assert c.stats.compressed_calls == c.stats.calls == 5
         assert c.last_decision.loopback
-
-
-def test_torch_loopback_one_gloo_rank():
-    from conftest import need_torch
-
-    need_torch()
-    run = subprocess.run([sys.executable, os.path.join(HERE, "torchdist", "loopback_rank.py")],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert "loopback" in got.pop("reason")
-    assert all(got.values()), got

@@ -594,6 +594,57 @@ def check_single_names(rank: int, p: int, res: dict) -> None:
                            "detail": f"aliases {same}; wrong {wrong}; FutureWarnings {future}"}
 
 
+def check_loopback(rank: int, p: int, res: dict) -> None:
+    """``Policy("always", loopback=True)`` on a one-rank group of each rank: the compressed path
+    through a slot to itself gives each collective its input back (BF16, FP32, FP16; the sums of
+    one rank, the value); a planned signature replays, new contents exact, and another tensor is
+    planned anew."""
+    import torch
+    import torch.distributed as dist
+
+    import zipccl.torch as zt
+    from zipccl.comm import Policy
+
+    groups = [dist.new_group([r]) for r in range(p)]  # every rank makes every group
+    me = groups[rank]
+    zc = zt.Collectives(Policy("always", loopback=True))
+    wrong = []
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        g = torch.Generator().manual_seed(7 + rank)
+        x = (torch.randn(3 << 12, generator=g) * 0.02).to(dtype)
+        view = torch.int32 if dtype == torch.float32 else torch.int16
+        o = torch.empty_like(x)
+        for name in ("all_gather", "reduce_scatter", "all_to_all_uneven"):
+            if name == "all_gather":
+                zc.all_gather_into_tensor(o, x, group=me)
+            elif name == "reduce_scatter":
+                zc.reduce_scatter_tensor(o, x, group=me)
+            else:
+                zc.all_to_all_single(o, x, [x.numel()], [x.numel()], group=me)
+            wrong += [f"{name}/{dtype}"] * (not torch.equal(o.view(view), x.view(view)))
+        y = x.clone()
+        zc.all_reduce(y, group=me)
+        wrong += [f"all_reduce/{dtype}"] * (not torch.equal(y.view(view), x.view(view)))
+    s = zc.stats
+    counted = s.calls == s.compressed_calls == 12 and 0 < s.wire_bytes < s.raw_bytes
+    loop = "loopback" in str(zc.last_decision)
+    x = torch.empty(5000, dtype=torch.bfloat16)
+    o = torch.empty_like(x)
+    zc2 = zt.Collectives(Policy("always", loopback=True))
+    for seed in range(3):
+        x.copy_((torch.randn(5000, generator=torch.Generator().manual_seed(seed)) * 0.02).to(x.dtype))
+        zc2.all_gather_into_tensor(o, x, group=me)
+        wrong += [f"replay {seed}"] * (not torch.equal(o.view(torch.int16), x.view(torch.int16)))
+    planned = len(zc2._fast)
+    y = x.clone() + 1
+    zc2.all_gather_into_tensor(o, y, group=me)
+    wrong += ["another tensor"] * (not torch.equal(o.view(torch.int16), y.view(torch.int16)))
+    replans = planned == 1 and len(zc2._fast) == 2
+    res["loopback"] = {"ok": not wrong and counted and loop and replans,
+                       "detail": f"wrong {wrong}; counted {counted}; decision {zc.last_decision}; "
+                                 f"plans {planned} then {len(zc2._fast)}"}
+
+
 def main(rank: int, p: int, out_dir: str) -> None:
     import zipccl  # noqa: F401 -- before torch: does it load torch?
     import zipccl.comm  # noqa: F401
@@ -607,7 +658,7 @@ def main(rank: int, p: int, out_dir: str) -> None:
     # and zipccl must leave it as it is (check_ddp_fp32_threads, first, checks that).
     dist.init_process_group("gloo", rank=rank, world_size=p)
     for check in (check_ddp_fp32_threads, check_collectives, check_wide_collectives, check_training,
-                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names):
+                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names, check_loopback):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which
