@@ -1,8 +1,8 @@
 """The expert-parallel MoE layer (experiments/moe_ep.py) and the exact-length all-to-all
 (experiments/exact_length.py), on 2 gloo ranks.
 
-Two CPU ranks (``python -m torch.distributed.run``) run this file's ``worker`` once per
-session and write their checks to JSON; the tests read them. Checks:
+Two CPU ranks (two plain processes with the variables torchrun would set) run this file's
+``worker`` once per session and write their checks to JSON; the tests read them. Checks:
 
 - the layer forward and backward with dispatch and combine through the native all-to-all,
   zipccl's (``slots``), zipccl's with the codec off (``raw``) and the exact-length one
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import traceback
@@ -43,12 +44,24 @@ def rank_results(tmp_path_factory):
 
     need_torch()  # missing torch fails, as in every torch suite
     out = tmp_path_factory.mktemp("moe_ranks")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.abspath(__file__), str(out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-4000:] + run.stdout[-1000:]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(out)], cwd=ROOT,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outs = [pr.communicate(timeout=300)[0] for pr in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("the MoE ranks did not finish in 300 s (a hang?)")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+    assert all(pr.returncode == 0 for pr in procs), "\n".join(o[-3000:] for o in outs)
     return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
 
 
