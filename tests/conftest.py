@@ -5,8 +5,10 @@ Everything a test compares is a bit pattern (uint16), never a float.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -102,6 +104,20 @@ def need_torch():
 def torch_installed():
     """``need_torch`` for a whole module: ``pytestmark = pytest.mark.usefixtures("torch_installed")``."""
     return need_torch()
+
+
+@pytest.fixture(scope="session")
+def torch_rank_results(tmp_path_factory) -> list[dict]:
+    """Each rank's ``{check: {"ok", "detail"}}`` from ``tests/torchdist/ranks.py``: two gloo ranks
+    that run the zipccl.torch checks (tests/test_torch.py) and the MoE checks (tests/test_moe.py),
+    started once per session: two interpreters importing torch, for both files."""
+    need_torch()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchdist"))
+    import ranks
+
+    out = tmp_path_factory.mktemp("torch_ranks")
+    ranks.launch(str(out), 2)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def long_under_simulator(test):

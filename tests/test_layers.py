@@ -78,6 +78,12 @@ def _graph() -> dict[str, set[str]]:
     return {m: _imports(m, p, mods) for m, p in mods.items()}
 
 
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """The import graph, read once for the tests below (each reads it, none changes it)."""
+    return _graph()
+
+
 def _layer(mod: str) -> int:
     top = mod.split(".")[0] or "__init__"
     for i, names in enumerate(LAYERS):
@@ -117,22 +123,21 @@ def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
-def test_the_graph_is_read():
-    graph = _graph()
+def test_the_graph_is_read(graph):
     assert "comm.exchange" in graph["comm.all_gather"]
     assert {"comm.all_gather", "comm.reduce_scatter"} <= graph["comm.all_reduce"]
     assert "format.slot" in graph["kernels.spill"]
     assert len(graph) > 40
 
 
-def test_no_import_runs_upward():
+def test_no_import_runs_upward(graph):
     up = [f"zipccl.{m} (layer {_layer(m)}) imports zipccl.{t} (layer {_layer(t)})"
-          for m, targets in _graph().items() for t in sorted(targets) if _layer(t) > _layer(m)]
+          for m, targets in graph.items() for t in sorted(targets) if _layer(t) > _layer(m)]
     assert not up, "\n".join(up)
 
 
-def test_no_new_import_circle():
-    circles = _circles(_graph())
+def test_no_new_import_circle(graph):
+    circles = _circles(graph)
     new = [sorted(c) for c in circles if c not in KNOWN_CIRCLES]
     assert not new, f"import circles: {new}"
     gone = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
@@ -140,5 +145,5 @@ def test_no_new_import_circle():
 
 
 @pytest.mark.parametrize("mod", ["format", "format.frame", "format.slot", "format.errors"])
-def test_the_wire_formats_import_nothing_of_zipccl_above_them(mod):
-    assert all(t.startswith("format") for t in _graph()[mod])
+def test_the_wire_formats_import_nothing_of_zipccl_above_them(graph, mod):
+    assert all(t.startswith("format") for t in graph[mod])

@@ -1,8 +1,9 @@
 """zipccl.torch on 2 gloo ranks (CPU): every function against torch.distributed, bit for bit;
 FSDP2 and DDP training with and without zipccl; the end-to-end script at toy size.
 
-The ranks run once per session (``tests/torchdist/ranks.py``: two plain processes, the
-checks in one go, a few seconds); each test below reads its own check from both ranks.
+The ranks run once per session (``tests/torchdist/ranks.py``, started by conftest's
+``torch_rank_results``: two plain processes, the checks in one go, a few seconds); each test
+below reads its own check from both ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "torchdist"))
 
 
 def _need_torch():
@@ -43,16 +43,6 @@ TRAINING_CHECKS = ["fsdp_never", "fsdp_always", "ddp_never", "ddp_always", "fsdp
                    "ddp_fp32_threads"]
 
 
-@pytest.fixture(scope="module")
-def rank_results(tmp_path_factory):
-    _need_torch()
-    import ranks
-
-    out = tmp_path_factory.mktemp("torch_ranks")
-    ranks.launch(str(out), 2)
-    return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
-
-
 def _assert_check(results, name):
     for r, res in enumerate(results):
         assert name in res, f"rank {r} did not run {name}: {sorted(k for k in res if '/' not in k)}"
@@ -60,19 +50,19 @@ def _assert_check(results, name):
 
 
 @pytest.mark.parametrize("name", COLLECTIVE_CHECKS)
-def test_collective_matches(rank_results, name):
-    _assert_check(rank_results, name)
+def test_collective_matches(torch_rank_results, name):
+    _assert_check(torch_rank_results, name)
 
 
 @pytest.mark.parametrize("name", TRAINING_CHECKS)
-def test_training_bit_identical(rank_results, name):
+def test_training_bit_identical(torch_rank_results, name):
     """FSDP2 (bf16 params and reductions) and DDP (bf16 model): losses and parameters of every
     rank equal the run without zipccl, bit for bit; "always" compressed some calls."""
-    _assert_check(rank_results, name)
+    _assert_check(torch_rank_results, name)
 
 
-def test_no_unexpected_failures(rank_results):
-    for r, res in enumerate(rank_results):
+def test_no_unexpected_failures(torch_rank_results):
+    for r, res in enumerate(torch_rank_results):
         bad = {k: v["detail"] for k, v in res.items() if not v["ok"]}
         assert not bad, f"rank {r}: {bad}"
 

@@ -1,7 +1,8 @@
 """Misuse on 2 and 3 ranks: every mismatch raises the same CollectiveError on every rank, no hang.
 
 Run by ``tests/test_comm_mpi.py`` as ``mpiexec -n N python -m pytest tests/mpi/mpi_mismatch.py``
-(N = 2, 3) under a time limit, so a regression that hangs fails instead of stalling.
+(N = 3; on 2 ranks in one job with ``mpi_collectives.py``) under a time limit, so a regression
+that hangs fails instead of stalling.
 Covers settings that differ at construction (issue 12) and calls that differ in
 size, dtype, op, reduction and counts, on every path (compressed pipelined and
 two-phase, native), both when the call is new and when some rank's call was

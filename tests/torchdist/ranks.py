@@ -1,4 +1,6 @@
-"""Two gloo ranks on the CPU run every zipccl.torch check once; tests/test_torch.py reads the results.
+"""Two gloo ranks on the CPU run every zipccl.torch check once, then the MoE checks of
+``moe_ranks.py``; tests/test_torch.py and tests/test_moe.py read the results (``conftest``'s
+``torch_rank_results``: once per session).
 
 ``python tests/torchdist/ranks.py OUT_DIR [NPROC]`` starts the ranks (``launch``); each
 runs the checks below in the same order and writes ``OUT_DIR/rank<r>.json``:
@@ -657,8 +659,11 @@ def main(rank: int, p: int, out_dir: str) -> None:
     # No torch.set_num_threads here: OMP_NUM_THREADS (``launch``) sets torch's thread count,
     # and zipccl must leave it as it is (check_ddp_fp32_threads, first, checks that).
     dist.init_process_group("gloo", rank=rank, world_size=p)
+    import moe_ranks
+
     for check in (check_ddp_fp32_threads, check_collectives, check_wide_collectives, check_training,
-                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names, check_loopback):
+                  check_fsdp_fp32_reduce, check_ddp_fp32, check_single_names, check_loopback,
+                  moe_ranks.check_layer, moe_ranks.check_exact_length):
         try:
             check(rank, p, res)
         except Exception:  # noqa: BLE001 -- reported per check, the test says which
