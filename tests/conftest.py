@@ -5,9 +5,11 @@ Everything a test compares is a bit pattern (uint16), never a float.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -64,12 +66,67 @@ def gpu_problem() -> str | None:
     return None
 
 
+#: What compiles every Numba loop of the CPU codec (zipccl/codec/cpu.py, ``cache=True``): BF16,
+#: FP16 and FP32 frames both ways, and a RAW frame over 2 MiB (its checksum's parallel sum).
+_COMPILE_CPU_CODEC = """
+import numpy as np
+import zipccl
+rng = np.random.default_rng(0)
+x = rng.normal(0, 0.02, 3 * 4096 + 5).astype(np.float32)
+for bits, dtype in (((x.view(np.uint32) >> 16).astype(np.uint16), "bfloat16"),
+                    (x.astype(np.float16).view(np.uint16), "float16"), (x.view(np.uint32), "float32"),
+                    (rng.integers(0, 1 << 16, (1 << 21) + 17, dtype=np.uint16), "bfloat16")):
+    zipccl.decompress(zipccl.compress(bits, dtype=dtype))
+"""
+_codec_compiler: subprocess.Popen | None = None
+
+
+def _start_compiling_the_cpu_codec() -> None:
+    """On a checkout whose CPU codec was never compiled (a fresh clone), compile it in a
+    process of its own while this one collects, on the core collection leaves idle: Numba's
+    cache (zipccl/codec/__pycache__) then holds it when the first test calls it (~10 s of
+    compilation otherwise on that test). The first test waits for it (``pytest_runtest_setup``).
+    The simulator's runs skip it (make test compiled it in its first step)."""
+    global _codec_compiler
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if SIMULATOR or glob.glob(os.path.join(root, "zipccl", "codec", "__pycache__", "cpu.*.nbi")):
+        return
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    _codec_compiler = subprocess.Popen([sys.executable, "-c", _COMPILE_CPU_CODEC], cwd=root, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def pytest_sessionstart(session):
     if REQUIRE_GPU:
         problem = gpu_problem()
         if problem:
             pytest.exit(f"ZIPCCL_REQUIRE_GPU=1 (make test-gpu) but the GPU tests cannot run: {problem}",
                         returncode=1)
+    _start_compiling_the_cpu_codec()
+
+
+def _codec_compiled(timeout: float) -> None:
+    """Wait for the compiling process at most ``timeout`` s, then stop it if it still runs."""
+    global _codec_compiler
+    if _codec_compiler is None:
+        return
+    try:
+        _codec_compiler.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass  # a test that needs the codec then compiles what is missing, as without it
+    if _codec_compiler.poll() is None:
+        _codec_compiler.kill()
+        _codec_compiler.wait()
+    _codec_compiler = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _codec_compiled(timeout=300)
+
+
+def pytest_sessionfinish(session):
+    _codec_compiled(timeout=0)  # a run with no test (--collect-only) does not wait for it
 
 
 @pytest.hookimpl(hookwrapper=True)
