@@ -66,7 +66,7 @@ def gpu_problem() -> str | None:
     return None
 
 
-#: What compiles every Numba loop of the CPU codec (zipccl/codec/cpu.py, ``cache=True``): BF16,
+#: What compiles every Numba loop of the CPU codec (zipccl/codec/cpu_loops.py, ``cache=True``): BF16,
 #: FP16 and FP32 frames both ways, and a RAW frame over 2 MiB (its checksum's parallel sum).
 _COMPILE_CPU_CODEC = """
 import numpy as np
@@ -89,7 +89,7 @@ def _start_compiling_the_cpu_codec() -> None:
     The simulator's runs skip it (make test compiled it in its first step)."""
     global _codec_compiler
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if SIMULATOR or glob.glob(os.path.join(root, "zipccl", "codec", "__pycache__", "cpu.*.nbi")):
+    if SIMULATOR or glob.glob(os.path.join(root, "zipccl", "codec", "__pycache__", "cpu_loops.*.nbi")):
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     _codec_compiler = subprocess.Popen([sys.executable, "-c", _COMPILE_CPU_CODEC], cwd=root, env=env,
