@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .. import format as fmt
 from .args import Arr, overlap, ptr_range
-from .base import ExchangeStats
 
 #: reductions zipccl computes itself (compressed, or natively where the transport has no BF16 sum)
 CODED_REDUCTIONS = ("sum", "avg")
@@ -105,12 +103,3 @@ def detached(eng, send, recv):
     copy = eng.workspace("detach", send.nbytes).view(send.dtype)
     eng.copy(copy, send)
     return copy
-
-
-def raw_stats(nbytes: int) -> ExchangeStats:
-    """The bytes of a native exchange: on the wire what the messages hold."""
-    return ExchangeStats(nbytes, nbytes)
-
-
-def itemsize(a: Arr) -> int:
-    return fmt.ITEMSIZE[a.code] if a.code is not None else int(a.data.itemsize)

@@ -515,7 +515,7 @@ class Communicator:
         if call.send.bf16 and call.code is None and not tr.own_reduction:
             # the same on every rank: the signature is agreed and the transport is every rank's
             raise CollectiveError(f"zipccl {op}: {no_bf16_reduction(call.reduce, tr.name)}")
-        route = core.route(call, eng, tr)
+        route = core.route(call, plan.decision, eng, tr)
         if plan.compress:
             route.channel = self._slots(eng, plan)
             core.run(call, route, True)
@@ -587,7 +587,7 @@ class Communicator:
         call.largest = largest
         call.stream = call_stream(call.send, stream)
         eng, tr = self._route(call.device, call.stream)
-        route = core.route(call, eng, tr)
+        route = core.route(call, d, eng, tr)
         compress = call.code is not None and d.compress
         if compress:
             route.channel = self._slots(eng, Plan((), 0, d, True))

@@ -103,10 +103,10 @@ class Core:
             else:
                 ch.spills.close(timeout=timeout)
 
-    def route(self, call: Call, eng, tr, channel=None) -> Route:
-        d = self.last_decision
+    def route(self, call: Call, decision: Decision, eng, tr, channel=None) -> Route:
+        """Where ``call`` runs as ``decision`` says (its chunk for the type; loopback on one rank)."""
         return Route(eng, tr, channel, call.stream, chunk_elements(self.chunk, _itemsize(call)),
-                     loopback=bool(d is not None and d.loopback and tr.size == 1))
+                     loopback=decision.loopback and tr.size == 1)
 
     # -- deciding and agreeing, once per signature ------------------------------------------------
     def decide(self, call: Call, world: int, policy: Policy | None = None) -> Decision:

@@ -258,10 +258,11 @@ class Collectives:
             core.agree(plan, link, t.is_cuda)
         if not plan.compress:
             work = native()
-            core.count(call.op, False, ExchangeStats(*(2 * [_native_bytes(call, tr.size)])), stats)
+            raw = _native_bytes(call, tr.size)
+            core.count(call.op, False, ExchangeStats(raw, raw), stats)
             return work if async_op else None
         _not_capturing(t)
-        route = core.route(call, eng, tr, self._channel(group, t, plan.decision))
+        route = core.route(call, plan.decision, eng, tr, self._channel(group, t, plan.decision))
         core.run(call, route, True, stats)  # AVG: the collective's file divides after the sum
         if fast is not None and key is not None:
             if len(self._fast) >= MAX_PLANS:
