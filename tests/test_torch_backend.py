@@ -34,7 +34,8 @@ ERRORS = [f"error/{n}" for n in (
 TRAINING = ["train/fsdp2", "train/ddp_fp32", "train/ddp_bf16"]
 AUTO = [f"auto/{n}" for n in ("not_calibrated_before_use", "first_call_result", "calibrated_and_cached",
                               "explain", "same_on_every_rank", "reloaded_from_cache",
-                              "damaged_cache_measured_again")] + ["never/result", "never/not_compressed"]
+                              "damaged_cache_measured_again")] + ["never/result", "never/not_compressed",
+                                                             "never/all_gather_list_shaped"]
 
 
 @pytest.fixture(scope="module")

@@ -388,6 +388,11 @@ def check_auto(rank: int, p: int, res: dict, gloo) -> None:
     ag = st["all_gather"]
     _ok(res, "never/not_compressed", ag["calls"] == 1 and ag["compressed_calls"] == 0
         and "never" in zt.explain("all_gather", 1 << 20, g4), json.dumps(ag))
+    # the list form of shaped tensors left native (torch's generic test_all_gather: (1, 1, 1))
+    lists = [[torch.empty(8, 4, 2, dtype=torch.bfloat16) for _ in range(p)] for _ in range(2)]
+    for lst, g in zip(lists, (g4, gloo), strict=True):
+        dist.all_gather(lst, x[:64].reshape(8, 4, 2), group=g)
+    _same(res, "never/all_gather_list_shaped", torch.cat(lists[0]), torch.cat(lists[1]))
 
 
 def main(rank: int, p: int, out_dir: str) -> None:

@@ -1,6 +1,7 @@
 """torch's own generic distributed tests (``DistributedTest._DistTestBase``) on 2 spawned CPU ranks.
 
     python tests/torchdist/torch_suite.py BACKEND OUT.json [PATTERN ...]
+    python tests/torchdist/torch_suite.py BACKEND --list [PATTERN ...]
 
 BACKEND is "gloo" or "zipccl" (``import zipccl.torch`` registers it; ``$ZIPCCL_POLICY`` picks
 the policy). The tests run as torch runs them for gloo (its ``test/distributed/
@@ -80,10 +81,16 @@ class _Tally(unittest.TextTestResult):
         self._put(test, "error", self._exc_info_to_string(err, test))
 
 
+def names(patterns: list[str]) -> list[str]:
+    return sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_")
+                  and any(re.search(p, n) for p in (patterns or [FAMILIES])))
+
+
 def main(out: str, patterns: list[str]) -> int:
-    names = sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_")
-                   and any(re.search(p, n) for p in (patterns or [FAMILIES])))
-    suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
+    if out == "--list":  # the selected tests' names, one per line (experiments/torch_suite_tally.py)
+        print("\n".join(names(patterns)))
+        return 0
+    suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names(patterns))
     _Tally.out = out
     result = unittest.TextTestRunner(resultclass=_Tally, verbosity=1, stream=sys.stderr).run(suite)
     counts = {s: sum(v[0] == s for v in result.tally.values()) for s in ("pass", "skip", "fail", "error")}

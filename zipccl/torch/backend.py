@@ -257,8 +257,10 @@ class ZipProcessGroup(dist.ProcessGroup):
                 and all(o.shape == input_tensors[0].shape for o in output_tensors[0])):
             x, outs = input_tensors[0], output_tensors[0]
             flat = torch.empty((p * x.numel(),), dtype=x.dtype, device=x.device)
+            # x flat too: a call "auto" leaves native reaches gloo's all-gather, which wants the
+            # output to be p inputs' shapes
             work = self._run("all_gather", x.device, lambda c, st: c.all_gather_into_tensor(
-                flat, x, group=self, async_op=True, stats=st))
+                flat, x.reshape(-1), group=self, async_op=True, stats=st))
             work.wait()
             for r, o in enumerate(outs):
                 o.copy_(flat[r * x.numel():(r + 1) * x.numel()].view(o.shape))
