@@ -154,6 +154,14 @@ def staged(totals: dict):
             setattr(owner, name, real)
 
 
+def spill_allocations(zc) -> int | None:
+    """Call blocks (pinned memory) the slot channels of ``zc`` have allocated so far."""
+    core = getattr(zc, "_core", None)
+    if core is None:  # an older tree
+        return None
+    return sum(ch.spills.stats()["allocations"] for ch in core.channels().values())
+
+
 def run(rank: int, p: int, args) -> list[dict]:
     import zipccl.torch as zt
     from zipccl.torch.transport import ProcessGroupTransport
@@ -206,6 +214,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 prof = cProfile.Profile()
                 prof.enable()
             stages: dict = {}
+            allocs = spill_allocations(zc)
             with counted(rec, ProcessGroupTransport, cuda), \
                     (staged(stages) if args.stages else contextlib.nullcontext()):
                 t0 = time.perf_counter()
@@ -230,6 +239,8 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
                 "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
                 "loopback": args.loopback,
+                # pinned call blocks the spill channel allocated during the timed calls
+                "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
                 "compressed": zc.last_decision.compress if zc.last_decision else None,
@@ -249,7 +260,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 print(f"{op:15s} {mib:7.2f} MiB  call {rec['call_us']:9.1f} us  transport "
                       f"{rec['transport_us']:9.1f}  zipccl {rec['zipccl_us']:7.1f}  waits/call "
                       f"{rec['waits_per_call']:.1f} {rec['waits'] or ''}  py calls {zc_calls}/{py_calls}  "
-                      f"exact {exact}", flush=True)
+                      f"blocks made {rec['spill_block_allocations']}  exact {exact}", flush=True)
     return recs
 
 

@@ -193,7 +193,7 @@ class Spills:
     ``device``: the regions are device memory (of the device current at construction) and
     the steps are kernels on the given streams (CuPy); otherwise they are host memory and
     the steps run at once. ``entries``: call blocks kept for reuse; with a device more are
-    made while more calls are in flight, on the host ``begin`` waits instead.
+    made (and kept) while more calls are in flight, on the host ``begin`` waits instead.
 
     Per call, in this order: ``begin``, ``launch_out``, the transfer, ``launch_in``; the
     decodes then read the regions. Sequence numbers increase from call to call, alike on
@@ -279,7 +279,9 @@ class Spills:
                 delay = min(2 * delay, 1e-3)
                 continue
             self._inflight.popleft()
-            if call.block.size >= self._size_class and len(self._free) < self.entries:
+            # a device keeps every block of the current size: the pool ends as deep as the
+            # calls in flight get, and a steady stream of calls allocates no pinned memory
+            if call.block.size >= self._size_class and (self.device or len(self._free) < self.entries):
                 self._free.append(call.block)
 
     def stats(self) -> dict:
