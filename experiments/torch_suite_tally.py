@@ -38,7 +38,8 @@ STATUSES = ("pass", "skip", "fail", "error", "not run")
 
 def _env(policy: str, tmp: str) -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", ZIPCCL_CACHE_DIR=tmp,
-               ZIPCCL_CALIBRATION_SIZES="4096,65536", PYTHONPATH=str(ROOT))
+               ZIPCCL_CALIBRATION_SIZES="4096,65536",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     env.pop("ZIPCCL_POLICY", None)
     if policy:
         env["ZIPCCL_POLICY"] = policy
@@ -48,7 +49,10 @@ def _env(policy: str, tmp: str) -> dict:
 def list_tests(patterns: list[str]) -> list[str]:
     pats = patterns or [r"^test_(?!.*cuda)"]
     out = subprocess.run([sys.executable, str(SUITE), "gloo", "--list", *pats], env=_env("", "/tmp"),
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"listing the suite failed:\n{out.stderr[-3000:]}")
+    out = out.stdout
     return [n for n in out.split() if n.startswith("test_")]
 
 
