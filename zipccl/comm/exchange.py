@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import format as fmt
+from ..codec.gpu_workspace import Workspace
 from ..format import errors
 from ..format import slot as slots
 from .base import CollectiveError, ExchangeStats, chunk_count, piece, value_code
-from .capacity import escape_room
+from .capacity import CapacityRule, escape_room
 from .engine import Engine
 
 
@@ -229,8 +230,6 @@ class SlotChannel:
     """
 
     def __init__(self, spills, rule=None, *, lag: int = 256):
-        from .capacity import CapacityRule
-
         self.spills = spills
         self.rule = CapacityRule() if rule is None else rule
         self.lag = int(lag)
@@ -256,8 +255,6 @@ class SlotChannel:
         bits = int(self.spills.error())
         if not bits:
             return None  # every call's path: one read of mapped memory, nothing else
-        from ..codec.gpu_workspace import Workspace
-
         words = [text for bit, text in errors.SLOT_ERRORS.items() if bits & bit]
         if bits & 0xFFFF:
             words.insert(0, f"corrupted zipccl frame: {Workspace.describe(bits & 0xFFFF)}")
@@ -322,6 +319,7 @@ class SlotChannel:
         self.spills.launch_in(seq, stream)
 
     def record_error(self, stream, ws) -> None:
+        # kernels._common imports numba.cuda: loaded by the device engine's first call only.
         from ..kernels._common import WS_ERR_STICKY
 
         base = int(getattr(ws, "ptr", 0) or 0) or _address(ws.array)
