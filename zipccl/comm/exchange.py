@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import format as fmt
+from ..arrays import address
 from ..codec.gpu_workspace import Workspace
 from ..format import errors
 from ..format import slot as slots
@@ -66,7 +67,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
         so, sc = sends[me]
         if sc != c:
             raise ValueError(f"rank {me} sends itself {sc} elements but expects {c}")
-        if _address(recv[o:o + c]) != _address(send[so:so + sc]):  # in place: already there
+        if address(recv[o:o + c]) != address(send[so:so + sc]):  # in place: already there
             eng.copy(recv[o:o + c], send[so:so + sc])
     if p == 1 and not loop:
         if on_chunk is not None and c:
@@ -77,7 +78,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
                  step, rounds, code)
     sbuf = eng.workspace("slot_send", plan.s_total)
     rbuf = eng.workspace("slot_recv", plan.r_total)
-    s_base, r_base = _address(sbuf), _address(rbuf)
+    s_base, r_base = address(sbuf), address(rbuf)
     slot_of: dict[int, int] = {}  # this call's slot bytes by element count (the capacity rule)
 
     def slot(n: int) -> int:
@@ -203,14 +204,6 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
                  tuple(columns))
 
 
-def _address(a) -> int:
-    """Device (or, on a stand-in device, host) address of a 1-D array."""
-    data = getattr(a, "data", None)
-    if data is not None and hasattr(data, "ptr"):
-        return int(data.ptr)
-    return int(a.__array_interface__["data"][0])
-
-
 class SlotChannel:
     """A communicator's slot machinery: the call numbering, the spill path (``spill.Spills``),
     the sticky error word and the capacity rule (``capacity.CapacityRule``).
@@ -322,7 +315,7 @@ class SlotChannel:
         # kernels._common imports numba.cuda: loaded by the device engine's first call only.
         from ..kernels._common import WS_ERR_STICKY
 
-        base = int(getattr(ws, "ptr", 0) or 0) or _address(ws.array)
+        base = int(getattr(ws, "ptr", 0) or 0) or address(ws.array)
         self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
 
     def close(self) -> None:
