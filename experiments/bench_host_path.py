@@ -269,7 +269,7 @@ def single_process_costs(args) -> list[dict]:
     itself: to compare with their cost inside a two-rank call (``--stages``)."""
     import cupy
 
-    from zipccl.comm.args import cupy_view as _cupy_view
+    from zipccl.arrays import cupy_view as _cupy_view
     from zipccl.comm.pipeline import DeviceEngine
     from zipccl.format import slot as slots
     from zipccl.kernels import spill as kern

@@ -13,12 +13,12 @@ import numpy as np
 
 from . import format as fmt
 from .arrays import (
-    _torch_of,
     host_frame,
     host_out_values,
     host_values,
     is_device_array,
     like_input,
+    torch_of,
 )
 from .codebook import Codebook
 
@@ -44,7 +44,7 @@ def _frame_out(out) -> np.ndarray:
     converted to a new array raises TypeError, a read-only buffer (``bytes``) or a strided
     one ValueError: the frame never goes to a copy.
     """
-    torch = _torch_of(out)
+    torch = torch_of(out)
     if torch is not None:
         if out.is_cuda:
             raise TypeError("out= is a CUDA tensor; the frame of host data goes to a host buffer")

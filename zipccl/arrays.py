@@ -1,38 +1,311 @@
-"""Arrays in and out: NumPy (ml_dtypes.bfloat16, float32, float16 or their integer bit
-patterns), torch, CuPy, Numba device arrays.
+"""The one array-kind adapter: NumPy, CuPy, torch and any ``__cuda_array_interface__`` object.
 
-Inside the codec a BF16 or FP16 tensor is its uint16 bit patterns, an FP32 tensor its
-uint32 bit patterns; ``host_values`` says which element type they are. This module turns
-whatever the caller has into that view without copying where the memory allows
-it, tells host arrays from device arrays, and hands host results back in the kind
-the caller passed (``like_input``: torch in, torch out). It imports neither torch nor CuPy
-unless the caller's object already comes from them.
+``kind`` tells what an array is (read once per type), ``identity`` what makes a view of its
+memory valid (address, shape, strides, dtype, device: the key of plans and of ``unowned``'s
+cached views), ``device_buffer`` its pointer and size; ``cupy_view``, ``as_torch`` and
+``unowned`` view memory as another kind without copying. Inside the codec a BF16 or FP16
+tensor is its uint16 bit patterns, an FP32 tensor its uint32 bit patterns: ``host_values``
+turns a host array into them and ``like_input`` hands results back in the caller's kind
+(torch in, torch out). Nothing here imports torch or CuPy unless the caller's object already
+comes from them (``as_torch`` and ``unowned`` run only where they are loaded).
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import ml_dtypes
 import numpy as np
 
+from . import format as fmt
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _BF16_NAMES = ("bfloat16", "bf16")
 
+# -- kinds: what an array is -------------------------------------------------------------------
 
-def _torch_of(x):
+NUMPY, CUPY, TORCH, CAI = "numpy", "cupy", "torch", "cai"
+_KINDS: dict[type, str | None] = {}
+
+
+def torch_of(x):
+    """The torch module when ``x`` is a torch tensor, else None (never imports torch)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return torch
     return None
 
 
+def cupy_of(x):
+    """The CuPy module when ``x`` is a CuPy array, else None (never imports CuPy)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy
+    return None
+
+
+def kind(x) -> str | None:
+    """What ``x`` is: ``TORCH`` (a tensor, CPU or CUDA), ``CUPY``, ``CAI`` (another object
+    with ``__cuda_array_interface__``: a Numba device array), ``NUMPY``, or None; worked out
+    once per type.
+
+    >>> kind(np.zeros(2)), kind([0.0])
+    ('numpy', None)
+    """
+    t = type(x)
+    k = _KINDS.get(t, 0)
+    if k == 0:
+        k = _kind_of_type(t)
+        if len(_KINDS) < 256:
+            _KINDS[t] = k
+    if k is None and hasattr(x, "__cuda_array_interface__"):  # set on the object, not its type
+        return CAI
+    return k
+
+
+def _kind_of_type(t: type) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return TORCH
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and issubclass(t, cupy.ndarray):  # before NumPy: a stand-in subclasses it
+        return CUPY
+    if hasattr(t, "__cuda_array_interface__"):
+        return CAI
+    if issubclass(t, np.ndarray):
+        return NUMPY
+    return None
+
+
 def is_device_array(x) -> bool:
     """True for CUDA memory: CuPy, Numba device arrays, CUDA torch tensors."""
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
         return bool(x.is_cuda)
     return hasattr(x, "__cuda_array_interface__")
+
+
+# -- identity and pointers: what a view of an array's memory depends on ----------------------------
+# A device pointer names its device (CUDA's unified addresses), so CuPy and interface arrays
+# need no device beside it; a torch tensor's pointer may be a host one, hence its device.
+
+def _id_numpy(a):
+    return (type(a), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype,
+            a.flags.writeable)
+
+
+def _id_cupy(a):
+    return (type(a), a.data.ptr, a.shape, a.strides, a.dtype)
+
+
+def _id_torch(t):
+    return (type(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _id_cai(a):
+    cai = a.__cuda_array_interface__
+    return (type(a), cai["data"][0], cai["shape"], cai["strides"], cai["typestr"])
+
+
+_IDENTITY = {NUMPY: _id_numpy, CUPY: _id_cupy, TORCH: _id_torch, CAI: _id_cai, None: None}
+
+
+def identity(x) -> tuple | None:
+    """(type, address, shape, strides, dtype[, device or writability]) of an array: equal for
+    two arrays over the same memory seen the same way, so a view made for one serves the
+    other; None for an object that is no array.
+
+    >>> x = np.zeros(4, np.uint16)
+    >>> identity(x) == identity(x[:]), identity(x) == identity(x[:2]), identity(b"")
+    (True, False, None)
+    """
+    f = _IDENTITY[kind(x)]
+    return None if f is None else f(x)
+
+
+def address(a) -> int:
+    """The first byte's address of a NumPy, CuPy or interface array (host or device).
+
+    >>> x = np.zeros(8, np.uint16)
+    >>> address(x[2:]) - address(x)
+    4
+    """
+    if isinstance(a, np.ndarray):
+        return int(a.__array_interface__["data"][0])
+    data = getattr(a, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr)
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def cai_buffer(obj) -> tuple[int, int, np.dtype, tuple[int, ...]]:
+    """(device pointer, byte length, dtype, shape) of a C-contiguous array read through its
+    ``__cuda_array_interface__``; ValueError for a strided one."""
+    desc = obj.__cuda_array_interface__
+    dtype = np.dtype(desc["typestr"])
+    shape = tuple(int(d) for d in desc["shape"])
+    strides = desc.get("strides")
+    if strides is not None:
+        expect, step = [], dtype.itemsize
+        for d in reversed(shape):
+            expect.append(step)
+            step *= d
+        if tuple(strides) != tuple(reversed(expect)) and int(np.prod(shape)) > 1:
+            raise ValueError("zipccl needs C-contiguous device arrays")
+    return int(desc["data"][0]), int(np.prod(shape)) * dtype.itemsize, dtype, shape
+
+
+def check_cuda_tensor(x) -> None:
+    """A torch tensor device code can take: on a CUDA device and C-contiguous."""
+    if not x.is_cuda:
+        raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
+    if not x.is_contiguous():
+        raise ValueError("zipccl needs C-contiguous device arrays")
+
+
+def device_buffer(obj) -> tuple[int, int, int]:
+    """(device pointer, byte length, itemsize) of a C-contiguous device array, cheaply: CuPy
+    arrays and torch tensors through their own attributes (cheaper than the interface),
+    anything else through ``__cuda_array_interface__``."""
+    k = kind(obj)
+    if k == CUPY:
+        if not obj.flags.c_contiguous:
+            raise ValueError("zipccl needs C-contiguous device arrays")
+        return obj.data.ptr, obj.nbytes, obj.itemsize
+    if k == TORCH:
+        check_cuda_tensor(obj)
+        item = obj.element_size()
+        return obj.data_ptr(), obj.numel() * item, item
+    ptr, nbytes, dt, _ = cai_buffer(obj)
+    return ptr, nbytes, dt.itemsize
+
+
+# -- views: the same memory as another kind, no copy ----------------------------------------------
+
+_CUPY_OF_TORCH = {"int16": np.int16, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+
+
+def cupy_view(t):
+    """A 1-D CuPy array over the contiguous CUDA tensor ``t``'s memory (kept alive by it), made
+    from its pointer for the types the collectives move (``cupy.asarray`` reads
+    ``__cuda_array_interface__``, which costs tens of microseconds a call), else by CuPy."""
+    import cupy
+
+    dt = _CUPY_OF_TORCH.get(str(t.dtype)[6:])
+    if dt is None:
+        return cupy.asarray(t).reshape(-1)
+    nbytes = t.numel() * t.element_size()
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+    return cupy.ndarray((t.numel(),), dt, cupy.cuda.MemoryPointer(mem, 0))
+
+
+# (identity, what) -> a view that holds no owner: valid whenever an array of that identity
+# is alive, which is what a caller passing one promises for as long as it uses the view.
+_VIEWS: dict[tuple, object] = {}
+
+
+def _cached(key, make):
+    view = _VIEWS.get(key)
+    if view is None:
+        view = make()
+        if len(_VIEWS) >= 256:
+            _VIEWS.pop(next(iter(_VIEWS)))
+        _VIEWS[key] = view
+    return view
+
+
+def unowned(a):
+    """A 1-D NumPy or CuPy array ``a`` over the same memory without holding its owner (what a
+    plan keeps, so that a cached call never keeps a freed buffer alive), cached by
+    ``identity``. Valid only while a live array of that identity is passed again.
+
+    >>> x = np.arange(4, dtype=np.uint16)
+    >>> v = unowned(x); v[0] = 7; int(x[0]), v is unowned(x), v is unowned(x[:2])
+    (7, True, False)
+    """
+    return _cached((identity(a), "unowned"), lambda: _unowned(a))
+
+
+def _unowned(a):
+    if kind(a) == NUMPY:
+        if not a.nbytes:
+            return np.empty(0, dtype=a.dtype)
+        buf = (ctypes.c_char * int(a.nbytes)).from_address(address(a))
+        return np.frombuffer(buf, dtype=a.dtype)
+    cp = sys.modules["cupy"]
+    mem = cp.cuda.UnownedMemory(int(a.data.ptr), int(a.nbytes), None, int(a.device.id))
+    return cp.ndarray(a.shape, a.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
+def as_torch(arr, dtype: str | None = None):
+    """A torch view (no copy) of a 1-D buffer: a tensor as it is, NumPy -> CPU tensor, CuPy
+    (or any interface array) -> CUDA tensor, the latter cached by ``identity`` (reading the
+    interface costs tens of microseconds) and holding no owner, so valid while ``arr`` is.
+    uint16 becomes torch.int16; ``dtype="bfloat16"`` reads 16-bit values as torch.bfloat16.
+    """
+    torch = sys.modules["torch"]  # callers work on torch tensors: it is loaded
+    k = kind(arr)
+    if k == TORCH:
+        t = arr
+    elif k == NUMPY:
+        a = arr.view(np.int16) if arr.dtype == np.uint16 else arr  # torch's widest 16-bit int
+        t = torch.from_numpy(a)
+    else:
+        return _cached((identity(arr), "torch", dtype), lambda: _torch_device_view(arr, dtype))
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+class _Interface:
+    """A bare ``__cuda_array_interface__``: what a view made from it holds instead of an owner."""
+
+    def __init__(self, desc: dict):
+        self.__cuda_array_interface__ = desc
+
+
+def _torch_device_view(arr, dtype: str | None):
+    torch = sys.modules["torch"]
+    ptr, nbytes, dt, shape = cai_buffer(arr)
+    if dt == np.uint16:
+        dt = np.dtype(np.int16)
+    desc = {"shape": shape, "typestr": dt.str, "data": (ptr, False), "strides": None,
+            "version": 3}
+    dev = getattr(arr, "device", None)
+    t = torch.as_tensor(_Interface(desc), device=torch.device("cuda", getattr(dev, "id", None)))
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+def empty_like(like, shape, dtype):
+    """A new array of ``shape`` and NumPy ``dtype`` (``BF16`` included) on ``like``'s device, in
+    its framework (torch or CuPy; CuPy has no bfloat16: its uint16 patterns)."""
+    torch = torch_of(like)
+    if torch is not None:
+        dt = torch.bfloat16 if dtype == BF16 else getattr(torch, np.dtype(dtype).name)
+        return torch.empty(shape, dtype=dt, device=like.device)
+    cupy = cupy_of(like)
+    if cupy is None:
+        raise TypeError(f"a new array like a {type(like).__name__}: torch or CuPy only")
+    dt = np.uint16 if dtype == BF16 else dtype
+    if like.device.id == cupy.cuda.runtime.getDevice():
+        return cupy.empty(shape, dtype=dt)
+    with cupy.cuda.Device(like.device.id):
+        return cupy.empty(shape, dtype=dt)
+
+
+def current_stream(x):
+    """The handle of the current stream of ``x``'s framework on its device (CuPy's, torch's),
+    or None for other kinds."""
+    k = kind(x)
+    if k == CUPY:
+        return sys.modules["cupy"].cuda.get_current_stream().ptr
+    if k == TORCH:
+        return sys.modules["torch"].cuda.current_stream(x.device).cuda_stream
+    return None
+
+
+def reshaped(x, shape: tuple[int, ...]):
+    """``x`` seen with ``shape`` (a view: torch's ``view``, else ``reshape``)."""
+    return x.view(shape) if kind(x) == TORCH else x.reshape(shape)
 
 
 def _check_bf16(dtype_obj, dtype: str | None, what: str) -> None:
@@ -51,7 +324,7 @@ def _host_torch(x, dtype: str | None, needs: str):
     TypeError for a bad ``dtype=``, a CUDA tensor (``needs`` says why) or a non-BF16 one."""
     if dtype is not None and dtype not in _BF16_NAMES:
         raise TypeError(f"zipccl compresses BF16 tensors; dtype={dtype!r} is not bfloat16")
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
         if x.is_cuda:
             raise TypeError(f"{needs}; this torch tensor is on a CUDA device")
@@ -142,8 +415,6 @@ def value_type(dtype_obj, dtype: str | None, what: str) -> int:
     >>> value_type(np.dtype(np.float16), None, "NumPy array"), value_type(np.dtype(np.uint32), "float32", "x")
     (3, 2)
     """
-    from . import format as fmt
-
     name = str(dtype_obj)
     want = None
     if dtype is not None:
@@ -181,7 +452,7 @@ def host_values(x, *, dtype: str | None = None) -> tuple[np.ndarray, int]:
     >>> host_values(np.array([1.0], np.float32))
     (array([1065353216], dtype=uint32), 2)
     """
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
         if x.is_cuda:
             raise TypeError("host_values needs a host tensor; this torch tensor is on a CUDA device")
@@ -204,10 +475,8 @@ def host_out_values(out, code: int) -> np.ndarray:
     if code == 1:
         return host_out_bits(out, dtype="bfloat16" if getattr(out, "dtype", None) == np.uint16
                              else None)
-    from . import format as fmt
-
     name = fmt.DTYPE_NAMES[code]
-    torch = _torch_of(out)
+    torch = torch_of(out)
     if torch is not None:
         if out.is_cuda:
             raise TypeError("a host frame decodes into a host tensor; this torch tensor is on a "
@@ -250,7 +519,7 @@ _INTS = {1: np.int16, 2: np.int32, 3: np.int16}
 def host_frame(frame):
     """A CPU torch frame (a uint8 tensor) as the NumPy view of its bytes; any other frame
     as it is. Raises TypeError for a torch tensor of another dtype."""
-    torch = _torch_of(frame)
+    torch = torch_of(frame)
     if torch is None:
         return frame
     if frame.dtype != torch.uint8:
@@ -267,7 +536,7 @@ def like_input(arr: np.ndarray, like, code: int | None = None):
     >>> like_input(np.array([16256], np.uint16), b"frame", 1).astype(np.float32)
     array([1.], dtype=float32)
     """
-    torch = _torch_of(like)
+    torch = torch_of(like)
     if torch is None:
         return arr if code is None else as_values(arr, code)
     if not arr.flags.writeable:  # torch tensors are writable: never share read-only memory
@@ -290,7 +559,7 @@ def as_bf16(bits: np.ndarray) -> np.ndarray:
 
 def to_bf16(x) -> np.ndarray:
     """Round any floating host array to BF16 (round-to-nearest-even), for tools and demos."""
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
         x = x.detach().float().cpu().numpy()
     return np.asarray(x).astype(BF16)

@@ -21,17 +21,15 @@ from functools import lru_cache
 import numpy as np
 
 from .. import format as fmt
-from ..arrays import _torch_of
+from ..arrays import current_stream, reshaped, torch_of
 from ..codebook import SAMPLE_SIZE, Codebook
 from .gpu_arrays import (
     _KIND_OF,
     _check_frame_bytes,
-    _default_stream_for,
     _empty_like_framework,
     _flat,
     _frame_buffer,
     _raw,
-    _reshaped,
     _stream_key,
     _typed_view,
     _u8,
@@ -69,7 +67,7 @@ def encode_into(bits, out, codebook: Codebook, stream=None, checksum: bool = Fal
     """
     if type(codebook) is not Codebook and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
-    if dtype is not None or _torch_of(bits) is None or bits.dtype != _torch_of(bits).bfloat16:
+    if dtype is not None or torch_of(bits) is None or bits.dtype != torch_of(bits).bfloat16:
         code = element_code(bits, dtype)
         if code != fmt.DTYPE_BF16:
             return _encode_wide_into(bits, out, codebook, stream, checksum, shape, workspace, code)
@@ -175,7 +173,7 @@ def decode_into(frame, out, stream=None, workspace: Workspace | None = None,
     No synchronisation; errors go to the workspace (``Workspace.last_error``), a frame
     of another element type included. Plans are cached as in ``encode_into``.
     """
-    if dtype is not None or _torch_of(out) is None or out.dtype != _torch_of(out).bfloat16:
+    if dtype is not None or torch_of(out) is None or out.dtype != torch_of(out).bfloat16:
         code = element_code(out, dtype)
         if code != fmt.DTYPE_BF16:
             return _decode_wide_into(frame, out, stream, workspace, code)
@@ -252,7 +250,7 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
     if codebook is not None and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
     xb, shape, code = _typed_view(x, dtype)
-    stream = _default_stream_for(x, stream)
+    stream = current_stream(x) if stream is None else stream
     bf16 = code == fmt.DTYPE_BF16
     if codebook is None and sigma is not None:
         codebook = Codebook.from_sigma(sigma, code)
@@ -349,7 +347,7 @@ def decompress(frame, out=None, stream=None):
     the header just read and the frame decoded again: a second synchronisation.
     """
     runtime = _kernels()[3]
-    stream = _default_stream_for(frame, stream)
+    stream = current_stream(frame) if stream is None else stream
     if runtime.SIMULATOR:
         fb, nbytes = _u8(frame)
         f_ptr = _raw(fb)[0]
@@ -378,7 +376,7 @@ def decompress(frame, out=None, stream=None):
         if h.n == guess.n and h.dtype == guess.dtype:  # the decode was the frame's own
             if err:
                 raise ValueError(f"corrupted zipccl frame: {Workspace.describe(err)}")
-            return result if h.shape == guess.shape else _reshaped(dst, h.shape)
+            return result if h.shape == guess.shape else reshaped(dst, h.shape)
     else:
         h = _parse_header(_read_header(fb, f_ptr, s), nbytes)
         _remember_guess(where, (device, skey), h)

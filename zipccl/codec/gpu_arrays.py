@@ -4,35 +4,38 @@ CuPy arrays, Numba device arrays and CUDA torch tensors (through their own attri
 ``__cuda_array_interface__``) become a device pointer, a length and an element type
 (``element_code``: BF16, FP32 or FP16, with ``dtype=`` for integer bit patterns), checked once:
 C-contiguous, 16-byte aligned, frame buffers uint8. Accepted argument kinds are remembered, so a
-steady-state call re-checks only the array itself. New arrays are made in the caller's framework,
-and a stream object becomes its CUDA handle.
+steady-state call re-checks only the array itself. What kind an array is, its pointer, new
+arrays in the caller's framework and its current stream come from ``zipccl.arrays``; here only
+the simulator's stand-ins (NumPy memory, Numba's fake device arrays) are added to them.
 """
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from .. import format as fmt
-from ..arrays import _torch_of, value_type
+from ..arrays import (
+    BF16,
+    CUPY,
+    TORCH,
+    check_cuda_tensor,
+    device_buffer,
+    empty_like,
+    kind,
+    torch_of,
+    value_type,
+)
 from .gpu_route import _kernels
 
 _ALIGN = 16
-
-
-def _cupy_of(x):
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return cupy
-    return None
+_FRAMEWORK = (CUPY, TORCH)  # kinds read through their own attributes; the rest through _kernels
 
 
 def _bits_view(x, dtype: str | None):
     """(object exposing the interface as 16-bit integers, shape). Raises TypeError for non-BF16."""
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
-        _check_cuda_tensor(x)
+        check_cuda_tensor(x)
         if x.dtype == torch.bfloat16:
             return x.view(torch.int16), tuple(x.shape)
         if x.dtype in (torch.int16, torch.uint16) and dtype in ("bfloat16", "bf16"):
@@ -40,8 +43,7 @@ def _bits_view(x, dtype: str | None):
         raise TypeError(f"zipccl compresses BF16 tensors; got a torch tensor of dtype {x.dtype}"
                         + (" (pass dtype=\"bfloat16\" to read 16-bit integers as BF16)"
                            if x.dtype in (torch.int16, torch.uint16) else ""))
-    cupy = _cupy_of(x)
-    if cupy is not None:
+    if kind(x) == CUPY:
         dt, shape = x.dtype, x.shape
     else:
         _, _, dt, shape = _kernels()[3].interface(x)
@@ -55,11 +57,7 @@ def _bits_view(x, dtype: str | None):
 
 def _dtype_name(x) -> str:
     """The dtype of a device array as text ('float32', 'torch.float16', 'uint16', ...)."""
-    torch = _torch_of(x)
-    if torch is not None:
-        return str(x.dtype)
-    cupy = _cupy_of(x)
-    if cupy is not None:
+    if kind(x) in _FRAMEWORK:
         return str(x.dtype)
     return str(_kernels()[3].interface(x)[2])
 
@@ -116,12 +114,12 @@ def _typed_view(x, dtype: str | None):
     if known is not None:
         code, as_torch = known
         if as_torch is not None:
-            _check_cuda_tensor(x)
+            check_cuda_tensor(x)
             return (x.view(as_torch) if as_torch is not x.dtype else x), tuple(x.shape), code
         return x, tuple(x.shape), code
     xb, shape, code = _typed_view_checked(x, dtype)
     if key[1] is not None and len(_TYPED) < 256:
-        torch = _torch_of(x)
+        torch = torch_of(x)
         _TYPED[key] = (code, xb.dtype if torch is not None else None)
     return xb, shape, code
 
@@ -137,9 +135,9 @@ def _typed_view_checked(x, dtype: str | None):
     if code == fmt.DTYPE_BF16:
         xb, shape = _bits_view(x, dtype)
         return xb, shape, code
-    torch = _torch_of(x)
+    torch = torch_of(x)
     if torch is not None:
-        _check_cuda_tensor(x)
+        check_cuda_tensor(x)
         return x.view(torch.int32 if code == fmt.DTYPE_FP32 else torch.int16), tuple(x.shape), code
     return x, tuple(x.shape), code
 
@@ -158,7 +156,7 @@ def _wide_values(obj, code: int) -> tuple[int, int]:
 def _u16(obj):
     """(object holding the data as 16-bit integers, n): ``_values``' checks, keeping the object
     (the simulator's route makes Numba views of it)."""
-    torch = _torch_of(obj)
+    torch = torch_of(obj)
     if torch is not None and obj.dtype == torch.bfloat16:
         obj = obj.view(torch.int16)
     return obj, _values(obj)[1]
@@ -169,30 +167,12 @@ def _u8(obj):
     return obj, _frame_buffer(obj)[1]
 
 
-def _check_cuda_tensor(x) -> None:
-    """A torch tensor the GPU codec can take: on a CUDA device and C-contiguous."""
-    if not x.is_cuda:
-        raise TypeError("a CPU torch tensor goes to the host codec, not the GPU one")
-    if not x.is_contiguous():
-        raise ValueError("zipccl needs C-contiguous device arrays")
-
-
 def _raw(obj) -> tuple[int, int, int]:
-    """(device pointer, byte length, itemsize) of a C-contiguous device array, cheaply.
-
-    CuPy arrays and torch tensors are read through their own attributes (cheaper than the
-    interface); anything else through ``__cuda_array_interface__``.
-    """
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and type(obj) is cupy.ndarray:
-        if not obj.flags.c_contiguous:
-            raise ValueError("zipccl needs C-contiguous device arrays")
-        return obj.data.ptr, obj.nbytes, obj.itemsize
-    torch = _torch_of(obj)
-    if torch is not None:
-        _check_cuda_tensor(obj)
-        item = obj.element_size()
-        return obj.data_ptr(), obj.numel() * item, item
+    """(device pointer, byte length, itemsize) of a C-contiguous device array: CuPy arrays and
+    torch tensors by ``arrays.device_buffer``, anything else by the kernels' ``interface``
+    (``__cuda_array_interface__``; the memory of a stand-in under the simulator)."""
+    if kind(obj) in _FRAMEWORK:
+        return device_buffer(obj)
     ptr, nbytes, dt, _ = _kernels()[3].interface(obj)
     return ptr, nbytes, dt.itemsize
 
@@ -238,49 +218,23 @@ def _stream_key(stream) -> int:
     return int(stream)
 
 
-_KINDS_NP = {"u8": np.uint8, "bf16": np.uint16, "f32": np.float32, "f16": np.float16}
+_KINDS_NP = {"u8": np.uint8, "bf16": BF16, "f32": np.float32, "f16": np.float16}
 _KIND_OF = {fmt.DTYPE_BF16: "bf16", fmt.DTYPE_FP32: "f32", fmt.DTYPE_FP16: "f16"}
 
 
-def _empty_like_framework(like, nbytes_or_shape, kind: str):
-    """A new device array in the framework of ``like``: kind 'u8' (frame) or 'bf16', 'f32',
-    'f16' (values)."""
-    torch = _torch_of(like)
-    if torch is not None:
-        dt = {"u8": torch.uint8, "bf16": torch.bfloat16, "f32": torch.float32,
-              "f16": torch.float16}[kind]
-        return torch.empty(nbytes_or_shape, dtype=dt, device=like.device)
-    cupy = _cupy_of(like)
-    if cupy is not None:
-        dt = _KINDS_NP[kind]
-        if like.device.id == cupy.cuda.runtime.getDevice():
-            return cupy.empty(nbytes_or_shape, dtype=dt)
-        with cupy.cuda.Device(like.device.id):
-            return cupy.empty(nbytes_or_shape, dtype=dt)
+def _empty_like_framework(like, nbytes_or_shape, what: str):
+    """A new device array in the framework of ``like`` (``arrays.empty_like``; a Numba device
+    array, or NumPy memory under the simulator, for other kinds): ``what`` 'u8' (frame) or
+    'bf16', 'f32', 'f16' (values; Numba and CuPy hold BF16 as uint16)."""
+    dt = _KINDS_NP[what]
+    if kind(like) in _FRAMEWORK:
+        return empty_like(like, nbytes_or_shape, dt)
+    dt = np.uint16 if dt == BF16 else dt
     runtime = _kernels()[3]
     if runtime.SIMULATOR:
-        return np.empty(nbytes_or_shape, dtype=_KINDS_NP[kind])
-    return runtime.device_empty(nbytes_or_shape, _KINDS_NP[kind])
-
-
-def _default_stream_for(x, stream):
-    if stream is not None:
-        return stream
-    cupy = _cupy_of(x)
-    if cupy is not None:
-        return cupy.cuda.get_current_stream().ptr
-    torch = _torch_of(x)
-    if torch is not None:
-        return torch.cuda.current_stream(x.device).cuda_stream
-    return None
+        return np.empty(nbytes_or_shape, dtype=dt)
+    return runtime.device_empty(nbytes_or_shape, dt)
 
 
 def _flat(buf):
     return buf if buf.ndim == 1 else buf.reshape(-1)
-
-
-def _reshaped(dst, shape: tuple[int, ...]):
-    torch = _torch_of(dst)
-    if torch is not None:
-        return dst.view(shape)
-    return dst.reshape(shape)

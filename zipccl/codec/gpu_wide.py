@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import format as fmt
-from ..arrays import _torch_of
+from ..arrays import torch_of
 from ..codebook import Codebook
 from .gpu_arrays import _check_frame_bytes, _frame_buffer, _raw, _stream_key, _u8, _wide_values
 from .gpu_route import _crc_table, _device_pointer, _dispatcher_route, _kernels, _wide
@@ -68,8 +68,8 @@ def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace,
     """``encode_into`` of FP32 / FP16 through Numba's dispatcher (the simulator's route)."""
     runtime = _kernels()[3]
     _wide_values(bits, code)  # the checks
-    xb = bits.view(_torch_of(bits).int32 if code == fmt.DTYPE_FP32 else _torch_of(bits).int16) \
-        if _torch_of(bits) is not None else bits
+    xb = bits.view(torch_of(bits).int32 if code == fmt.DTYPE_FP32 else torch_of(bits).int16) \
+        if torch_of(bits) is not None else bits
     n = _raw(bits)[1] // fmt.ITEMSIZE[code]
     ob, nbytes = _u8(out)
     ws = workspace if workspace is not None else default_workspace(stream, n)
@@ -117,7 +117,7 @@ def _decode_wide_numba(frame, out, stream, workspace, code) -> None:
     _common, _, _, runtime, _ = _kernels()
     fb, nbytes = _u8(frame)
     _, n = _wide_values(out, code)
-    torch = _torch_of(out)
+    torch = torch_of(out)
     ob = out.view(torch.int32 if code == fmt.DTYPE_FP32 else torch.int16) if torch is not None else out
     _check_frame_bytes(nbytes)
     lay = fmt.Layout.for_count(n, code)

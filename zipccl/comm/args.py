@@ -9,22 +9,22 @@ needs (dtype, contiguity, alignment, writability, sizes, counts) and raises Type
 ValueError naming the argument, before anything moves; the Communicator reports those in
 the control row (``agreement``).
 
-It also reads an argument's *identity* cheaply (address, shape, strides, dtype: the plan
-key, ``call_key``), so that a call whose arguments were seen before is looked up instead
-of normalised again (``plans``). Like ``zipccl.arrays``, it imports neither torch nor CuPy
-unless the caller's object already comes from them.
+The plan key of a call (``call_key``) is its arguments' ``arrays.identity`` (address, shape,
+strides, dtype, device), so that a call whose arguments were seen before is looked up instead
+of normalised again (``plans``). What kind an argument is and its views as another kind come
+from ``zipccl.arrays``, the one array-kind adapter.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import format as fmt
-from ..arrays import _INT_NAMES, BF16, _torch_of
+from ..arrays import _INT_NAMES, BF16, CAI, CUPY, NUMPY, TORCH, address, cupy_view, identity, kind
+from ..arrays import unowned as unowned_view
 from .transport import REDUCE_OPS, stream_ptr
 
 # dtype= values: the element type integer bit patterns hold
@@ -97,8 +97,9 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
     TypeError: recv: dtype='bfloat16' needs a 16-bit array, got float64
     """
     want = _want(dtype)
-    torch = _torch_of(x)
-    if torch is not None:
+    k = kind(x)
+    if k == TORCH:
+        torch = sys.modules["torch"]
         if not x.is_contiguous():
             raise ValueError(f"{role} is a non-contiguous torch tensor; pass .contiguous()")
         t = x.detach()
@@ -115,8 +116,7 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
             arr = arr.view(np.uint16)
         flat, code, name = _typed(arr, name, want, role)
         return Arr(flat, bool(t.is_cuda), code, name, torch=True)
-    cupy_mod = sys.modules.get("cupy")
-    if (cupy_mod is not None and type(x) is cupy_mod.ndarray) or hasattr(x, "__cuda_array_interface__"):
+    if k in (CUPY, CAI):
         try:
             import cupy
         except ImportError as e:
@@ -127,7 +127,7 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
         if arr.data.ptr % max(arr.itemsize, 1):
             raise ValueError(f"{role} is misaligned for its {arr.dtype} elements")
         device = True
-    elif isinstance(x, np.ndarray):
+    elif k == NUMPY:
         arr = x
         if not arr.flags.c_contiguous:
             raise ValueError(f"{role} is a non-contiguous array (strides {arr.strides}); "
@@ -148,40 +148,11 @@ def wrap(x, dtype: str | None, role: str, *, writable: bool = False) -> Arr:
     return Arr(flat, device, code, name)
 
 
-_CUPY_OF_TORCH = {"int16": np.int16, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
-
-
-def cupy_view(t):
-    """A 1-D CuPy array over the contiguous CUDA tensor ``t``'s memory (kept alive by it), made
-    from its pointer for the types the collectives move (``cupy.asarray`` reads
-    ``__cuda_array_interface__``, which costs tens of microseconds a call), else by CuPy."""
-    import cupy
-
-    dt = _CUPY_OF_TORCH.get(str(t.dtype)[6:])
-    if dt is None:
-        return cupy.asarray(t).reshape(-1)
-    nbytes = t.numel() * t.element_size()
-    mem = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
-    return cupy.ndarray((t.numel(),), dt, cupy.cuda.MemoryPointer(mem, 0))
-
-
 def unowned(a: Arr) -> Arr:
     """``a`` over the same memory without holding its owner (a torch tensor, a caller's array):
     what a plan keeps, so that a cached call never keeps a freed buffer alive. Valid only while
     a live array of the same address, size and type is passed again (the plan key's promise)."""
-    import ctypes
-
-    d = a.data
-    if a.device:
-        cp = sys.modules["cupy"]
-        mem = cp.cuda.UnownedMemory(int(d.data.ptr), int(d.nbytes), None, int(d.device.id))
-        view = cp.ndarray(d.shape, d.dtype, cp.cuda.MemoryPointer(mem, 0))
-    elif d.nbytes:
-        buf = (ctypes.c_char * int(d.nbytes)).from_address(int(d.__array_interface__["data"][0]))
-        view = np.frombuffer(buf, dtype=d.dtype)
-    else:
-        view = np.empty(0, dtype=d.dtype)
-    return Arr(view, a.device, a.code, a.dtype, a.torch)
+    return Arr(unowned_view(a.data), a.device, a.code, a.dtype, a.torch)
 
 
 def check_pair(send: Arr, recv: Arr) -> None:
@@ -257,10 +228,7 @@ def no_bf16_reduction(op: str, transport: str) -> str:
 
 def ptr_range(a) -> tuple[int, int]:
     """[first, last + 1) byte address of a 1-D NumPy or CuPy array."""
-    if isinstance(a, np.ndarray):
-        p = a.__array_interface__["data"][0]
-    else:
-        p = a.data.ptr
+    p = address(a)
     return p, p + a.nbytes
 
 
@@ -303,43 +271,7 @@ def stream_handle(stream, torch: bool) -> int:
     return stream_ptr(stream)
 
 
-# -- plan keys: the arrays' identity (address, shape, strides, dtype) read cheaply per kind ------
-
-def _fp_numpy(a):
-    return (type(a), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype,
-            a.flags.writeable)
-
-
-def _fp_cupy(a):
-    return (type(a), a.data.ptr, a.shape, a.strides, a.dtype)
-
-
-def _fp_torch(t):
-    return (type(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda)
-
-
-def _fp_cai(a):
-    cai = a.__cuda_array_interface__
-    return (type(a), cai["data"][0], cai["shape"], cai["strides"], cai["typestr"])
-
-
-_FINGERPRINTS: dict[type, Callable | None] = {type(None): lambda _: None}  # all_reduce: no recv
-_DEVICE_FP = (_fp_cupy, _fp_cai)
-
-
-def _fingerprinter(t: type):
-    """How to read the identity of arrays of type ``t`` (the kinds ``wrap`` accepts), or None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and issubclass(t, torch.Tensor):
-        return _fp_torch
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and t is cupy.ndarray:
-        return _fp_cupy
-    if hasattr(t, "__cuda_array_interface__"):
-        return _fp_cai
-    if issubclass(t, np.ndarray):
-        return _fp_numpy
-    return None
+# -- plan keys: the arrays' identity ---------------------------------------------------------------
 
 
 def call_key(op: str, a, b, dtype, stream, extra=None):
@@ -354,19 +286,15 @@ def call_key(op: str, a, b, dtype, stream, extra=None):
     >>> call_key("all_reduce", [0.0], None, None, None)
     (None, None)
     """
-    fa = _FINGERPRINTS.get(type(a), 0)
-    if fa == 0:
-        fa = _FINGERPRINTS[type(a)] = _fingerprinter(type(a))
-    fb = _FINGERPRINTS.get(type(b), 0)
-    if fb == 0:
-        fb = _FINGERPRINTS[type(b)] = _fingerprinter(type(b))
-    if fa is None or fb is None:
+    ka = identity(a)
+    kb = None if b is None else identity(b)
+    if ka is None or (kb is None and b is not None):
         return None, stream
-    ka, kb = fa(a), fb(b)
+    k = kind(a)
     st = None
-    if fa in _DEVICE_FP or (fa is _fp_torch and ka[-1]):
+    if k in (CUPY, CAI) or (k == TORCH and ka[-1].type == "cuda"):
         try:
-            st = stream_handle(stream, fa is _fp_torch)
+            st = stream_handle(stream, k == TORCH)
         except (TypeError, AttributeError):
             return None, stream
     return (op, ka, kb, dtype, st, extra), st

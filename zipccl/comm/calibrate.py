@@ -23,8 +23,10 @@ import numpy as np
 
 from .. import format as fmt
 from ..arrays import BF16
+from ..codebook import Codebook
 from ..costfit import fit_alpha_beta
 from ..costmodel import OPS
+from ..format import slot as slots
 from .policy import Profile
 from .transport import cupy_stream
 
@@ -195,9 +197,6 @@ def _communicator_front_end(communicator, key: str, device: bool, stream) -> Fro
     """``measure``'s view of a ``Communicator``: MPI barriers and maxima, its calls forced to
     one path (``Communicator.forcing``), its fixed costs with one-block rounds, and the
     codec on the engine its calls use (device time: CUDA events on a device)."""
-    from ..codebook import Codebook
-    from ..format import slot as slots
-
     if device:
         import cupy
     p, MPI, mpi = communicator.size, communicator._MPI, communicator.comm

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import format as fmt
+from ..arrays import address
+from ..codec.gpu_workspace import Workspace
 from ..format import errors
 from ..format import slot as slots
 from .base import CollectiveError, ExchangeStats, chunk_count, piece, value_code
-from .capacity import escape_room
+from .capacity import CapacityRule, escape_room
 from .engine import Engine
 
 
@@ -65,7 +67,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
         so, sc = sends[me]
         if sc != c:
             raise ValueError(f"rank {me} sends itself {sc} elements but expects {c}")
-        if _address(recv[o:o + c]) != _address(send[so:so + sc]):  # in place: already there
+        if address(recv[o:o + c]) != address(send[so:so + sc]):  # in place: already there
             eng.copy(recv[o:o + c], send[so:so + sc])
     if p == 1 and not loop:
         if on_chunk is not None and c:
@@ -76,7 +78,7 @@ def slot_exchange(eng: Engine, tr, channel, send, sends: Sequence[tuple[int, int
                  step, rounds, code)
     sbuf = eng.workspace("slot_send", plan.s_total)
     rbuf = eng.workspace("slot_recv", plan.r_total)
-    s_base, r_base = _address(sbuf), _address(rbuf)
+    s_base, r_base = address(sbuf), address(rbuf)
     slot_of: dict[int, int] = {}  # this call's slot bytes by element count (the capacity rule)
 
     def slot(n: int) -> int:
@@ -202,14 +204,6 @@ def _plan(p: int, me: int, sends: tuple, recvs: tuple, shared: bool, step: int, 
                  tuple(columns))
 
 
-def _address(a) -> int:
-    """Device (or, on a stand-in device, host) address of a 1-D array."""
-    data = getattr(a, "data", None)
-    if data is not None and hasattr(data, "ptr"):
-        return int(data.ptr)
-    return int(a.__array_interface__["data"][0])
-
-
 class SlotChannel:
     """A communicator's slot machinery: the call numbering, the spill path (``spill.Spills``),
     the sticky error word and the capacity rule (``capacity.CapacityRule``).
@@ -229,8 +223,6 @@ class SlotChannel:
     """
 
     def __init__(self, spills, rule=None, *, lag: int = 256):
-        from .capacity import CapacityRule
-
         self.spills = spills
         self.rule = CapacityRule() if rule is None else rule
         self.lag = int(lag)
@@ -256,8 +248,6 @@ class SlotChannel:
         bits = int(self.spills.error())
         if not bits:
             return None  # every call's path: one read of mapped memory, nothing else
-        from ..codec.gpu_workspace import Workspace
-
         words = [text for bit, text in errors.SLOT_ERRORS.items() if bits & bit]
         if bits & 0xFFFF:
             words.insert(0, f"corrupted zipccl frame: {Workspace.describe(bits & 0xFFFF)}")
@@ -322,9 +312,10 @@ class SlotChannel:
         self.spills.launch_in(seq, stream)
 
     def record_error(self, stream, ws) -> None:
+        # kernels._common imports numba.cuda: loaded by the device engine's first call only.
         from ..kernels._common import WS_ERR_STICKY
 
-        base = int(getattr(ws, "ptr", 0) or 0) or _address(ws.array)
+        base = int(getattr(ws, "ptr", 0) or 0) or address(ws.array)
         self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
 
     def close(self) -> None:

@@ -9,11 +9,15 @@ at once.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import format as fmt
 from ..codebook import Codebook
+from ..format.slot import SLOT_HEADER
 from .base import value_code, value_patterns
+from .exchange import raw_header
 from .reduction import divide, reduce_sum
 
 
@@ -23,6 +27,8 @@ class HostEngine:
     device = False
 
     def __init__(self, checksum: bool = False):
+        # codec.cpu imports Numba (about a second), which a Communicator of device arrays
+        # never needs: it is loaded with the first host engine, not with this module.
         from ..codec import cpu
 
         self.codec = cpu
@@ -48,8 +54,6 @@ class HostEngine:
 
     def elapsed(self, call, repeat: int) -> float:
         """Seconds per call of ``call`` (after one untimed call), ``repeat`` calls in a row."""
-        import time
-
         call()
         t0 = time.perf_counter()
         for _ in range(repeat):
@@ -120,11 +124,7 @@ class HostEngine:
     def encode_slot(self, values: np.ndarray, region: np.ndarray, raw: bool = False) -> None:
         """Encode into ``region[SLOT_HEADER:]`` with the codebook of ``values``' sample
         (``raw``: a RAW frame, the values copied after ``exchange.raw_header``)."""
-        from ..format.slot import SLOT_HEADER
-
         if raw:
-            from .exchange import raw_header
-
             at = SLOT_HEADER + fmt.HEADER_SIZE
             region[SLOT_HEADER:at] = raw_header(values.size, value_code(values))
             region[at:at + values.nbytes] = values.reshape(-1).view(np.uint8)

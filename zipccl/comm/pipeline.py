@@ -19,8 +19,12 @@ import numpy as np
 
 from .. import format as fmt
 from ..codebook import SAMPLE_SIZE, Codebook
+from ..codec import gpu, gpu_workspace
+from ..format.slot import SLOT_HEADER
 from .base import value_code
+from .exchange import raw_header
 from .reduction import DEVICE_DIVIDE, DEVICE_PREAMBLE, DEVICE_SUM
+from .transport import cupy_stream
 
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
@@ -32,9 +36,7 @@ class DeviceEngine:
     device = True
 
     def __init__(self, checksum: bool = False):
-        import cupy
-
-        from ..codec import gpu, gpu_workspace
+        import cupy  # absent on machines without a GPU: loaded by the first device engine
 
         self.cp = cupy
         self.checksum = bool(checksum)
@@ -61,8 +63,6 @@ class DeviceEngine:
         self._in_pipeline = False
 
     def set_stream(self, stream) -> None:
-        from .transport import cupy_stream
-
         self._stream = cupy_stream(stream)
 
     def workspace(self, role: str, nbytes: int):
@@ -246,15 +246,11 @@ class DeviceEngine:
         the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``).
         ``raw``: a RAW frame, two device copies (its header, kept on the device per size and
         type, then the values), no codec kernel."""
-        from ..format.slot import SLOT_HEADER
-
         if raw:
             key = (int(values.size), value_code(values))
             with self._stream:
                 hdr = self._raw_headers.get(key)
                 if hdr is None:  # once per size and type: a set-up step, as a plan's
-                    from .exchange import raw_header
-
                     if len(self._raw_headers) >= 256:
                         self._raw_headers.pop(next(iter(self._raw_headers)))
                     hdr = self.cp.asarray(raw_header(*key))

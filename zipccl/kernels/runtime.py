@@ -17,6 +17,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda  # noqa: I001
 
+from ..arrays import cai_buffer
 from . import compat
 from ._common import CRC_TABLE, WS_STATUS
 
@@ -46,18 +47,7 @@ def interface(obj) -> tuple[int, int, np.dtype, tuple[int, ...]]:
         if not a.flags.c_contiguous:
             raise ValueError("zipccl needs C-contiguous device arrays")
         return a.__array_interface__["data"][0], a.nbytes, a.dtype, a.shape
-    desc = obj.__cuda_array_interface__
-    dtype = np.dtype(desc["typestr"])
-    shape = tuple(int(d) for d in desc["shape"])
-    strides = desc.get("strides")
-    if strides is not None:
-        expect, step = [], dtype.itemsize
-        for d in reversed(shape):
-            expect.append(step)
-            step *= d
-        if tuple(strides) != tuple(reversed(expect)) and int(np.prod(shape)) > 1:
-            raise ValueError("zipccl needs C-contiguous device arrays")
-    return int(desc["data"][0]), int(np.prod(shape)) * dtype.itemsize, dtype, shape
+    return cai_buffer(obj)
 
 
 _SIM_BUFFERS: dict[int, np.ndarray] = {}

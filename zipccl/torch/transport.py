@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..arrays import as_torch
 from ..comm.spill import SendHandle
 from ..comm.transport import Transport
 
@@ -41,27 +42,6 @@ def resolve_group(group):
     if group is None:
         group = dist.distributed_c10d._get_default_group()
     return group
-
-
-def as_torch(arr, dtype: str | None = None) -> torch.Tensor:
-    """A torch view (no copy) of an engine buffer: NumPy -> CPU tensor, CuPy -> CUDA tensor.
-
-    ``dtype="bfloat16"`` reads a uint16 buffer as torch.bfloat16.
-    """
-    if isinstance(arr, torch.Tensor):
-        t = arr
-    elif isinstance(arr, np.ndarray):
-        a = arr
-        if a.dtype == np.uint16:
-            a = a.view(np.int16)  # torch's 16-bit integer with the widest support
-        t = torch.from_numpy(a)
-    else:  # a CUDA array (CuPy): __cuda_array_interface__, zero-copy
-        t = torch.as_tensor(arr, device=torch.device("cuda", arr.device.id))
-        if t.dtype == torch.uint16:
-            t = t.view(torch.int16)
-    if dtype == "bfloat16":
-        t = t.view(torch.bfloat16)
-    return t
 
 
 class _StreamScope:
