@@ -290,7 +290,7 @@ def _splits_ok(t: torch.Tensor, splits, p: int) -> bool:
 
 
 def _done(tensors):
-    from .functional import _done_work
+    from .work import _done_work
 
     return _done_work(tensors[0] if tensors else None)
 
