@@ -164,8 +164,10 @@ class Core:
     def call(self, front: Front, op: str, key, describe, ctx=None, extra: Stats | None = None, *,
              native=None, decided: Decision | None = None, agreed: bool = False, settle=None,
              keep: bool = False):
-        """One collective call of ``front``: replayed from the plan kept under ``key``, or
-        described (``front.described``), planned, agreed, routed, run and counted.
+        """One collective call of ``front``: replayed from the plan kept under ``key`` (a
+        compressed call's kept call and route, the memory its key names being the caller's and
+        alive; an agreed native call's bound transport call), or described
+        (``front.described``), planned, agreed, routed, run and counted.
 
         ``native``: the front end's own uncompressed call (torch's function), run in place of
         the collective file's native path; ``decided``: a decision the front end made alike on
@@ -176,8 +178,20 @@ class Core:
         anew). Returns what ``native`` returned, else None.
         """
         plan = self.plans.get(key) if key is not None else None
-        if plan is not None and (plan.run is not None or plan.call is not None):
-            return self.replay(front, plan, ctx, extra)
+        if plan is not None and plan.call is not None:  # compressed, kept: its call and route
+            call = plan.call
+            device = call.send.device
+            self.last_decision = plan.decision
+            self.agree(plan, plan.link, device)
+            if device:
+                front.where(call, ctx)  # the engine on the call's stream
+            self.run(call, plan.route, True, extra)
+            return None
+        if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
+            plan.run()
+            self.last_decision = plan.decision
+            self.count(op, False, plan.stats, extra)
+            return None
         call = front.described(op, describe, ctx)
         link, world, policy = front.link(call, ctx)
         if settle is not None:
@@ -212,21 +226,6 @@ class Core:
             plan.stats = st
         self.plans.bind(key, plan, bound,
                         agreed=link.verify == "first" and plan.sig in link.agreement.agreed)
-        return None
-
-    def replay(self, front: Front, plan: Plan, ctx, extra: Stats | None) -> None:
-        """A call planned before from its plan: an agreed native call's bound transport call, or
-        a compressed call's kept call and route (the memory its key names is the caller's,
-        alive), agreed where due and run on the engine ``front.where`` sets to its stream."""
-        self.last_decision = plan.decision
-        if plan.run is not None:
-            plan.run()
-            self.count(plan.sig[0], False, plan.stats, extra)
-            return None
-        call = plan.call
-        self.agree(plan, plan.link, call.device)
-        front.where(call, ctx)
-        self.run(call, plan.route, True, extra)
         return None
 
     def native_call(self, op: str, nbytes: int, reduce: str | None, run, extra: Stats | None = None):

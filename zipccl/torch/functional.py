@@ -14,7 +14,6 @@ stream, CPU tensors synchronously. What the results are, bit for bit, is in docs
 from __future__ import annotations
 
 import atexit
-import functools
 import weakref
 
 import torch
@@ -26,13 +25,12 @@ from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
 from ..comm.args import check_counts, wrap
-from ..comm.base import CollectiveError
 from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Front, Link
 from ..comm.policy import Policy
 from ..comm.stats import Stats
 from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
-from .work import _CheckedWork, _done_work
+from .work import _CheckedWork, _done_work, _guarded, _not_capturing
 
 ReduceOp = dist.ReduceOp
 _CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
@@ -47,39 +45,6 @@ def _op_name(op) -> str | None:
         except (TypeError, RuntimeError):
             return None
     return None
-
-
-def _guarded(op: str, group_at: int):
-    """Wrap a ``Collectives`` method (its ``group`` is positional argument ``group_at`` or the
-    keyword): a group this rank is not in warns and returns None, as torch.distributed's
-    functions do; a check this rank fails is posted for its peers (``transport.post_failure``);
-    a peer that fails its own checks leaves this rank in an exchange until the group's timeout,
-    and the error raised then is a ``CollectiveError`` naming the peer's failure."""
-
-    def wrap(method):
-        @functools.wraps(method)
-        def call(self, *args, **kwargs):
-            group = kwargs.get("group", args[group_at] if len(args) > group_at else None)
-            if group is not None and dist.distributed_c10d._rank_not_in_group(group):
-                dist.distributed_c10d._warn_not_in_group(op)
-                return None
-            try:
-                return method(self, *args, **kwargs)
-            except CollectiveError:
-                raise
-            except (ValueError, TypeError) as e:
-                _tr.post_failure(group, f"{op}: {type(e).__name__}: {e}")
-                raise
-            except RuntimeError as e:  # gloo's timeout, a store's: was it a peer's mistake?
-                peers = _tr.peer_failures(group)
-                if peers:
-                    raise CollectiveError(f"zipccl {op}: a peer's call failed before the exchange "
-                                          f"({peers}); here: {str(e).splitlines()[0][:200]}") from e
-                raise
-
-        return call
-
-    return wrap
 
 
 class Collectives(Front):
@@ -158,8 +123,12 @@ class Collectives(Front):
         """A call on the core's path (``describe(p, rank)``), or, for a type or reduction
         zipccl does not code, torch's ``native()`` counted as ``passed(p)`` bytes; the
         ``Work`` of a compressed ``async_op=True`` call (``_done_work``, checked on CUDA)."""
-        if not _coded(t, result) or (reduce is not None and name is None):
-            why = _reduce_name(reduce) if reduce is not None and _coded(t) else None
+        if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
+            bad = result if isinstance(t, torch.Tensor) else t
+            raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
+        coded = t.dtype in _CODED
+        if not coded or result.dtype != t.dtype or (reduce is not None and name is None):
+            why = _reduce_name(reduce) if reduce is not None and coded else None
             work = self._core.native_call(op, passed(dist.get_world_size(group)), why, native, stats)
             return work if async_op else None
         key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
@@ -222,9 +191,18 @@ class Collectives(Front):
         """
         group = resolve_group(group)
         uneven = input_split_sizes is not None or output_split_sizes is not None
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
-        sc = _element_counts(input, input_split_sizes, p, "input")
-        rc = _element_counts(output, output_split_sizes, p, "output")
+
+        def describe(p: int, rank: int):  # the split sizes checked first, as torch's rows
+            sc = _element_counts(input, input_split_sizes, p, "input")
+            rc = _element_counts(output, output_split_sizes, p, "output")
+            return _aa.describe(wrap(input, None, "input"), wrap(output, None, "output"), p, rank,
+                                *((sc, rc) if uneven else ()))
+
+        def passed(p: int) -> int:  # bytes torch's own call sends
+            sc = _element_counts(input, input_split_sizes, p, "input")
+            _element_counts(output, output_split_sizes, p, "output")
+            return (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
+
         settle = None
         if uneven and self.policy.mode == "auto":
             settle = lambda n: _agreed_max(group, input, [n])[0]  # noqa: E731
@@ -232,9 +210,7 @@ class Collectives(Front):
             "all_to_all", group, input, output, async_op, stats,
             lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                            group=group, async_op=async_op),
-            lambda p, rank: _aa.describe(wrap(input, None, "input"), wrap(output, None, "output"),
-                                         p, rank, *((sc, rc) if uneven else ())),
-            lambda p: (sum(sc) - sc[rank]) * input.element_size(),
+            describe, passed,
             extra="uneven" if uneven else None, settle=settle)
 
     @_guarded("all_reduce", 2)
@@ -258,29 +234,12 @@ def _reduce_name(op) -> str:
     return str(getattr(op, "name", op)).split(".")[-1].lower()
 
 
-def _not_capturing(t: torch.Tensor) -> None:
-    """A compressed call cannot be captured in a CUDA graph yet: refuse it, before anything is
-    enqueued, with what to do instead (a native call is torch's own, capturable on NCCL)."""
-    if t.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise CollectiveError("zipccl.torch: a compressed collective cannot be captured in a CUDA "
-                              "graph yet; call it outside the capture, or with policy='never' "
-                              "inside it (torch's own collective)")
-
-
 def _fast_key(op: str, group, t, r, extra=None):
     """A call's plan key: the op, the group, both tensors' address, size, type, device and
     layout, and the stream (CUDA: torch's current one)."""
     st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
     return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
             t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
-
-
-def _coded(*tensors) -> bool:
-    """Tensors zipccl codes: torch tensors of one coded dtype (anything else is torch's)."""
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    return tensors[0].dtype in _CODED and all(t.dtype == tensors[0].dtype for t in tensors)
 
 
 def _nbytes(t: torch.Tensor) -> int:
