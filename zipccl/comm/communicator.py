@@ -29,13 +29,11 @@ from . import all_reduce as _ar
 from . import all_to_all as _aa
 from . import reduce_scatter as _rs
 from .agreement import Agreement, count_matrix, describe, sig_hash
-from .args import call_key, call_stream, no_bf16_reduction, reduction_of, wrap
+from .args import call_key, call_stream, reduction_of, wrap
 from .base import CollectiveError
 from .call import Call
-from .core import COLLECTIVES, DEFAULT_CHUNK_BYTES, Core, Link
-from .plans import Plan
+from .core import DEFAULT_CHUNK_BYTES, Core, Front, Link
 from .policy import OPS, Decision, Policy, Profile, env_policy
-from .stats import Stats
 from .transport import MPITransport, Transport
 
 BACKENDS = ("auto", "nccl", "mpi")
@@ -121,7 +119,7 @@ def _pair(send, recv, dtype):
     return wrap(send, dtype, "send"), wrap(recv, dtype, "recv", writable=True)
 
 
-class Communicator:
+class Communicator(Front):
     """Compressed collectives over an mpi4py communicator (collective constructor).
 
     >>> from mpi4py import MPI
@@ -160,7 +158,6 @@ class Communicator:
         pol = policy if isinstance(policy, Policy) else \
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
-        self.capacity = self._core.capacity
         self.backend = backend
         self.verify = verify
         from mpi4py import MPI
@@ -185,39 +182,19 @@ class Communicator:
             raise
 
     @property
-    def stats(self) -> Stats:
-        """What this communicator's calls moved, per collective (``comm.stats.Stats``)."""
-        return self._core.stats
-
-    @property
-    def last_decision(self) -> Decision | None:
-        """The policy's decision for the last call."""
-        return self._core.last_decision
-
-    @property
     def last_stats(self):
         """Bytes the last call sent (``base.ExchangeStats``: wire and raw)."""
         return self._core.last_stats
 
     # -- settings: every change drops the plans and agreed signatures (on every rank) --------
-    @property
-    def policy(self) -> Policy:
-        """The policy deciding compressed or native (``calibrate`` replaces it)."""
-        return self._core.policy
-
-    @policy.setter
+    @Front.policy.setter
     def policy(self, value: Policy) -> None:
         if not isinstance(value, Policy):
             raise TypeError(f"policy must be a zipccl.comm.Policy, got {type(value).__name__}")
         self._core.policy = value
         self._settings_changed()
 
-    @property
-    def chunk(self) -> int:
-        """Elements per message per pipeline round of the compressed path (0: one round)."""
-        return self._core.chunk
-
-    @chunk.setter
+    @Front.chunk.setter
     def chunk(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"chunk must be an integer, got {type(value).__name__} {value!r}")
@@ -482,65 +459,42 @@ class Communicator:
 
         self._collective("all_reduce", buf, None, dtype, stream, op, describe_call)
 
-    # -- the path every call takes ----------------------------------------------------------
+    # -- the one path (``core.Core.call``) and what it asks of this front end ----------------
     def _collective(self, op: str, send, recv, dtype, stream, extra, make) -> None:
-        """Look the call up by its key (arrays' identity, stream, ``extra``): an agreed native
-        plan with a bound call is the whole call; otherwise ``_call``."""
+        """The call under its plan key (arrays' identity, stream, ``extra``) on the core's path."""
         key, st = call_key(op, send, recv, dtype, stream, extra)
-        plan = self._core.plans.get(key)
-        if plan is not None and plan.run is not None:
-            return self._replay(plan)
-        self._call(op, key, st, make)
+        self._core.call(self, op, key, make, st)
 
-    def _call(self, op: str, key, stream, make) -> None:
-        """Describe (``make``: the collective file's checks), plan, agree, run and count one
-        call. A local argument error is reported in the control row and raises on every rank."""
+    def described(self, op: str, describe, stream) -> Call:
+        """The call ``describe`` gives; a local argument error is reported in the control row
+        and raises on every rank."""
         if self.comm is None:
             raise CollectiveError(f"zipccl {op}: the communicator is closed")
-        core = self._core
         try:
-            call = make()
+            return describe()
         except (TypeError, ValueError) as e:
             self._agreement.control(op, 0, str(e), describe=f"{op}(invalid arguments)")
             raise AssertionError("unreachable: an error in the control row raises") from e
-        call.stream = stream if key is not None and stream is not None else call_stream(call.send, stream)
-        plan = core.plan(key, call, self._link, self.size)
-        first_device = call.device and not self._nccl_tried and self.backend != "mpi"
-        if first_device and plan.sig in self._agreement.agreed:
-            # the first device call agrees before the device transport is set up (a
-            # collective of its own), even for a signature agreed on host arrays
-            self._agreement.control(op, plan.crc, None, describe=describe(plan.sig))
-        core.agree(plan, self._link, call.device)
-        eng, tr = self._route(call.device, call.stream)
-        if call.send.bf16 and call.code is None and not tr.own_reduction:
-            # the same on every rank: the signature is agreed and the transport is every rank's
-            raise CollectiveError(f"zipccl {op}: {no_bf16_reduction(call.reduce, tr.name)}")
-        route = core.route(call, plan.decision, eng, tr)
-        if plan.compress:
-            route.channel = self._slots(eng, plan)
-            core.run(call, route, True)
-            return
-        bound = COLLECTIVES[op].bind(call, route)
-        st = core.run(call, route, False)
-        if plan.stats is None:
-            plan.stats = st
-        core.plans.bind(key, plan, bound,
-                        agreed=self.verify == "first" and plan.sig in self._agreement.agreed)
 
-    def _replay(self, plan: Plan) -> None:
-        """An agreed native call from its plan: the bound transport call, then its count."""
-        plan.run()
-        core = self._core
-        core.last_decision = plan.decision
-        core.count(plan.sig[0], False, plan.stats)
+    def link(self, call: Call, stream):
+        call.stream = call_stream(call.send, stream)
+        if call.device and not self._nccl_tried and self.backend != "mpi":
+            sig = call.sig(self._agreement.settings)
+            if sig in self._agreement.agreed:
+                # the first device call agrees before the device transport is set up (a
+                # collective of its own), even for a signature agreed before
+                self._agreement.control(call.op, sig_hash(sig), None, describe=describe(sig))
+        return self._link, self.size, None
 
-    def _slots(self, eng, plan: Plan):
-        """The slot channel of compressed calls on the engine's memory (host or device, one
+    def where(self, call: Call, stream):
+        return self._route(call.device, call.stream)
+
+    def spills(self, eng, stream):
+        """The spill channel of compressed calls on the engine's memory (host or device, one
         each, made at the first such call, which every rank makes at the same point)."""
         from .spill import MPIChannel, Spills
 
-        return self._core.channel(eng.device, lambda: Spills(MPIChannel(self.comm), device=eng.device),
-                                  plan.decision)
+        return eng.device, lambda: Spills(MPIChannel(self.comm), device=eng.device)
 
     # -- all-to-all with per-peer counts (``agreement``'s module docstring, 5.) -------------
     def _all_to_all_counts(self, send, recv, send_counts, recv_counts, dtype, stream) -> None:
@@ -580,15 +534,7 @@ class Communicator:
         self._counts_call(call, d, largest, stream)
 
     def _counts_call(self, call: Call, d: Decision, largest: int | None, stream) -> None:
-        """Run a per-peer-count all-to-all as ``d`` decided (``largest``: the largest message
-        between two ranks, None where it is not known)."""
-        core = self._core
-        core.last_decision = d
+        """Run a per-peer-count all-to-all as ``d`` decided, agreed here (``largest``: the
+        largest message between two ranks, None where it is not known)."""
         call.largest = largest
-        call.stream = call_stream(call.send, stream)
-        eng, tr = self._route(call.device, call.stream)
-        route = core.route(call, d, eng, tr)
-        compress = call.code is not None and d.compress
-        if compress:
-            route.channel = self._slots(eng, Plan((), 0, d, True))
-        core.run(call, route, compress)
+        self._core.call(self, "all_to_all", None, lambda: call, stream, decided=d, agreed=True)

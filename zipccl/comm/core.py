@@ -1,9 +1,11 @@
 """The core: the one path every front end's collective call takes.
 
-A front end turns its arguments into a ``call.Call`` (through the collective's own file) and a
-``call.Route``; the core decides compressed or native once per call signature (``Plan``), agrees
-on it across ranks as ``Link`` says, runs it through the collective's file and counts it in its
-one ``Stats``. ``Communicator`` and ``zipccl.torch.Collectives`` each hold one ``Core``.
+A front end (a ``Front``: ``Communicator``, ``zipccl.torch.Collectives``) hands ``Core.call``
+a plan key read cheaply from its arguments and a way to describe the call (the collective's
+own file: a ``call.Call``). The core replays the plan kept under the key, or describes,
+decides compressed or native once per signature (``Plan``), agrees across ranks as ``Link``
+says, routes (engine, transport, slot channel), runs through the collective's file and
+counts in its one ``Stats``. The front end answers only what is its own (``Front``'s hooks).
 docs/ARCHITECTURE.md draws the path; ``agreement``'s docstring says what is agreed when.
 """
 
@@ -16,7 +18,8 @@ import numpy as np
 from .. import format as fmt
 from . import all_gather, all_reduce, all_to_all, reduce_scatter
 from .agreement import Agreement, describe, sig_hash
-from .base import ExchangeStats, chunk_elements
+from .args import no_bf16_reduction, unowned
+from .base import CollectiveError, ExchangeStats, chunk_elements
 from .call import Call, Route
 from .host import HostEngine
 from .plans import Plan, Plans
@@ -37,11 +40,60 @@ def chunk_of_bytes(chunk_bytes: int) -> int:
 
 @dataclass(eq=False)
 class Link:
-    """One group of ranks as the core sees it: its control-row agreement and how often to agree
-    (``verify``: "first" per signature, or "always")."""
+    """One group of ranks as the core sees it: its control-row agreement, how often to agree
+    (``verify``: "first" per signature, or "always") and whether native calls on host memory
+    agree their signature (``native_host``; torch's own collectives check their calls)."""
 
     agreement: Agreement
     verify: str = "first"
+    native_host: bool = True
+
+
+class Front:
+    """A front end of the one path: its ``Core`` (``_core``), what every front end reads of it,
+    and the hooks ``Core.call`` asks about one call (``ctx``: the front end's own value for the
+    call, passed through: a stream, a group and tensor)."""
+
+    _core: Core
+
+    @property
+    def policy(self) -> Policy:
+        return self._core.policy
+
+    @property
+    def stats(self) -> Stats:
+        """What this front end's calls moved, per collective (``comm.stats.Stats``)."""
+        return self._core.stats
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The policy's decision for the last call."""
+        return self._core.last_decision
+
+    @property
+    def capacity(self):
+        return self._core.capacity
+
+    @property
+    def chunk(self) -> int:
+        """Elements per message per pipeline round of the compressed path (0: one round)."""
+        return self._core.chunk
+
+    def described(self, op: str, describe, ctx) -> Call:
+        """The call ``describe()`` gives (the collective file's checks raise here)."""
+        return describe()
+
+    def link(self, call: Call, ctx) -> tuple[Link, int, Policy | None]:
+        """(link, ranks, policy: None for the core's own) of ``call``; sets ``call.stream``."""
+        raise NotImplementedError
+
+    def where(self, call: Call, ctx):
+        """(engine, transport) ``call`` runs on, set to its stream (set up at first use)."""
+        raise NotImplementedError
+
+    def spills(self, eng, ctx):
+        """(key, maker) of the spill channel of compressed calls on ``eng``'s memory."""
+        raise NotImplementedError
 
 
 class Core:
@@ -103,10 +155,88 @@ class Core:
             else:
                 ch.spills.close(timeout=timeout)
 
-    def route(self, call: Call, decision: Decision, eng, tr, channel=None) -> Route:
+    def route(self, call: Call, decision: Decision, eng, tr) -> Route:
         """Where ``call`` runs as ``decision`` says (its chunk for the type; loopback on one rank)."""
-        return Route(eng, tr, channel, call.stream, chunk_elements(self.chunk, _itemsize(call)),
+        return Route(eng, tr, None, call.stream, chunk_elements(self.chunk, _itemsize(call)),
                      loopback=decision.loopback and tr.size == 1)
+
+    # -- the one path ---------------------------------------------------------------------------
+    def call(self, front: Front, op: str, key, describe, ctx=None, extra: Stats | None = None, *,
+             native=None, decided: Decision | None = None, agreed: bool = False, settle=None,
+             keep: bool = False):
+        """One collective call of ``front``: replayed from the plan kept under ``key`` (a
+        compressed call's kept call and route, the memory its key names being the caller's and
+        alive; an agreed native call's bound transport call), or described
+        (``front.described``), planned, agreed, routed, run and counted.
+
+        ``native``: the front end's own uncompressed call (torch's function), run in place of
+        the collective file's native path; ``decided``: a decision the front end made alike on
+        every rank (``agreed``: and agreed the call itself); ``settle(nbytes)``: the maximum of
+        ``nbytes`` over ranks, for per-peer counts under "auto" (``settled``). ``extra``: one
+        more ``Stats`` to count the call in; ``keep``: a compressed call with a key is kept in
+        its plan and replayed (the torch front end; the ``Communicator`` describes each one
+        anew). Returns what ``native`` returned, else None.
+        """
+        plan = self.plans.get(key) if key is not None else None
+        if plan is not None and plan.call is not None:  # compressed, kept: its call and route
+            call = plan.call
+            device = call.send.device
+            self.last_decision = plan.decision
+            self.agree(plan, plan.link, device)
+            if device:
+                front.where(call, ctx)  # the engine on the call's stream
+            self.run(call, plan.route, True, extra)
+            return None
+        if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
+            plan.run()
+            self.last_decision = plan.decision
+            self.count(op, False, plan.stats, extra)
+            return None
+        call = front.described(op, describe, ctx)
+        link, world, policy = front.link(call, ctx)
+        if settle is not None:
+            decided = self.settled(call, link, world, policy, settle)
+        if decided is None:
+            plan = self.plan(key, call, link, world, policy)
+        else:
+            sig = call.sig(link.agreement.settings)
+            plan = Plan(sig, sig_hash(sig), decided, bool(call.code is not None and decided.compress))
+            self.last_decision = decided
+        if not agreed and (plan.compress or call.device or key is None or link.native_host):
+            self.agree(plan, link, call.device)
+        if native is not None and not plan.compress:
+            work = native()
+            raw = native_bytes(call, world)
+            self.count(op, False, ExchangeStats(raw, raw), extra)
+            return work
+        eng, tr = front.where(call, ctx)
+        route = self.route(call, plan.decision, eng, tr)
+        if plan.compress:
+            route.channel = self.channel(*front.spills(eng, ctx), plan.decision)
+            self.run(call, route, True, extra)
+            if keep and key is not None and decided is None and not call.uneven:
+                _keep(plan, call, route, link)
+            return None
+        if call.send.bf16 and call.code is None and not tr.own_reduction:
+            # the same on every rank: the signature is agreed and the transport is every rank's
+            raise CollectiveError(f"zipccl {op}: {no_bf16_reduction(call.reduce, tr.name)}")
+        bound = COLLECTIVES[op].bind(call, route)
+        st = self.run(call, route, False, extra)
+        if plan.stats is None:
+            plan.stats = st
+        self.plans.bind(key, plan, bound,
+                        agreed=link.verify == "first" and plan.sig in link.agreement.agreed)
+        return None
+
+    def native_call(self, op: str, nbytes: int, reduce: str | None, run, extra: Stats | None = None):
+        """A call zipccl does not code (a type, or a reduction other than ``reduce`` names):
+        the front end's own ``run()``, decided native and counted."""
+        why = own_reduction(reduce) if reduce else \
+            "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
+        self.last_decision = Decision(op, nbytes, False, why)
+        work = run()
+        self.count(op, False, ExchangeStats(nbytes, nbytes), extra)
+        return work
 
     # -- deciding and agreeing, once per signature ------------------------------------------------
     def decide(self, call: Call, world: int, policy: Policy | None = None) -> Decision:
@@ -114,13 +244,25 @@ class Core:
         if self.force is not None and call.send.bf16 and world > 1:
             d = Decision(call.op, call.nbytes, self.force, "calibration")
         elif call.code is None and call.send.code is not None:  # a coded type, another reduction
-            d = Decision(call.op, call.nbytes, False, f"op={call.reduce!r}: zipccl computes sum and "
-                                                      f"avg; {call.reduce} is the transport's own")
+            d = Decision(call.op, call.nbytes, False, own_reduction(call.reduce))
         else:
             dtype = call.send.dtype if call.code is not None else None
             d = (policy or self.policy).decide(call.op, call.nbytes, dtype=dtype,
                                                device=call.device, world=world)
         self.last_decision = d
+        return d
+
+    def settled(self, call: Call, link: Link, world: int, policy: Policy | None, largest) -> Decision:
+        """The decision of a per-peer-count call, the same on every rank although the counts
+        differ: the first such call of a link and type decides on the largest size over its
+        ranks (``largest(nbytes)``: one small all-reduce), and that decision holds from then on."""
+        ag = link.agreement
+        sig = call.sig(ag.settings)
+        d = ag.decisions.get(sig)
+        if d is None:
+            call.nbytes = largest(call.nbytes)
+            d = self.decide(call, world, policy)
+            ag.keep_decision(sig, d)
         return d
 
     def plan(self, key, call: Call, link: Link, world: int, policy: Policy | None = None) -> Plan:
@@ -157,6 +299,26 @@ class Core:
         if extra is not None:
             extra.add(compress, st, op)
         self.last_stats = st
+
+
+def own_reduction(reduce: str) -> str:
+    """Why a call with reduction ``reduce`` stays native."""
+    return f"op={reduce!r}: zipccl computes sum and avg; {reduce} is the transport's own"
+
+
+def native_bytes(call: Call, p: int) -> int:
+    """Bytes this rank sends in the native form of ``call`` on ``p`` ranks."""
+    if call.op == "all_reduce":
+        return 2 * call.send.nbytes * (p - 1) // max(p, 1)
+    return call.send.data.itemsize * (sum(call.send_counts) - call.send_counts[call.rank])
+
+
+def _keep(plan: Plan, call: Call, route: Route, link: Link) -> None:
+    """Keep a compressed call in its plan for replay, over its memory without its owners."""
+    send = unowned(call.send)
+    call.recv = send if call.recv is call.send else unowned(call.recv)
+    call.send = send
+    plan.call, plan.route, plan.link = call, route, link
 
 
 def _itemsize(call: Call) -> int:

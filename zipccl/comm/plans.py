@@ -1,12 +1,13 @@
-"""Plans: what a ``Communicator`` decides once per call signature and replays afterwards.
+"""Plans: what the core decides once per call signature and replays afterwards.
 
 A *plan* holds a call signature (``agreement``'s module docstring, 2.), its 64-bit hash
-(the one the control row carries), the policy's decision and, for an agreed native call
-with ``verify="first"``, the transport call with its arguments packed (``run``): then the
-call's lookup by its key (``args.call_key``: the arrays' identity and the stream) is the
-whole call. Plans are local: dropping them costs re-planning only, never a different
-exchange, so ``Plans`` simply drops all of them at ``MAX_PLANS`` (and the Communicator
-drops them whenever its settings change or its agreed signatures are forgotten).
+(the one the control row carries), the policy's decision and what replays it: for an agreed
+native call with ``verify="first"``, the transport call with its arguments packed (``run``);
+for a compressed call, its described call and route. Then the call's lookup by its key (the
+arrays' identity and the stream, read by the front end) is the whole call. Plans are local:
+dropping them costs re-planning only, never a different exchange, so ``Plans`` simply drops
+all of them at ``MAX_PLANS`` (and a front end drops them whenever its settings change or its
+agreed signatures are forgotten).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Plan:
     compress: bool  # the compressed exchange (else the native collective)
     run: Callable[[], None] | None = None  # a native call with its arguments packed: the whole call
     stats: ExchangeStats | None = None  # bytes a native call moves
+    call: object = None  # a compressed call kept for replay (``call.Call``), its route and link
+    route: object = None
+    link: object = None
 
 
 class Plans(dict):

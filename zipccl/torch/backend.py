@@ -31,6 +31,7 @@ from ..comm.policy import MODES, Policy, env_policy
 from ..comm.stats import Stats
 from .functional import _CODED, Collectives, _op_name
 from .transport import post_failure
+from .work import _done_work
 
 BACKEND = "zipccl"
 STAT_OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -264,7 +265,7 @@ class ZipProcessGroup(dist.ProcessGroup):
             work.wait()
             for r, o in enumerate(outs):
                 o.copy_(flat[r * x.numel():(r + 1) * x.numel()].view(o.shape))
-            return _done(outs)
+            return _done_work(outs[0] if outs else None)
         return self._pass("allgather", output_tensors, input_tensors, opts)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -287,12 +288,6 @@ def _splits_ok(t: torch.Tensor, splits, p: int) -> bool:
     if splits is None:
         return rows % p == 0
     return len(splits) == p and sum(splits) == rows and min(splits) >= 0
-
-
-def _done(tensors):
-    from .functional import _done_work
-
-    return _done_work(tensors[0] if tensors else None)
 
 
 class _Scope:

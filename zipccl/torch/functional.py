@@ -4,17 +4,16 @@ bit-exact: the torch front end of the one call path.
 ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single`` and ``all_reduce``
 take torch.distributed's arguments and return what it returns (``None``, or a ``Work`` with
 ``async_op=True``); ``all_gather_single`` / ``reduce_scatter_single`` are torch 2.13's names.
-Coded tensors become a ``comm.call.Call`` (``args.wrap``, the collective's own checks) that
-``Collectives``' ``comm.core.Core`` decides, agrees, runs and counts; any other dtype or
-reduction (not SUM / AVG) goes to torch.distributed's own function unchanged. CUDA tensors run
-in order on torch's current stream, CPU tensors synchronously. What the results are, bit for
-bit (the stated sum, AVG), is in docs/TORCH.md.
+``Collectives`` translates them for ``comm.core.Core.call`` (tensors -> ``args.wrap`` -> the
+collective's own checks; the group -> a transport and agreement link; torch's current stream)
+and answers the core's hooks; any other dtype or reduction (not SUM / AVG) goes to
+torch.distributed's own function unchanged. CUDA tensors run in order on torch's current
+stream, CPU tensors synchronously. What the results are, bit for bit, is in docs/TORCH.md.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import weakref
 
 import torch
@@ -25,65 +24,16 @@ from ..comm import all_reduce as _ar
 from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
-from ..comm.args import Arr, call_key, check_counts, unowned, wrap
-from ..comm.base import CollectiveError, ExchangeStats
-from ..comm.call import Call
-from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Link
-from ..comm.plans import MAX_PLANS
-from ..comm.policy import Decision, Policy
+from ..comm.args import check_counts, wrap
+from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Front, Link
+from ..comm.policy import Policy
 from ..comm.stats import Stats
 from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
+from .work import _CheckedWork, _done_work, _guarded, _not_capturing
 
 ReduceOp = dist.ReduceOp
-_DONE = object()  # ``Collectives._replayed``: the call ran from its plan
 _CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
-
-
-def _done_work(result: torch.Tensor | None = None):
-    """A torch.distributed ``Work`` that is complete (CPU) or ordered on the current stream (CUDA)."""
-    devices = [result.device] if result is not None and result.is_cuda else []
-    fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-    fut.set_result([result] if result is not None else [])
-    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
-    return make(fut) if make is not None else _Handle(fut)
-
-
-class _CheckedWork(dist.Work):
-    """A compressed CUDA call's ``Work``: the inner one's stream order, then the slot channel's
-    sticky error (``CollectiveError``) at ``wait()``."""
-
-    def __init__(self, inner, channel):
-        super().__init__()
-        self._inner, self._channel = inner, channel
-
-    def wait(self, timeout=None) -> bool:
-        ok = self._inner.wait()
-        self._channel.check("wait")
-        return ok
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def get_future(self):
-        return self._inner.get_future()
-
-
-class _Handle:
-    """Stand-in for ``Work`` where torch cannot wrap a future (``wait``, ``is_completed``, ``get_future``)."""
-
-    def __init__(self, fut):
-        self._fut = fut
-
-    def wait(self, timeout=None) -> bool:
-        self._fut.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def get_future(self):
-        return self._fut
 
 
 def _op_name(op) -> str | None:
@@ -97,40 +47,7 @@ def _op_name(op) -> str | None:
     return None
 
 
-def _guarded(op: str, group_at: int):
-    """Wrap a ``Collectives`` method (its ``group`` is positional argument ``group_at`` or the
-    keyword): a group this rank is not in warns and returns None, as torch.distributed's
-    functions do; a check this rank fails is posted for its peers (``transport.post_failure``);
-    a peer that fails its own checks leaves this rank in an exchange until the group's timeout,
-    and the error raised then is a ``CollectiveError`` naming the peer's failure."""
-
-    def wrap(method):
-        @functools.wraps(method)
-        def call(self, *args, **kwargs):
-            group = kwargs.get("group", args[group_at] if len(args) > group_at else None)
-            if group is not None and dist.distributed_c10d._rank_not_in_group(group):
-                dist.distributed_c10d._warn_not_in_group(op)
-                return None
-            try:
-                return method(self, *args, **kwargs)
-            except CollectiveError:
-                raise
-            except (ValueError, TypeError) as e:
-                _tr.post_failure(group, f"{op}: {type(e).__name__}: {e}")
-                raise
-            except RuntimeError as e:  # gloo's timeout, a store's: was it a peer's mistake?
-                peers = _tr.peer_failures(group)
-                if peers:
-                    raise CollectiveError(f"zipccl {op}: a peer's call failed before the exchange "
-                                          f"({peers}); here: {str(e).splitlines()[0][:200]}") from e
-                raise
-
-        return call
-
-    return wrap
-
-
-class Collectives:
+class Collectives(Front):
     """The four collectives with one configuration, one ``comm.core.Core`` and one ``stats``.
 
     >>> # in a torch.distributed job (gloo on CPU, NCCL on GPU):
@@ -160,144 +77,69 @@ class Collectives:
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
         self._links: dict[tuple, tuple[ProcessGroupTransport, Link]] = {}
-        self._uneven: dict[tuple, object] = {}  # auto's agreed decision for uneven all-to-alls
-        self._fast: dict[tuple, tuple] = {}  # compressed signatures planned: (plan, call, route, link)
         _LIVE.add(self)
 
     @property
-    def policy(self) -> Policy:
-        return self._core.policy
+    def _fast(self):
+        """The plans kept by call key (a compressed one replays its call without checks)."""
+        return self._core.plans
 
-    @property
-    def stats(self) -> Stats:
-        """What this object's calls moved, per collective (``comm.stats.Stats``)."""
-        return self._core.stats
+    # -- what the core asks (``ctx``: the group and the tensor the call runs on) -------------
+    def described(self, op: str, describe, ctx):
+        return describe(dist.get_world_size(ctx[0]), dist.get_rank(ctx[0]))
 
-    @property
-    def last_decision(self):
-        return self._core.last_decision
-
-    @property
-    def capacity(self):
-        return self._core.capacity
-
-    @property
-    def chunk(self) -> int:
-        return self._core.chunk
-
-    # -- plumbing ---------------------------------------------------------------------------
-    def _link(self, group, t: torch.Tensor) -> tuple[ProcessGroupTransport, Link]:
-        """The transport and agreement link of ``group`` for tensors on ``t``'s device."""
+    def link(self, call, ctx):
+        group, t = ctx
         key = (group, t.device)
         got = self._links.get(key)
         if got is None:
             tr = ProcessGroupTransport(group, t.device)
-            got = self._links[key] = (tr, Link(Agreement(tr, tr.size)))
-        return got
+            got = self._links[key] = (tr, Link(Agreement(tr, tr.size), native_host=False))
+        call.stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+        # "auto": the group's calibration (autotune)
+        return got[1], got[0].size, self.resolve(self._core.policy, group, t)
 
-    def _engine(self, t: torch.Tensor):
-        """(engine, stream) for tensors on ``t``'s device (CuPy follows ``t``'s GPU)."""
+    def where(self, call, ctx):
+        group, t = ctx
+        _not_capturing(t)
         if not t.is_cuda:
-            return self._core.engine(False), None
+            return self._core.engine(False), self._links[(group, t.device)][0]
         import cupy
 
         idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
         cupy.cuda.Device(idx).use()  # CuPy keeps its own current device: the engine works on t's
-        stream = torch.cuda.current_stream(t.device).cuda_stream
-        return self._core.engine(True, stream, idx), stream
+        return self._core.engine(True, call.stream, idx), self._links[(group, t.device)][0]
 
-    def _work(self, result: torch.Tensor, group):
-        """The ``Work`` of a compressed ``async_op=True`` call: ordered on the current stream
-        (CUDA) or complete (CPU); on CUDA its ``wait()`` also raises the group's sticky device
-        error as ``CollectiveError`` (what the device has reported so far: no host wait)."""
-        work = _done_work(result)
-        ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
-        return work if ch is None else _CheckedWork(work, ch)
-
-    def _replayed(self, op: str, group, t, result, async_op: bool, stats: Stats | None, extra=None):
-        """(``_DONE``, the call's result) if ``op`` on these tensors was planned compressed
-        before (``_fast_key``) and has run again from its plan; else (its key, None)."""
-        key = _fast_key(op, group, t, result, extra)
-        if key not in self._fast:
-            return key, None
-        return _DONE, self._replay(key, t, result, group, async_op, stats)
-
-    def _replay(self, key, t: torch.Tensor, result: torch.Tensor, group, async_op: bool,
-                stats: Stats | None):
-        """A compressed call whose signature (``_fast_key``) was planned before: its call and
-        route come back from the plan (the memory the key names is the caller's, alive), so
-        nothing is checked or derived again; host memory agrees its control row, as always."""
-        plan, call, route, link = self._fast[key]
-        _not_capturing(t)
-        if t.is_cuda:
-            self._engine(t)  # CuPy's device and the engine's stream: the key's stream
-        else:
-            self._core.agree(plan, link, False)
-        self._core.last_decision = plan.decision
-        self._core.run(call, route, True, stats)
-        return self._work(result, group) if async_op else None
-
-    def _run(self, group, t: torch.Tensor, result: torch.Tensor, describe, native, async_op: bool,
-             stats: Stats | None, reduce: str | None = None, decided=None, fast=None):
-        """The one path of a coded call: describe (the collective's checks), plan and agree on
-        the group, run compressed through the core, or natively through ``native()`` (torch's
-        own function); count it (AVG: the collective's file divides after the stated sum). A
-        compressed plan keeps its call and route under ``fast`` for ``_replay``."""
-        core = self._core
-        call: Call = describe()
-        tr, link = self._link(group, t)
-        eng, call.stream = self._engine(t)
-        key = call_key(call.op, t, result if result is not t else None, None, call.stream,
-                       (id(group), reduce, call.uneven))[0] if decided is None else None
-        policy = self.resolve(core.policy, group, t)  # "auto": the group's calibration (autotune)
-        plan = core.plan(key, call, link, tr.size, policy)
-        if decided is not None:  # an uneven all-to-all: the decision agreed for its group
-            plan.decision, plan.compress = decided, decided.compress
-            core.last_decision = decided
-        if plan.compress or t.is_cuda or key is None:
-            core.agree(plan, link, t.is_cuda)
-        if not plan.compress:
-            work = native()
-            raw = _native_bytes(call, tr.size)
-            core.count(call.op, False, ExchangeStats(raw, raw), stats)
-            return work if async_op else None
-        _not_capturing(t)
-        route = core.route(call, plan.decision, eng, tr, self._channel(group, t, plan.decision))
-        core.run(call, route, True, stats)  # AVG: the collective's file divides after the sum
-        if fast is not None and key is not None:
-            if len(self._fast) >= MAX_PLANS:
-                self._fast.clear()
-            call.send, call.recv = unowned(call.send), (
-                call.send if call.recv is call.send else unowned(call.recv))
-            if call.op == "all_reduce":
-                call.recv = call.send
-            self._fast[fast] = (plan, call, route, link)
-        return self._work(result, group) if async_op else None
-
-    def _channel(self, group, t: torch.Tensor, decision):
-        """The slot channel of compressed calls over ``group`` on ``t``'s device."""
+    def spills(self, eng, ctx):
         from ..comm.spill import Spills
         from .transport import TorchChannel
 
-        return self._core.channel((group, t.device),
-                                  lambda: Spills(TorchChannel(group), device=t.is_cuda), decision)
+        group, t = ctx
+        return (group, t.device), lambda: Spills(TorchChannel(group), device=t.is_cuda)
 
-    @staticmethod
-    def _arr(t: torch.Tensor, role: str) -> Arr:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{role} must be a torch.Tensor, got {type(t).__name__}")
-        return wrap(t, None, role)
-
-    def _native_fallback(self, op: str, nbytes: int, call, async_op: bool, stats: Stats | None,
-                         reduce: str | None = None):
-        """A call zipccl does not code (dtype, reduction): torch's own function, counted."""
-        why = (f"op={reduce!r}: zipccl computes sum and avg; {reduce} is the transport's own"
-               if reduce else "not a type zipccl codes (BF16, FP32, FP16): passed through the "
-                              "native collective")
-        self._core.last_decision = Decision(op, nbytes, False, why)
-        work = call()
-        self._core.count(op, False, ExchangeStats(nbytes, nbytes), stats)
-        return work if async_op else None
+    # -- translation ------------------------------------------------------------------------
+    def _call(self, op: str, group, t, result, async_op: bool, stats, native, describe, passed,
+              reduce=None, name=None, extra=None, settle=None):
+        """A call on the core's path (``describe(p, rank)``), or, for a type or reduction
+        zipccl does not code, torch's ``native()`` counted as ``passed(p)`` bytes; the
+        ``Work`` of a compressed ``async_op=True`` call (``_done_work``, checked on CUDA)."""
+        if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
+            bad = result if isinstance(t, torch.Tensor) else t
+            raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
+        coded = t.dtype in _CODED
+        if not coded or result.dtype != t.dtype or (reduce is not None and name is None):
+            why = _reduce_name(reduce) if reduce is not None and coded else None
+            work = self._core.native_call(op, passed(dist.get_world_size(group)), why, native, stats)
+            return work if async_op else None
+        key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
+        work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
+                               settle=settle, keep=True)
+        if not async_op:
+            return None
+        if work is not None:
+            return work
+        ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
+        return _done_work(result) if ch is None else _CheckedWork(_done_work(result), ch)
 
     # -- the collectives --------------------------------------------------------------------
     @_guarded("all_gather", 2)
@@ -310,20 +152,12 @@ class Collectives:
         ``stats``: one more ``Stats`` to count the call in.
         """
         group = resolve_group(group)
-        fk, done = self._replayed("all_gather", group, input_tensor, output_tensor, async_op, stats)
-        if fk is _DONE:
-            return done
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
-
-        def native():
-            return _tr.all_gather_single(output_tensor, input_tensor, group, async_op)
-
-        if not _coded(input_tensor, output_tensor):
-            return self._native_fallback("all_gather", _nbytes(input_tensor) * (p - 1), native,
-                                         async_op, stats)
-        s, r = self._arr(input_tensor, "input_tensor"), self._arr(output_tensor, "output_tensor")
-        return self._run(group, input_tensor, output_tensor, lambda: _ag.describe(s, r, p, rank),
-                         native, async_op, stats, fast=fk)
+        return self._call(
+            "all_gather", group, input_tensor, output_tensor, async_op, stats,
+            lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
+            lambda p, rank: _ag.describe(wrap(input_tensor, None, "input_tensor"),
+                                         wrap(output_tensor, None, "output_tensor"), p, rank),
+            lambda p: _nbytes(input_tensor) * (p - 1))
 
     @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
@@ -334,20 +168,12 @@ class Collectives:
         SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
         """
         group, name = resolve_group(group), _op_name(op)
-        fk, done = self._replayed("reduce_scatter", group, input, output, async_op, stats, name)
-        if fk is _DONE:
-            return done
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
-
-        def native():
-            return _tr.reduce_scatter_single(output, input, op, group, async_op)
-
-        if not _coded(input, output) or name is None:
-            return self._native_fallback("reduce_scatter", _nbytes(input) - _nbytes(output), native,
-                                         async_op, stats, _reduce_name(op) if _coded(input) else None)
-        s, r = self._arr(input, "input"), self._arr(output, "output")
-        return self._run(group, input, output, lambda: _rs.describe(s, r, name, p, rank), native,
-                         async_op, stats, reduce=name, fast=fk)
+        return self._call(
+            "reduce_scatter", group, input, output, async_op, stats,
+            lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
+            lambda p, rank: _rs.describe(wrap(input, None, "input"), wrap(output, None, "output"),
+                                         name, p, rank),
+            lambda p: _nbytes(input) - _nbytes(output), op, name)
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
     all_gather_single = all_gather_into_tensor
@@ -360,47 +186,32 @@ class Collectives:
         """Rank i's block j of ``input`` becomes rank j's block i of ``output``.
 
         Same arguments as ``torch.distributed.all_to_all_single``: split sizes count
-        rows of dim 0; without them both tensors split into equal blocks.
+        rows of dim 0; without them both tensors split into equal blocks. Per-peer counts
+        under "auto" decide once per group and type (``comm.core.Core.settled``).
         """
         group = resolve_group(group)
         uneven = input_split_sizes is not None or output_split_sizes is not None
-        fk = None
-        if not uneven:  # per-peer counts change from call to call: planned each time
-            fk, done = self._replayed("all_to_all", group, input, output, async_op, stats)
-            if fk is _DONE:
-                return done
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
-        sc = _element_counts(input, input_split_sizes, p, "input")
-        rc = _element_counts(output, output_split_sizes, p, "output")
 
-        def describe() -> Call:
-            if not uneven:
-                return _aa.describe(s, r, p, rank)
-            call = _aa.describe(s, r, p, rank, sc, rc)
-            call.nbytes = nbytes
-            return call
+        def describe(p: int, rank: int):  # the split sizes checked first, as torch's rows
+            sc = _element_counts(input, input_split_sizes, p, "input")
+            rc = _element_counts(output, output_split_sizes, p, "output")
+            return _aa.describe(wrap(input, None, "input"), wrap(output, None, "output"), p, rank,
+                                *((sc, rc) if uneven else ()))
 
-        def native():
-            return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                          group=group, async_op=async_op)
+        def passed(p: int) -> int:  # bytes torch's own call sends
+            sc = _element_counts(input, input_split_sizes, p, "input")
+            _element_counts(output, output_split_sizes, p, "output")
+            return (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
 
-        if not _coded(input, output):
-            return self._native_fallback("all_to_all", (sum(sc) - sc[rank]) * input.element_size(),
-                                         native, async_op, stats)
-        s, r = self._arr(input, "input"), self._arr(output, "output")
-        nbytes = s.nbytes
-        decided = None
+        settle = None
         if uneven and self.policy.mode == "auto":
-            # every rank must decide alike: the first uneven call of a group and type agrees on
-            # the largest size (one small all-reduce) and its decision holds from then on
-            key = (group, input.dtype, input.device)
-            decided = self._uneven.get(key)
-            if decided is None:
-                nbytes = _agreed_max(group, input, [nbytes])[0]
-                decided = self._uneven[key] = self._core.decide(describe(), p, self.resolve(
-                    self.policy, group, input))
-        return self._run(group, input, output, describe, native, async_op, stats, decided=decided,
-                         fast=fk)
+            settle = lambda n: _agreed_max(group, input, [n])[0]  # noqa: E731
+        return self._call(
+            "all_to_all", group, input, output, async_op, stats,
+            lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                           group=group, async_op=async_op),
+            describe, passed,
+            extra="uneven" if uneven else None, settle=settle)
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -411,21 +222,11 @@ class Collectives:
         reduce-scatter of near-equal shards (the stated reduction), then all-gather.
         """
         group, name = resolve_group(group), _op_name(op)
-        fk, done = self._replayed("all_reduce", group, tensor, tensor, async_op, stats, name)
-        if fk is _DONE:
-            return done
-        p, rank = dist.get_world_size(group), dist.get_rank(group)
-
-        def native():
-            return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-
-        if not _coded(tensor) or name is None:
-            return self._native_fallback("all_reduce", 2 * _nbytes(tensor) * (p - 1) // max(p, 1),
-                                         native, async_op, stats,
-                                         _reduce_name(op) if _coded(tensor) else None)
-        b = self._arr(tensor, "tensor")
-        return self._run(group, tensor, tensor, lambda: _ar.describe(b, name, p, rank), native,
-                         async_op, stats, reduce=name, fast=fk)
+        return self._call(
+            "all_reduce", group, tensor, tensor, async_op, stats,
+            lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+            lambda p, rank: _ar.describe(wrap(tensor, None, "tensor"), name, p, rank),
+            lambda p: 2 * _nbytes(tensor) * (p - 1) // max(p, 1), op, name)
 
 
 def _reduce_name(op) -> str:
@@ -433,44 +234,16 @@ def _reduce_name(op) -> str:
     return str(getattr(op, "name", op)).split(".")[-1].lower()
 
 
-def _not_capturing(t: torch.Tensor) -> None:
-    """A compressed call cannot be captured in a CUDA graph yet: refuse it, before anything is
-    enqueued, with what to do instead (a native call is torch's own, capturable on NCCL)."""
-    if t.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise CollectiveError("zipccl.torch: a compressed collective cannot be captured in a CUDA "
-                              "graph yet; call it outside the capture, or with policy='never' "
-                              "inside it (torch's own collective)")
-
-
 def _fast_key(op: str, group, t, r, extra=None):
-    """What a compressed call's plan is kept under: the op, the group, both tensors' address,
-    size, type, device and layout, and the stream (CUDA: torch's current one); None for
-    arguments that are not two tensors (the checked path names the problem)."""
-    if not (isinstance(t, torch.Tensor) and isinstance(r, torch.Tensor)):
-        return None
+    """A call's plan key: the op, the group, both tensors' address, size, type, device and
+    layout, and the stream (CUDA: torch's current one)."""
     st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
     return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
             t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
 
 
-def _coded(*tensors) -> bool:
-    """Tensors zipccl codes: torch tensors of one coded dtype (anything else is torch's)."""
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    return tensors[0].dtype in _CODED and all(t.dtype == tensors[0].dtype for t in tensors)
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _native_bytes(call: Call, p: int) -> int:
-    """Bytes this rank sends in the native form of ``call``."""
-    isz = call.send.data.itemsize
-    if call.op == "all_reduce":
-        return 2 * call.send.nbytes * (p - 1) // max(p, 1)
-    return isz * (sum(call.send_counts) - call.send_counts[call.rank])
 
 
 def _element_counts(t: torch.Tensor, splits, p: int, role: str) -> list[int]:
@@ -507,13 +280,12 @@ def forget_groups() -> None:
     import gc
 
     for c in list(_LIVE):
-        c._links.clear()
-        c._fast.clear()
+        c._links.clear()  # and with them the decisions agreed on each
+        c._core.plans.clear()
         try:
             c._core.close_channels(timeout=10.0)
         except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
             pass
-        c._uneven.clear()
     _DEFAULTS.clear()
     for forget in FORGET:
         forget()
