@@ -198,7 +198,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 dist.all_to_all_single(ref, x)
             sync()
             exact = op == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
-            for _ in range(args.warmup):
+            for _ in range(args.calls if args.warmup is None else args.warmup):
                 call()
             sync()
             dist.barrier()
@@ -239,6 +239,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
                 "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
                 "loopback": args.loopback,
+                "warmup": args.calls if args.warmup is None else args.warmup,
                 # pinned call blocks the spill channel allocated during the timed calls
                 "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
                 "call_us": 1e6 * wall / args.calls,
@@ -357,7 +358,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes-mib", type=lambda s: [float(v) for v in s.split(",")], default=[1, 16, 64, 256])
     ap.add_argument("--ops", type=lambda s: s.split(","), default=list(OPS))
     ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed calls, back to back, before the timed ones (default: --calls): a "
+                         "burst as deep as the timed one, so that the spill channel's pool of call "
+                         "blocks is as deep as the timed calls keep in flight, as after a training "
+                         "loop's first step")
     ap.add_argument("--queue-ms", type=float, default=0.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
