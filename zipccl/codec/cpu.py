@@ -231,12 +231,12 @@ def _decode(buf: np.ndarray, h: fmt.Header) -> tuple[np.ndarray, fmt.Header]:
     fmt.check_escape_counts(seen, counts, h.n_escapes)
     if h.dtype == fmt.DTYPE_FP32:
         full = np.empty(n, dtype=np.uint32)
-        join32(out, buf[lay.lo_offset:lay.lo_offset + 2 * n].view(np.uint16), full)
+        join32(full, out, buf[lay.lo_offset:lay.lo_offset + 2 * n].view(np.uint16))
         out = full
     elif h.dtype == fmt.DTYPE_FP16:
         fmt.check_escape_values(buf[lay.escapes_offset:h.frame_len], h.dtype)
         fp16 = np.empty(n, dtype=np.uint16)
-        fp16_join(out, _words(buf, lay.plane_offset(3), lay.counts_offset),
-                  lay.plane_stride // 4, fp16)
+        fp16_join(fp16, out, _words(buf, lay.plane_offset(3), lay.counts_offset),
+                  lay.plane_stride // 4)
         out = fp16
     return out.reshape(h.shape), h

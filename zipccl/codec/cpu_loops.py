@@ -102,6 +102,47 @@ def _spread(byte):  # pragma: no cover - compiled
 # which costs a wraparound check per access and stops LLVM from vectorizing.
 
 
+@njit(cache=True, inline="always")
+def _span(b, n):  # pragma: no cover - compiled
+    """Block b's values [lo, hi) of n (the last block may be short)."""
+    lo = b * _BLOCK
+    return lo, min(lo + _BLOCK, n)
+
+
+@njit(cache=True, inline="always")
+def _block_planes(planes, stride_words, w0, nw):  # pragma: no cover - compiled
+    """A block's nw words of each code plane from word w0 (plane k at word k * stride_words)."""
+    return (planes[w0:w0 + nw], planes[stride_words + w0:stride_words + w0 + nw],
+            planes[2 * stride_words + w0:2 * stride_words + w0 + nw])
+
+
+@njit(cache=True, inline="always")
+def _escape_mask(q0, q1, q2, w, m):  # pragma: no cover - compiled
+    """Bit j set where value 32w + j of a block of m values has the escape code (0 in all
+    three planes)."""
+    mask = np.uint32(np.uint32(0xFFFFFFFF) ^ (q0[w] | q1[w] | q2[w]))
+    valid = min(32, m - 32 * w)
+    if valid < 32:
+        mask &= (np.uint32(1) << np.uint32(valid)) - np.uint32(1)
+    return mask
+
+
+@njit(cache=True, inline="always")
+def _pop_lowest(mask):  # pragma: no cover - compiled
+    """(index of the lowest set bit of a non-zero uint32, the mask without that bit)."""
+    return _ctz(mask), mask & (mask - np.uint32(1))
+
+
+@njit(cache=True, inline="always")
+def _block_share(q0, q1, q2, sm_words, plane_base, stride_words, w0, lo, hi):  # pragma: no cover - compiled
+    """A block's checksum share: its plane words and the sm words it fills completely
+    (sm word k is payload word k: the sm plane starts right after the header)."""
+    return (words_sum(q0, plane_base + w0)
+            + words_sum(q1, plane_base + stride_words + w0)
+            + words_sum(q2, plane_base + 2 * stride_words + w0)
+            + words_sum(sm_words[lo // 4:hi // 4], lo // 4))
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def encode_blocks(bits, cb, sm, sm_words, planes, stride_words, plane_base,
                   scratch, counts, partial):  # pragma: no cover - compiled
@@ -117,8 +158,7 @@ def encode_blocks(bits, cb, sm, sm_words, planes, stride_words, plane_base,
     n_blocks = counts.size
     c0, c1, c2, c3, c4, c5, c6 = cb[0], cb[1], cb[2], cb[3], cb[4], cb[5], cb[6]
     for b in prange(n_blocks):
-        lo = b * _BLOCK
-        hi = min(lo + _BLOCK, n)
+        lo, hi = _span(b, n)
         m = hi - lo
         nw = (m + 31) // 32
         w0 = lo // 32
@@ -132,9 +172,7 @@ def encode_blocks(bits, cb, sm, sm_words, planes, stride_words, plane_base,
         for i in range(m, 32 * nw):
             codes[i] = 0  # bits past the end of the tensor are zero
         c64 = codes.view(np.uint64)
-        q0 = planes[w0:w0 + nw]
-        q1 = planes[stride_words + w0:stride_words + w0 + nw]
-        q2 = planes[2 * stride_words + w0:2 * stride_words + w0 + nw]
+        q0, q1, q2 = _block_planes(planes, stride_words, w0, nw)
         for w in range(nw):
             p0 = np.uint64(0)
             p1 = np.uint64(0)
@@ -152,23 +190,14 @@ def encode_blocks(bits, cb, sm, sm_words, planes, stride_words, plane_base,
         e = 0
         slot = scratch[b * SLOT:(b + 1) * SLOT]
         for w in range(nw):
-            mask = np.uint32(np.uint32(0xFFFFFFFF) ^ (q0[w] | q1[w] | q2[w]))
-            valid = min(32, m - 32 * w)
-            if valid < 32:
-                mask &= (np.uint32(1) << np.uint32(valid)) - np.uint32(1)
+            mask = _escape_mask(q0, q1, q2, w, m)
             while mask:
-                j = _ctz(mask)
-                mask &= mask - np.uint32(1)
+                j, mask = _pop_lowest(mask)
                 if e < SLOT:
                     slot[e] = np.uint8((xb[32 * w + j] >> 7) & 0xFF)
                 e += 1
         counts[b] = e
-        # Checksum share: the block's plane words and the sm words it fills completely
-        # (sm word k is payload word k: the sm plane starts right after the header).
-        partial[b] = (words_sum(q0, plane_base + w0)
-                      + words_sum(q1, plane_base + stride_words + w0)
-                      + words_sum(q2, plane_base + 2 * stride_words + w0)
-                      + words_sum(sm_words[lo // 4:hi // 4], lo // 4))
+        partial[b] = _block_share(q0, q1, q2, sm_words, plane_base, stride_words, w0, lo, hi)
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -184,7 +213,8 @@ def place_escapes(bits, cb, scratch, counts, start, escapes):  # pragma: no cove
             for k in range(c):
                 dst[k] = src[k]
         else:
-            xb = bits[b * _BLOCK:min(b * _BLOCK + _BLOCK, n)]
+            lo, hi = _span(b, n)
+            xb = bits[lo:hi]
             k = 0
             for i in range(xb.size):
                 e = np.uint8((xb[i] >> 7) & 0xFF)
@@ -216,14 +246,11 @@ def decode_blocks(sm, sm_words, planes, stride_words, plane_base, stored, table,
                                   np.uint16(table[4]), np.uint16(table[5]), np.uint16(table[6]),
                                   np.uint16(table[7]))
     for b in prange(n_blocks):
-        lo = b * _BLOCK
-        hi = min(lo + _BLOCK, n)
+        lo, hi = _span(b, n)
         m = hi - lo
         nw = (m + 31) // 32
         w0 = lo // 32
-        q0 = planes[w0:w0 + nw]
-        q1 = planes[stride_words + w0:stride_words + w0 + nw]
-        q2 = planes[2 * stride_words + w0:2 * stride_words + w0 + nw]
+        q0, q1, q2 = _block_planes(planes, stride_words, w0, nw)
         sb = sm[lo:hi]
         ob = out[lo:hi]
         codes = np.empty(32 * nw, dtype=np.uint8)
@@ -252,98 +279,95 @@ def decode_blocks(sm, sm_words, planes, stride_words, plane_base, stored, table,
         base = start[b]
         e = 0
         for w in range(nw):
-            mask = np.uint32(np.uint32(0xFFFFFFFF) ^ (q0[w] | q1[w] | q2[w]))
-            valid = min(32, m - 32 * w)
-            if valid < 32:
-                mask &= (np.uint32(1) << np.uint32(valid)) - np.uint32(1)
+            mask = _escape_mask(q0, q1, q2, w, m)
             while mask:
-                j = _ctz(mask)
-                mask &= mask - np.uint32(1)
+                j, mask = _pop_lowest(mask)
                 if e < limit:
                     ob[32 * w + j] |= np.uint16(escapes[base + e]) << 7
                 e += 1
         seen[b] = e
         if with_checksum:
-            partial[b] = (words_sum(q0, plane_base + w0)
-                          + words_sum(q1, plane_base + stride_words + w0)
-                          + words_sum(q2, plane_base + 2 * stride_words + w0)
-                          + words_sum(sm_words[lo // 4:hi // 4], lo // 4))
+            partial[b] = _block_share(q0, q1, q2, sm_words, plane_base, stride_words, w0, lo, hi)
         else:
             partial[b] = 0
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def split32(bits, hi, lo):  # pragma: no cover - compiled
-    """FP32 patterns -> upper halves (``hi``) and lower halves (``lo``), block-parallel."""
-    n = bits.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo_i = b * _BLOCK
-        xb = bits[lo_i:min(lo_i + _BLOCK, n)]
-        hb = hi[lo_i:min(lo_i + _BLOCK, n)]
-        lb = lo[lo_i:min(lo_i + _BLOCK, n)]
-        for i in range(xb.size):
-            v = xb[i]
-            hb[i] = np.uint16(v >> np.uint32(16))
-            lb[i] = np.uint16(v & np.uint32(0xFFFF))
+def _halves32(join: bool):
+    """``split32`` (``join`` False: FP32 patterns ``wide`` -> their upper halves ``hi`` and lower
+    halves ``lo``) or ``join32`` (True: the inverse, into ``wide``), block-parallel. ``join``
+    is a compile-time constant: each function holds only its direction."""
+
+    @njit(cache=True, parallel=True, nogil=True)
+    def halves32(wide, hi, lo):  # pragma: no cover - compiled
+        n = wide.size
+        for b in prange((n + _BLOCK - 1) // _BLOCK):
+            s, e = _span(b, n)
+            wb = wide[s:e]
+            hb = hi[s:e]
+            lb = lo[s:e]
+            if join:
+                for i in range(wb.size):
+                    wb[i] = (np.uint32(hb[i]) << np.uint32(16)) | np.uint32(lb[i])
+            else:
+                for i in range(wb.size):
+                    v = wb[i]
+                    hb[i] = np.uint16(v >> np.uint32(16))
+                    lb[i] = np.uint16(v & np.uint32(0xFFFF))
+
+    return halves32
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def join32(hi, lo, out):  # pragma: no cover - compiled
-    """Inverse of ``split32``."""
-    n = out.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo_i = b * _BLOCK
-        hb = hi[lo_i:min(lo_i + _BLOCK, n)]
-        lb = lo[lo_i:min(lo_i + _BLOCK, n)]
-        ob = out[lo_i:min(lo_i + _BLOCK, n)]
-        for i in range(ob.size):
-            ob[i] = (np.uint32(hb[i]) << np.uint32(16)) | np.uint32(lb[i])
+split32 = _halves32(False)
+join32 = _halves32(True)
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def fp16_split(bits, pseudo, raw_planes, stride_words):  # pragma: no cover - compiled
-    """FP16 patterns -> the BF16 patterns the block loops code (low byte as sign-mantissa
-    byte, the 5-bit exponent as exponent) and the words of bit planes 3..5 (``raw_planes``,
-    plane k at word k * stride_words; bits past n are 0)."""
-    n = bits.size
-    words = (n + 31) // 32
-    for b in prange((words + 127) // 128):
-        w_lo = b * 128
-        w_hi = min(w_lo + 128, words)
-        for w in range(w_lo, w_hi):
-            p8 = np.uint32(0)
-            p9 = np.uint32(0)
-            p15 = np.uint32(0)
-            for j in range(min(32, n - 32 * w)):
-                v = np.uint32(bits[32 * w + j])
-                pseudo[32 * w + j] = np.uint16((v & np.uint32(0x7F)) | ((v & np.uint32(0x80)) << np.uint32(8))
-                                               | (((v >> np.uint32(10)) & np.uint32(0x1F)) << np.uint32(7)))
-                p8 |= ((v >> np.uint32(8)) & np.uint32(1)) << np.uint32(j)
-                p9 |= ((v >> np.uint32(9)) & np.uint32(1)) << np.uint32(j)
-                p15 |= ((v >> np.uint32(15)) & np.uint32(1)) << np.uint32(j)
-            raw_planes[w] = p8
-            raw_planes[stride_words + w] = p9
-            raw_planes[2 * stride_words + w] = p15
+def _fp16_planes(join: bool):
+    """``fp16_split`` (``join`` False) or ``fp16_join`` (True, the inverse; exponents above 31
+    are cut to 5 bits, the caller has rejected such escapes already), word-block-parallel.
+    Split: the FP16 patterns ``bits`` -> the BF16 patterns the block loops code (``pseudo``:
+    the low byte as sign-mantissa byte, the 5-bit exponent as exponent) and the words of bit
+    planes 3..5 (``raw_planes``, plane k at word k * stride_words; bits past n are 0).
+    ``join`` is a compile-time constant: each function holds only its direction."""
+
+    @njit(cache=True, parallel=True, nogil=True)
+    def fp16_planes(bits, pseudo, raw_planes, stride_words):  # pragma: no cover - compiled
+        n = bits.size
+        words = (n + 31) // 32
+        for b in prange((words + 127) // 128):
+            w_lo = b * 128
+            w_hi = min(w_lo + 128, words)
+            for w in range(w_lo, w_hi):
+                if join:
+                    p8 = raw_planes[w]
+                    p9 = raw_planes[stride_words + w]
+                    p15 = raw_planes[2 * stride_words + w]
+                    for j in range(min(32, n - 32 * w)):
+                        p = np.uint32(pseudo[32 * w + j])
+                        jj = np.uint32(j)
+                        bits[32 * w + j] = np.uint16(
+                            (p & np.uint32(0x7F)) | ((p >> np.uint32(8)) & np.uint32(0x80))
+                            | (((p >> np.uint32(7)) & np.uint32(0x1F)) << np.uint32(10))
+                            | (((p8 >> jj) & np.uint32(1)) << np.uint32(8))
+                            | (((p9 >> jj) & np.uint32(1)) << np.uint32(9))
+                            | (((p15 >> jj) & np.uint32(1)) << np.uint32(15)))
+                else:
+                    p8 = np.uint32(0)
+                    p9 = np.uint32(0)
+                    p15 = np.uint32(0)
+                    for j in range(min(32, n - 32 * w)):
+                        v = np.uint32(bits[32 * w + j])
+                        pseudo[32 * w + j] = np.uint16(
+                            (v & np.uint32(0x7F)) | ((v & np.uint32(0x80)) << np.uint32(8))
+                            | (((v >> np.uint32(10)) & np.uint32(0x1F)) << np.uint32(7)))
+                        p8 |= ((v >> np.uint32(8)) & np.uint32(1)) << np.uint32(j)
+                        p9 |= ((v >> np.uint32(9)) & np.uint32(1)) << np.uint32(j)
+                        p15 |= ((v >> np.uint32(15)) & np.uint32(1)) << np.uint32(j)
+                    raw_planes[w] = p8
+                    raw_planes[stride_words + w] = p9
+                    raw_planes[2 * stride_words + w] = p15
+
+    return fp16_planes
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def fp16_join(pseudo, raw_planes, stride_words, out):  # pragma: no cover - compiled
-    """Inverse of ``fp16_split`` (exponents above 31 are cut to 5 bits; the caller has
-    rejected such escapes already)."""
-    n = out.size
-    words = (n + 31) // 32
-    for b in prange((words + 127) // 128):
-        w_lo = b * 128
-        w_hi = min(w_lo + 128, words)
-        for w in range(w_lo, w_hi):
-            p8 = raw_planes[w]
-            p9 = raw_planes[stride_words + w]
-            p15 = raw_planes[2 * stride_words + w]
-            for j in range(min(32, n - 32 * w)):
-                p = np.uint32(pseudo[32 * w + j])
-                jj = np.uint32(j)
-                out[32 * w + j] = np.uint16((p & np.uint32(0x7F)) | ((p >> np.uint32(8)) & np.uint32(0x80))
-                                            | (((p >> np.uint32(7)) & np.uint32(0x1F)) << np.uint32(10))
-                                            | (((p8 >> jj) & np.uint32(1)) << np.uint32(8))
-                                            | (((p9 >> jj) & np.uint32(1)) << np.uint32(9))
-                                            | (((p15 >> jj) & np.uint32(1)) << np.uint32(15)))
+fp16_split = _fp16_planes(False)
+fp16_join = _fp16_planes(True)
