@@ -9,12 +9,9 @@ input bit for bit; then it times, with CUDA events on one non-blocking stream:
 * ``copy``: CuPy device-to-device copy of the input (the memory ceiling);
 * ``naive``: a kernel that only splits each value into a sign-mantissa byte and
   an exponent byte (one element per thread);
-* ``v2``: experiments/kernels/v2_int64_*.py, the first library version (int64
-  arithmetic throughout);
-* ``v3``: experiments/kernels/v3_*.py, the library version before v4 (32-bit hot
-  paths, one CUDA block per escape block), launched directly, without and with
-  checksum (``v3-cs``) and recompiled with launch bounds (128 threads, >= 8 blocks
-  per SM: ``v3-lb8``); each checked on the timed buffers first;
+* ``v2``, ``v3``, ``v3-cs``, ``v3-lb8`` (records of run 20261130T032816): the
+  earlier library versions, run by this script as it was at commit 952f4b0
+  (experiments/kernels/NOTES.md, "Which commit holds each version");
 * ``api``: ``zipccl.compress`` / ``zipccl.decompress`` of a CuPy array with the
   default codebook (chosen on the device) and checksum: the calls users make, each
   synchronising once (eager only: they read a length / error bits back);
@@ -122,20 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", choices=["graph", "eager"], default=["graph", "eager"],
                     help="timings to take (the copy is always timed both ways)")
     ap.add_argument("--variants", nargs="+",
-                    default=["copy", "naive", "v2", "v3", "v3-cs", "v3-lb8", "api", "v4", "v4-cs"])
+                    default=["copy", "naive", "api", "v4", "v4-cs"])
     args = ap.parse_args(argv)
 
     import cupy as cp
-    import v2_int64_decode as v2d
-    import v2_int64_encode as v2e
-    import v3_decode as v3d
-    import v3_encode as v3e
     from naive_split import naive_split
-    from numba import cuda
 
     from zipccl.codec import cpu, gpu, gpu_workspace, reference
-    from zipccl.kernels import decode, encode, encode_launch, layout, runtime
-    from zipccl.kernels._common import CRC_ZERO, TPB, WS_ERR_STICKY
+    from zipccl.kernels import runtime
 
     info = machine_info(cp)
     run_id = time.strftime("%Y%m%dT%H%M%S")
@@ -145,10 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     nstream = runtime.stream(stream.ptr)
     timer = Timer(cp, stream, args.repeats)
     cb = Codebook.from_sigma(0.02)
-
-    # v3 with launch bounds: the same Python kernels compiled again
-    enc_lb8 = cuda.jit(launch_bounds=(TPB, 8))(v3e.encode_tiles.py_func)
-    dec_lb8 = cuda.jit(launch_bounds=(TPB, 8))(v3d.decode_tiles.py_func)
 
     records: list[dict] = []
     table: list[tuple] = []
@@ -277,71 +264,6 @@ def main(argv: list[str] | None = None) -> int:
                                    for i in range(sets)], iters)
             record("decompress", "api", "eager", e, host=host, ratio=api_ratio)
             del api_frames
-        lt = layout.layout_tuple(lay)
-        hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
-        fin_blocks = max(1, min(encode_launch.FINISH_MAX_BLOCKS, (n + 8 * TPB - 1) // (8 * TPB)))
-        ev = [(runtime.view(bits[i], (n & ~7) // 2, np.uint32), runtime.view(bits[i], n, np.uint16),
-               runtime.view(frames[i], lay.raw_size, np.uint8),
-               runtime.view(frames[i], lay.raw_size // 4, np.uint32),
-               runtime.view(frames[i], lay.raw_size // 8, np.int64), ws.array, lt) for i in range(sets)]
-        dv = [(runtime.view(frames[i], lay.raw_size, np.uint8),
-               runtime.view(frames[i], lay.raw_size // 4, np.uint32),
-               runtime.view(frames[i], lay.raw_size // 8, np.int64),
-               runtime.view(outs[i], (n & ~7) // 2, np.uint32), runtime.view(outs[i], n, np.uint16),
-               ws.array, lt) for i in range(sets)]
-
-        ev_cs = [(*a[:2], runtime.view(frames_cs[i], lay.raw_size, np.uint8),
-                  runtime.view(frames_cs[i], lay.raw_size // 4, np.uint32),
-                  runtime.view(frames_cs[i], lay.raw_size // 8, np.int64), *a[5:])
-                 for i, a in enumerate(ev)]
-        dv_cs = [(*e[2:5], *d[3:]) for e, d in zip(ev_cs, dv, strict=True)]  # frame views of frames_cs
-
-        def enc_with(tiles_kernel, a, cs=0):
-            # one CUDA block per escape block (v2, v3); the finishing kernel is the library's
-            tiles_kernel[lay.n_blocks, TPB, nstream](*a, cb64, cs)
-            encode.encode_finish[fin_blocks, TPB, nstream](*a, hdr, crc_base, runtime.crc_table(), 0, cs,
-                                                           lay.n_blocks, 0)
-
-        def dec_with(tiles_kernel, a):
-            tiles_kernel[lay.n_blocks, TPB, nstream](*a)
-            decode.decode_finish[1, TPB, nstream](a[0], a[1], a[2], ws.array, lt, CRC_ZERO,
-                                                 runtime.crc_table())
-
-        if "v2" in args.variants:  # check the old kernels on these buffers first
-            outs[0].fill(0)
-            enc_with(v2e.encode_tiles, ev[0])
-            dec_with(v2d.decode_tiles, dv[0])
-            stream.synchronize()
-            if not (np.array_equal(cp.asnumpy(frames[0][:flen]), want) and cp.array_equal(outs[0], bits[0])):
-                raise SystemExit(f"{mib} MiB: v2 kernels disagree with the reference")
-            both("encode", "v2", [(lambda a=a: enc_with(v2e.encode_tiles, a)) for a in ev], ratio)
-            both("decode", "v2", [(lambda a=a: dec_with(v2d.decode_tiles, a)) for a in dv], ratio)
-        for name, enc_k, dec_k, cs in (("v3", v3e.encode_tiles, v3d.decode_tiles, 0),
-                                       ("v3-cs", v3e.encode_tiles, v3d.decode_tiles, 1),
-                                       ("v3-lb8", enc_lb8, dec_lb8, 0)):
-            if name not in args.variants:
-                continue
-            e_args, d_args, ref = (ev_cs, dv_cs, want_cs) if cs else (ev, dv, want)
-            frs = frames_cs if cs else frames
-            bad = 0
-            for i in range(sets):  # check on the timed buffers: poisoned frame, zeroed output
-                frs[i].fill(0xAB)
-                outs[i].fill(0)
-                enc_with(enc_k, e_args[i], cs)
-                dec_with(dec_k, d_args[i])
-                bad += int(cp.count_nonzero(outs[i] != bits[i]))
-            err = int(ws._slots(stream)[WS_ERR_STICKY])
-            if bad or err or not np.array_equal(cp.asnumpy(frs[0][:ref.size]), ref):
-                raise SystemExit(f"{mib} MiB: {name} disagrees with the reference ({bad} values, "
-                                 f"error bits {err})")
-            if name != "v3-lb8":
-                both("encode", name, [(lambda a=a, k=enc_k, c=cs: enc_with(k, a, c)) for a in e_args],
-                     compression_ratio(ref.size, nbytes))
-                both("decode", name, [(lambda a=a, k=dec_k: dec_with(k, a)) for a in d_args],
-                     compression_ratio(ref.size, nbytes))
-        if "v3-lb8" in args.variants:
-            both("encode", "v3-lb8", [(lambda a=a: enc_with(enc_lb8, a)) for a in ev], ratio)
-            both("decode", "v3-lb8", [(lambda a=a: dec_with(dec_lb8, a)) for a in dv], ratio)
         # the timed buffers still hold correct frames and values
         stream.synchronize()
         for i in range(sets):

@@ -1,9 +1,10 @@
 """The codec kernels' launches for Nsight Compute: per size, one encode and one decode of
 N(0, 0.02) BF16 data through the library's plans (``codec.gpu.encode_into`` /
 ``decode_into``, no checksum), each twice (the first call compiles and loads; both are
-profiled, read the second), and with ``--v5 AHEAD:BLOCKS`` the v5 encoder once more; with
-``--decoders`` both of the library's BF16 decoders, forced (``decode.Plan(..., warps=False /
-True)``: the block decoder, the warp-a-tile decoder), twice each on the same frame.
+profiled, read the second); with ``--decoders`` both of the library's BF16 decoders, forced
+(``decode.Plan(..., warps=False / True)``: the block decoder, the warp-a-tile decoder), twice
+each on the same frame. (The runs that launched the v5 encoder too, ``--v5 AHEAD:BLOCKS``,
+used this script as it was at commit 952f4b0: experiments/kernels/NOTES.md.)
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats --section LaunchStats \\
@@ -38,7 +39,6 @@ def decoder_views(runtime, frame, out, n: int, lay):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 256])
-    ap.add_argument("--v5", default=None, help="AHEAD:BLOCKS_PER_SM of a v5 encoder to launch too")
     ap.add_argument("--decoders", action="store_true", help="both BF16 decoders forced, as well")
     args = ap.parse_args(argv)
 
@@ -66,19 +66,6 @@ def main(argv=None) -> int:
         stream.synchronize()
         if not cp.array_equal(out, x):
             raise SystemExit(f"{mib} MiB: round trip differs")
-        if args.v5:
-            import v5_check
-            import v5_encode
-
-            ahead, bps = (int(v) for v in args.v5.split(":"))
-            k = v5_encode.make_encode_tiles(ahead, bps)
-            hdr, crc_base, cb64 = gpu_workspace._template(n, (n,), cb.exponents)
-            f2 = cp.zeros_like(frame)
-            v5_check.launch_v5(k, bps, v5_check.views(x, f2, n, lay, ws), lay, cb64, 0, hdr, crc_base,
-                               runtime.stream(stream.ptr))
-            stream.synchronize()
-            if not cp.array_equal(f2, frame):
-                raise SystemExit(f"{mib} MiB: v5 frame differs from v4's")
         if args.decoders:
             from zipccl.kernels import _common, decode
 

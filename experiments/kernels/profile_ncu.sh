@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Nsight Compute on the codec kernels (profile_codec.py) at 16 and 256 MiB; text reports to $1
-# (the v5 encoder with $2 = AHEAD:BLOCKS, "" for none; both BF16 decoders forced with $3 = decoders).
+# (both BF16 decoders forced with $2 = decoders; the runs with the v5 encoder: commit 952f4b0).
 set -u
-OUT=${1:?usage: profile_ncu.sh OUTDIR [v5 AHEAD:BLOCKS] [decoders]}
+OUT=${1:?usage: profile_ncu.sh OUTDIR [decoders]}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-V5=${2:+--v5 $2}
-DECODERS=${3:+--decoders}
+DECODERS=${2:+--decoders}
 timeout ${NCU_S:-240} ncu --clock-control none --section SpeedOfLight --section Occupancy \
   --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
   -k regex:'(en|de)code_|scan_counts' -o /tmp/codec_prof -f \
-  python3 experiments/kernels/profile_codec.py --sizes-mib 16 256 $V5 $DECODERS > "$OUT/ncu_log.txt" 2>&1
+  python3 experiments/kernels/profile_codec.py --sizes-mib 16 256 $DECODERS > "$OUT/ncu_log.txt" 2>&1
 ncu -i /tmp/codec_prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
 ncu -i /tmp/codec_prof.ncu-rep --page raw --csv --metrics \
 gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum.per_second,\

@@ -32,7 +32,7 @@ if [ -f .peers/libdietgpu_bf16.so ] && python3 -c "import nvidia.nvcomp" 2>/dev/
     | head -40; cat "$OUT/part.txt" >> "$LOG"
 fi
 step "ncu"
-NCU_S=${NCU_S:-110} bash experiments/kernels/profile_ncu.sh "$OUT" "" decoders > /dev/null 2>&1
+NCU_S=${NCU_S:-110} bash experiments/kernels/profile_ncu.sh "$OUT" decoders > /dev/null 2>&1
 python3 experiments/kernels/profiles/summarize.py "$OUT/ncu_details.txt" > "$OUT/ncu_summary.txt" 2>&1
 echo "ncu: $(grep -c Duration "$OUT/ncu_summary.txt") kernels"
 step "frame_check --no-sync"
