@@ -19,6 +19,7 @@ from .. import format as fmt
 from ..format.errors import ERR_CHECKSUM, ERR_HEADER, ERR_HEADER_CRC, ERR_TOTAL
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from . import decode_tile as parts
+from . import decode_warps as dw
 from . import launch as launch_route
 from . import plan as plans
 from ._common import (
@@ -31,6 +32,7 @@ from ._common import (
     block_escapes,
     block_ticket,
     decoder_resolve,
+    dev,
     exclusive_scan8,
     flush_checksum,
     grid_size,
@@ -38,19 +40,9 @@ from ._common import (
     warp_sum,
     warp_xor,
 )
-from .compat import atomic_read, u32, wrap64
+from .compat import atomic_read, wrap64
 from .decode_tile import FP32_BLOCKS_PER_SM, FP32_LO_AHEAD
-from .layout import (
-    LAY_FIELDS,
-    MAGIC_BF16,
-    MAGIC_FP32,
-    WIDE_FIELDS,
-    header_ok,
-    lay_lo,
-    lay_no_lo,
-    layout_fields,
-    layout_tuple,
-)
+from .layout import LAY_FIELDS, MAGIC_BF16, WIDE_FIELDS, header_ok, layout_fields, layout_tuple
 
 
 def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER_SM,
@@ -62,12 +54,26 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
     registers); ``scanned``: the tiles' escape prefixes were written to the status words by a
     scan of the stored counts launched before (experiments/kernels/v6_scan.py), so no tile
     publishes or looks back. experiments/kernels/NOTES.md compares them."""
-    assert lo_ahead in (1, 2, 4)
-    first_tile = parts.block_start(MAGIC_FP32 if fp32 else MAGIC_BF16, scanned)
-    lo_of = lay_lo if fp32 else lay_no_lo
-    code = parts.quarter_code(fp32, lo_ahead)
-    patch = parts.escape_patch(fp32)
+    magic, lo_of, code, patch = parts.tile_parts(fp32, lo_ahead)
+    first_tile = parts.block_start(magic, scanned)
     per_ticket = 8 if fp32 else 4  # RAW copy: 16-byte units per thread and tile
+
+    @dev
+    def raw_tiles(f8, f32, out32, out16, ws, smem, tile, tid, n_blocks, units, do_cs):
+        """Whether the frame is RAW (smem[3], from ``block_start``); if so, copy the tiles taken
+        from the ticket counter, 4096 values per ticket."""
+        if smem[3] == 0:
+            return False
+        cs = np.int64(0)
+        while tile < n_blocks:
+            g = tile * (TPB * per_ticket) + tid
+            for _ in range(per_ticket):
+                cs = parts.raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
+                g += TPB
+            tile = block_ticket(ws, smem, tid)
+        if do_cs:
+            flush_checksum(ws, cs, tid & 31)
+        return True
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
     def decode_tiles(f8, f32, f64, out32, out16, ws, lay):
@@ -78,29 +84,14 @@ def _tiles_kernel(fp32: bool, lo_ahead: int = 2, blocks_per_sm: int = BLOCKS_PER
         units = 2 * n if fp32 else n  # the RAW payload in 2-byte units
         spread = cuda.shared.array(256, dtype=np.uint32)
         smem = cuda.shared.array(16, dtype=np.int64)
-        tid = np.int64(cuda.threadIdx.x)
-        lane = tid & 31
-        warp = tid >> 5
-        spread[tid] = parts.spread_entry(tid)
-        spread[tid + TPB] = parts.spread_entry(tid + TPB)
-        if not first_tile(f8, f32, f64, ws, lay, smem, tid):
+        if not first_tile(f8, f32, f64, ws, lay, spread, smem):
             return  # the header does not fit: write nothing
-        tile, epoch, nesc, do_cs = parts.block_state(smem)
-        cs = np.int64(0)
-        if smem[3] != 0:  # RAW frame: copy, 4096 values per ticket
-            while tile < n_blocks:
-                g = tile * (TPB * per_ticket) + tid
-                for _ in range(per_ticket):
-                    cs = parts.raw_unit(f8, f32, out32, out16, g, units, do_cs, cs)
-                    g += TPB
-                tile = block_ticket(ws, smem, tid)
-            if do_cs:
-                flush_checksum(ws, cs, lane)
+        tile, epoch, nesc, do_cs, tid, lane, warp = parts.block_state(smem)
+        if raw_tiles(f8, f32, out32, out16, ws, smem, tile, tid, n_blocks, units, do_cs):
             return
 
-        cb64 = smem[6]
-        cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
-        cbb = u32(cb64 >> 24)  # entries 3-6
+        cs = np.int64(0)
+        cba, cbb = parts.codebook_words(smem[6])
         err = np.int64(0)
         ra, rb, rc, rd = parts.load_tile(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off,
                                     stride, pwords)
@@ -199,8 +190,6 @@ def launch(f8, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, crc_t
     nothing here synchronises. ``warps``: the warp-a-tile decoder (``decode_warps``) or this
     module's block decoder; None: ``decode_warps.use_warps`` decides by the tile count.
     """
-    from . import decode_warps as dw
-
     lt = layout_tuple(lay)
     if lay.n_blocks:
         if dw.chosen(lay.n_blocks, False, warps):
@@ -235,18 +224,23 @@ class Plan(plans.Plan):
     def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
                  ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int,
                  warps: bool | None = None):
-        from . import decode_warps as dw
+        steps = self.steps_of(device, f_ptr, f_nbytes, out_ptr, lay, (ws_ptr, ws_count), crc_zero,
+                              (crc_ptr, crc_count), warps)
+        super().__init__(device, tuple(steps))
 
+    @staticmethod
+    def steps_of(device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout, ws, crc_zero: int,
+                 crc, warps: bool | None) -> list[plans.Step]:
+        """The plan's steps (``ws``, ``crc``: the workspace and the CRC table as (pointer, count))."""
         n = lay.n
         lt = layout_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
         outs = ((out_ptr, (n & ~7) // 2), (out_ptr, n))
         steps = []
         if dw.chosen(lay.n_blocks, False, warps):
-            steps.extend(dw.steps(device, frame, outs, (ws_ptr, ws_count), lt, lay.n_blocks, False))
+            steps.extend(dw.steps(device, frame, outs, ws, lt, lay.n_blocks, False))
         elif lay.n_blocks:  # both kernels start with the frame (f8, f32, f64); then (out32, out16)
-            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks),
-                                    (*frame, *outs, (ws_ptr, ws_count), lt), (0, 1, 2), (3, 4)))
-        steps.append(plans.Step(FINISH, device, 1, (*frame, (ws_ptr, ws_count), lt, crc_zero,
-                                                    (crc_ptr, crc_count)), (0, 1, 2), ()))
-        super().__init__(device, tuple(steps))
+            steps.append(plans.Step(TILES, device, grid_size(lay.n_blocks), (*frame, *outs, ws, lt),
+                                    (0, 1, 2), (3, 4)))
+        steps.append(plans.Step(FINISH, device, 1, (*frame, ws, lt, crc_zero, crc), (0, 1, 2), ()))
+        return steps

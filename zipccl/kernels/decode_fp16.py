@@ -29,6 +29,7 @@ from . import (
     decode,
 )
 from . import decode_tile as parts
+from . import decode_warps as dw
 from . import launch as launch_route
 from . import plan as plans
 from ._common import TPB, byte_checksum, dev, grid_size, popc32, prmt
@@ -187,6 +188,21 @@ def _copy_raw(f16, out16, n, tile, tid, do_cs):
     return cs
 
 
+@dev
+def _raw_tiles(f16, out16, ws, smem, n, tile, tid, n_blocks, do_cs):
+    """Whether the frame is RAW (smem[3], from ``block_start``); if so, copy the tiles taken
+    from the ticket counter (the coded sections' offsets lie past its end)."""
+    if smem[3] == 0:
+        return False
+    cs = np.int64(0)
+    while tile < n_blocks:
+        cs = wrap64(cs + _copy_raw(f16, out16, n, tile, tid, do_cs))
+        tile = common.block_ticket(ws, smem, tid)
+    if do_cs:
+        common.flush_checksum(ws, cs, tid & 31)
+    return True
+
+
 _first_tile = parts.block_start(None)
 
 
@@ -198,25 +214,14 @@ def decode_tiles16(f8, f16, f32, f64, out32, out16, ws, lay):
     raw_off = planes_off + 3 * stride
     spread = cuda.shared.array(256, dtype=np.uint32)
     smem = cuda.shared.array(16, dtype=np.int64)
-    tid = np.int64(cuda.threadIdx.x)
-    lane = tid & 31
-    warp = tid >> 5
-    spread[tid] = parts.spread_entry(tid)
-    spread[tid + TPB] = parts.spread_entry(tid + TPB)
-    if not _first_tile(f8, f32, f64, ws, lay, smem, tid):
+    if not _first_tile(f8, f32, f64, ws, lay, spread, smem):
         return  # the header does not fit: write nothing
-    tile, epoch, nesc, do_cs = parts.block_state(smem)
-    cs = np.int64(0)
-    if smem[3] != 0:  # RAW frame: copy; the coded sections' offsets lie past its end
-        while tile < n_blocks:
-            cs = wrap64(cs + _copy_raw(f16, out16, n, tile, tid, do_cs))
-            tile = common.block_ticket(ws, smem, tid)
-        if do_cs:
-            common.flush_checksum(ws, cs, lane)
+    tile, epoch, nesc, do_cs, tid, lane, warp = parts.block_state(smem)
+    if _raw_tiles(f16, out16, ws, smem, n, tile, tid, n_blocks, do_cs):
         return
+    cs = np.int64(0)
     err = np.int64(0)
-    cba = u32(smem[6] << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
-    cbb = u32(smem[6] >> 24)  # entries 3-6
+    cba, cbb = parts.codebook_words(smem[6])
     ra, rb, rc, rd = _tile16(f8, f64, tile if tile < n_blocks else 0, warp, lane, n, planes_off, raw_off,
                              stride, pwords)
     while tile < n_blocks:
@@ -328,8 +333,6 @@ def launch(f8, f16, f32, f64, out32, out16, ws, lay: fmt.Layout, crc_zero: int, 
     frame buffer as uint8 / 16 / 32 / int64; ``out32`` / ``out16``: the output as uint32 /
     uint16 (FP32: n / 2n of them; FP16: the first n & ~7 values as (n & ~7) / 2 words, and n).
     ``warps`` (FP32): as in ``decode.launch``."""
-    from . import decode_warps as dw
-
     lt = wide_tuple(lay)
     if lay.dtype == FP32 and dw.chosen(lay.n_blocks, True, warps):
         dw.launch(f8, f32, f64, out32, out16, ws, lt, lay.n_blocks, True, stream)
@@ -351,22 +354,19 @@ FINISH = launch_route.Kernel(wide_finish, (_A(np.uint8), _A(np.int64), _A(np.int
                                            _A(np.int64)))
 
 
-class Plan(plans.Plan):
+class Plan(decode.Plan):
     """The launches of one FP32 / FP16 decode with everything but the stream fixed (as
     ``decode.Plan``): ``decode.decode_tiles32`` or ``decode_warps``' scan and tile kernels
     (FP32, ``warps`` as in ``decode.launch``) or ``decode_tiles16`` (FP16), then ``wide_finish``."""
 
     __slots__ = ()
 
-    def __init__(self, device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout,
-                 ws_ptr: int, ws_count: int, crc_zero: int, crc_ptr: int, crc_count: int,
-                 warps: bool | None = None):
-        from . import decode_warps as dw
-
+    @staticmethod
+    def steps_of(device: int, f_ptr: int, f_nbytes: int, out_ptr: int, lay: fmt.Layout, ws, crc_zero: int,
+                 crc, warps: bool | None) -> list[plans.Step]:
         n = lay.n
         lt = wide_tuple(lay)
         frame = ((f_ptr, f_nbytes), (f_ptr, f_nbytes // 2), (f_ptr, f_nbytes // 4), (f_ptr, f_nbytes // 8))
-        ws = (ws_ptr, ws_count)
         steps = []
         if lay.dtype == FP32 and dw.chosen(lay.n_blocks, True, warps):
             steps.extend(dw.steps(device, (frame[0], frame[2], frame[3]), ((out_ptr, n), (out_ptr, 2 * n)),
@@ -379,6 +379,5 @@ class Plan(plans.Plan):
             grid = grid_size(lay.n_blocks, FP16_BLOCKS_PER_SM)
             args = (*frame, (out_ptr, (n & ~7) // 2), (out_ptr, n), ws, lt)
             steps.append(plans.Step(TILES, device, grid, args, (0, 1, 2, 3), (4, 5)))
-        steps.append(plans.Step(FINISH, device, 1, (frame[0], frame[3], ws, lt, crc_zero,
-                                                    (crc_ptr, crc_count)), (0, 1), ()))
-        super().__init__(device, tuple(steps))
+        steps.append(plans.Step(FINISH, device, 1, (frame[0], frame[3], ws, lt, crc_zero, crc), (0, 1), ()))
+        return steps

@@ -15,6 +15,7 @@ from .. import format as fmt
 from ..format.errors import ERR_ESCAPE_RANGE, ERR_HEADER
 from . import compat  # noqa: F401  (numpy fix before numba.cuda compiles anything)
 from ._common import (
+    TPB,
     WS_EPOCH,
     WS_ERR,
     byte_checksum,
@@ -29,7 +30,11 @@ from ._common import (
 )
 from .compat import load16, store16, u32, wrap64
 from .layout import (
+    MAGIC_BF16,
+    MAGIC_FP32,
     header_ok,
+    lay_lo,
+    lay_no_lo,
     layout_fields,
     wide_header_ok,
 )
@@ -68,6 +73,21 @@ def spread_entry(p):
     for i in range(8):
         s = u32(s | u32(u32(u32(p >> i) & 1) << (4 * i)))
     return s
+
+
+@dev
+def fill_spread(spread, tid):
+    """Thread ``tid``'s two entries of the block's shared spread table (entry p:
+    ``spread_entry(p)``): read the table after the next barrier."""
+    spread[tid] = spread_entry(tid)
+    spread[tid + TPB] = spread_entry(tid + TPB)
+
+
+@dev
+def codebook_words(cb64):
+    """The header's codebook word as the two byte-permute tables of ``decode_round``: byte 0
+    the exponent 0 of the escape code, bytes 1-3 entries 0-2; entries 3-6."""
+    return u32(cb64 << 8), u32(cb64 >> 24)
 
 
 @dev
@@ -174,8 +194,9 @@ def store_round(out32, out16, u, vm, o0, o1, o2, o3):
 
 def block_start(magic: int | None, scanned: bool = False):
     """A decoder block's start, for frames whose header bytes 0..5 are ``magic`` (None: FP32 or
-    FP16 by the layout, ``layout.wide_header_ok``): thread 0 takes the first ticket, reads the
-    epoch, checks the header and publishes the first tile's stored escape count, into smem
+    FP16 by the layout, ``layout.wide_header_ok``): every thread fills its entries of the shared
+    spread table (``fill_spread``); thread 0 takes the first ticket, reads the epoch, checks the
+    header and publishes the first tile's stored escape count, into the shared words ``smem``
     (``decoder_header``, smem[7], smem[8]); a bad header is reported once, by the block holding
     tile 0. After a barrier every thread returns whether the header fits."""
     if magic is None:
@@ -186,7 +207,9 @@ def block_start(magic: int | None, scanned: bool = False):
             return header_ok(f64, nbytes, lay, magic)
 
     @dev
-    def start(f8, f32, f64, ws, lay, smem, tid):
+    def start(f8, f32, f64, ws, lay, spread, smem):
+        tid = np.int64(cuda.threadIdx.x)
+        fill_spread(spread, tid)
         if tid == 0:
             n, _, _, counts_off, _, _, _, n_blocks = layout_fields(lay)
             tile = take_ticket(ws)
@@ -206,8 +229,10 @@ def block_start(magic: int | None, scanned: bool = False):
 
 @dev
 def block_state(smem):
-    """(first tile, epoch, header's n_escapes, checksum present) as ``block_start`` left them."""
-    return smem[0], smem[1], smem[4], smem[5] != 0
+    """(first tile, epoch, header's n_escapes, checksum present) as ``block_start`` left them,
+    and the thread's index, lane and warp."""
+    tid = np.int64(cuda.threadIdx.x)
+    return smem[0], smem[1], smem[4], smem[5] != 0, tid, tid & 31, tid >> 5
 
 
 @cuda.jit(device=True)
@@ -286,6 +311,13 @@ def raw_unit(f8, f32, out32, out16, g, units, do_cs, cs):
                 if do_cs:
                     cs = wrap64(cs + byte_checksum(lo, q) + byte_checksum(hi, q + 1))
     return cs
+
+
+def tile_parts(fp32: bool, lo_ahead: int):
+    """The parts a BF16 or (``fp32``) FP32 tile decoder takes by its output type: (the header's
+    magic, the layout's low-halves offset, ``quarter_code``, ``escape_patch``)."""
+    return (MAGIC_FP32 if fp32 else MAGIC_BF16, lay_lo if fp32 else lay_no_lo, quarter_code(fp32, lo_ahead),
+            escape_patch(fp32))
 
 
 def quarter_code(fp32: bool, lo_ahead: int):

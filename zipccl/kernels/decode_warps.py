@@ -45,8 +45,6 @@ from .layout import (
     MAGIC_FP32,
     WIDE_FIELDS,
     header_ok,
-    lay_lo,
-    lay_no_lo,
     layout_fields,
 )
 
@@ -190,11 +188,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = parts.FP32_LO_
                   first_wave: bool = True):
     """The warp-a-tile decoder for BF16 output or (``fp32``, a constant) FP32 output;
     ``first_wave``: the first tiles by warp number (else every tile from the counter)."""
-    assert lo_ahead in (1, 2, 4)
-    magic = MAGIC_FP32 if fp32 else MAGIC_BF16
-    lo_of = lay_lo if fp32 else lay_no_lo
-    code = parts.quarter_code(fp32, lo_ahead)
-    patch = parts.escape_patch(fp32)
+    magic, lo_of, code, patch = parts.tile_parts(fp32, lo_ahead)
     raw_rounds = 32 if fp32 else 16  # RAW copy: 16-byte units a lane and ticket
 
     @cuda.jit(**({} if compat.SIMULATOR else {"launch_bounds": (TPB, blocks_per_sm)}))
@@ -203,8 +197,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = parts.FP32_LO_
         tid = np.int64(cuda.threadIdx.x)
         hdr = cuda.shared.array(8, dtype=np.int64)  # the header check's results
         spread = cuda.shared.array(256, dtype=np.uint32)
-        spread[tid] = parts.spread_entry(tid)
-        spread[tid + TPB] = parts.spread_entry(tid + TPB)
+        parts.fill_spread(spread, tid)
         if tid == 0:
             ok, raw, nesc, has_cs = header_ok(f64, f8.shape[0], lay, magic)
             hdr[0] = 1 if ok else 0
@@ -239,9 +232,7 @@ def _tiles_kernel(fp32: bool, blocks_per_sm: int, lo_ahead: int = parts.FP32_LO_
                 common.flush_checksum(ws, cs, lane)
             return
 
-        cb64 = hdr[4]
-        cba = u32(cb64 << 8)  # byte 0: exponent 0 for the escape code, bytes 1-3: entries 0-2
-        cbb = u32(cb64 >> 24)  # entries 3-6
+        cba, cbb = parts.codebook_words(hdr[4])
         err = np.int64(0)
         ra, rb, rc, rd = parts.load_tile(f8, f64, tile if tile < n_blocks else 0, 0, lane, n, planes_off,
                                            stride, pwords)
