@@ -19,7 +19,8 @@ Kernels are matched across the two trees by function name and argument types
 (``--rename OLD=NEW`` for a kernel whose function was renamed). ``--json`` prints the
 statistics of this tree only, as JSON (what the subprocess returns).
 
-Tools: ``CUDA_HOME`` (or ``NUMBA_CUDA_HOME``) names a CUDA toolkit with NVVM and libdevice;
+Tools: ``CUDA_HOME`` (or ``NUMBA_CUDA_HOME``) names a CUDA toolkit with NVVM and libdevice
+(NVRTC is not needed);
 ``ptxas`` and ``cuobjdump`` are looked up in ``$CUDA_HOME/bin``, then ``--tools``, then PATH.
 """
 
@@ -148,8 +149,17 @@ class _Device:
 def tree_stats(tools: list[str], dump: str | None = None, only: list[str] | None = None) -> dict:
     from numba import cuda
     from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import nvrtc
 
     dispatcher.get_current_device = _Device
+    try:  # NVRTC lists the architectures it supports; without it, name the one compiled for
+        nvrtc.get_supported_ccs()
+    except Exception:  # noqa: BLE001 -- NVRTC missing: NVVM alone compiles to PTX
+        from numba.cuda import cuda_paths
+
+        nvrtc.get_supported_ccs = lambda: (CC,)
+        # the toolkit lookup (libdevice) also asks for NVRTC's path, which only NVRTC itself uses
+        cuda_paths._get_nvrtc_path = lambda: cuda_paths._env_path_tuple("CUDA_HOME", "")
 
     out = {}
     for label, k in kernels_of_tree():
@@ -179,7 +189,7 @@ def _base_stats(rev: str, tools: list[str], dump: str | None, only: list[str]) -
         arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "zipccl"], capture_output=True,
                               check=True).stdout
         subprocess.run(["tar", "-x", "-C", d], input=arch, check=True)
-        env = {**os.environ, "PYTHONPATH": d}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (d, os.environ.get("PYTHONPATH"))))}
         cmd = [sys.executable, __file__, "--json", *sum((["--tools", t] for t in tools), [])]
         if dump:
             cmd += ["--dump", str(Path(dump).resolve() / "base")]
