@@ -11,6 +11,7 @@ GATED_BY_NAME = (
     "only supported on mpi, nccl and gloo",  # get_future
     "Only gloo backend supports timeouts",
     "GLOO Batch Send Recv CPU",
+    "Only Gloo backend supports sparse all reduce",
 )
 
 
