@@ -210,7 +210,10 @@ def _cached(key, make):
     if view is None:
         view = make()
         if len(_VIEWS) >= 256:
-            _VIEWS.pop(next(iter(_VIEWS)))
+            try:  # the oldest; another thread may be changing the dict (compress is thread-safe)
+                _VIEWS.pop(next(iter(_VIEWS)), None)
+            except (RuntimeError, StopIteration):
+                _VIEWS.clear()
         _VIEWS[key] = view
     return view
 
