@@ -162,8 +162,7 @@ class Core:
 
     # -- the one path ---------------------------------------------------------------------------
     def call(self, front: Front, op: str, key, describe, ctx=None, extra: Stats | None = None, *,
-             native=None, decided: Decision | None = None, agreed: bool = False, settle=None,
-             keep: bool = False):
+             native=None, decided: Decision | None = None, agreed: bool = False, settle=None):
         """One collective call of ``front``: replayed from the plan kept under ``key`` (a
         compressed call's kept call and route, the memory its key names being the caller's and
         alive; an agreed native call's bound transport call), or described
@@ -173,9 +172,8 @@ class Core:
         the collective file's native path; ``decided``: a decision the front end made alike on
         every rank (``agreed``: and agreed the call itself); ``settle(nbytes)``: the maximum of
         ``nbytes`` over ranks, for per-peer counts under "auto" (``settled``). ``extra``: one
-        more ``Stats`` to count the call in; ``keep``: a compressed call with a key is kept in
-        its plan and replayed (the torch front end; the ``Communicator`` describes each one
-        anew). Returns what ``native`` returned, else None.
+        more ``Stats`` to count the call in. A compressed call with a key and equal blocks is
+        kept in its plan and replayed. Returns what ``native`` returned, else None.
         """
         plan = self.plans.get(key) if key is not None else None
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
@@ -183,6 +181,7 @@ class Core:
             device = call.send.device
             self.last_decision = plan.decision
             self.agree(plan, plan.link, device)
+            plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
             if device:
                 front.where(call, ctx)  # the engine on the call's stream
             self.run(call, plan.route, True, extra)
@@ -214,7 +213,7 @@ class Core:
         if plan.compress:
             route.channel = self.channel(*front.spills(eng, ctx), plan.decision)
             self.run(call, route, True, extra)
-            if keep and key is not None and decided is None and not call.uneven:
+            if key is not None and decided is None and not call.uneven:
                 _keep(plan, call, route, link)
             return None
         if call.send.bf16 and call.code is None and not tr.own_reduction:

@@ -133,7 +133,7 @@ class Collectives(Front):
             return work if async_op else None
         key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
         work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
-                               settle=settle, keep=True)
+                               settle=settle)
         if not async_op:
             return None
         if work is not None:
