@@ -20,7 +20,7 @@ from . import all_gather, all_reduce, all_to_all, reduce_scatter
 from .agreement import Agreement, describe, sig_hash
 from .args import no_bf16_reduction, unowned
 from .base import CollectiveError, ExchangeStats, chunk_elements
-from .call import Call, Route
+from .call import CODED_REDUCTIONS, Call, Route
 from .host import HostEngine
 from .plans import Plan, Plans
 from .policy import Decision, Policy
@@ -227,11 +227,9 @@ class Core:
                         agreed=link.verify == "first" and plan.sig in link.agreement.agreed)
         return None
 
-    def native_call(self, op: str, nbytes: int, reduce: str | None, run, extra: Stats | None = None):
-        """A call zipccl does not code (a type, or a reduction other than ``reduce`` names):
-        the front end's own ``run()``, decided native and counted."""
-        why = own_reduction(reduce) if reduce else \
-            "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
+    def native_call(self, op: str, nbytes: int, why: str, run, extra: Stats | None = None):
+        """A call zipccl does not code (``refusal``'s NATIVE ``why``): the front end's own
+        ``run()``, decided native and counted."""
         self.last_decision = Decision(op, nbytes, False, why)
         work = run()
         self.count(op, False, ExchangeStats(nbytes, nbytes), extra)
@@ -298,6 +296,38 @@ class Core:
         if extra is not None:
             extra.add(compress, st, op)
         self.last_stats = st
+
+
+NATIVE, INVALID = "native", "invalid"  # why zipccl does not take a call (``refusal``)
+CODED_TYPES = frozenset(fmt.DTYPE_NAMES.values())  # the types zipccl codes, by name
+_NOT_CODED = "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
+
+
+def refusal(op: str, p: int, dtypes, reduce: str | None, send_n: int, recv_n: int,
+            send_counts=None, recv_counts=None, *, problem: str | None = None):
+    """Whether zipccl takes a call of ``op`` on ``p`` ranks: None where it does, else
+    (NATIVE, why): a type or reduction zipccl does not code (``dtypes``: every argument's type
+    name; ``reduce``: the reduction's name), for the transport's own collective unchanged; or
+    (INVALID, why): arguments that form no such call (``send_n`` / ``recv_n`` elements, the
+    per-peer counts where given; ``problem``: what the front end found wrong translating its
+    arguments: several devices, a layout, split sizes). The one decision of the
+    front ends that may hand a call elsewhere: ``zipccl.torch`` (NATIVE: torch's own function;
+    INVALID: the collective's ``describe`` raises) and the torch backend (either: the inner group).
+
+    >>> refusal("all_gather", 2, ["bfloat16", "bfloat16"], None, 4, 8) is None
+    True
+    >>> refusal("reduce_scatter", 2, ["bfloat16", "bfloat16"], "max", 8, 4)[0]
+    'native'
+    """
+    first = dtypes[0]
+    if first not in CODED_TYPES or dtypes.count(first) != len(dtypes):  # no generator: no frames
+        return NATIVE, _NOT_CODED
+    if reduce is not None and reduce not in CODED_REDUCTIONS:
+        return NATIVE, own_reduction(reduce)
+    if problem is not None:
+        return INVALID, problem
+    why = COLLECTIVES[op].mismatch(p, send_n, recv_n, send_counts, recv_counts)
+    return None if why is None else (INVALID, why)
 
 
 def own_reduction(reduce: str) -> str:
