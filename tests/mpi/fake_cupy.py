@@ -30,17 +30,57 @@ float16, float32, float64 = np.float16, np.float32, np.float64
 _ptrs = itertools.count(0x1000, 0x10)
 
 
-class _Pointer:
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+class UnownedMemory:
+    """CuPy's ``cuda.UnownedMemory(ptr, size, owner, device_id)``: memory CuPy did not allocate,
+    kept alive by ``owner`` (None: by nobody; the caller keeps it alive)."""
+
+    def __init__(self, ptr: int, size: int, owner, device_id: int = -1):
+        self.ptr, self.size, self.owner = int(ptr), int(size), owner
+        self.device_id = 0 if device_id < 0 else int(device_id)
+
+    @property
+    def device(self):
+        return Device(self.device_id)
+
+
+class MemoryPointer:
+    """CuPy's ``cuda.MemoryPointer(mem, offset)``: a place in ``mem`` (``.ptr``, ``.mem``)."""
+
+    def __init__(self, mem, offset: int):
+        self.mem, self.ptr = mem, mem.ptr + int(offset)
+
+    @property
+    def device_id(self) -> int:
+        return self.mem.device_id
 
 
 class ndarray(np.ndarray):
-    """Host memory that says it is a device array."""
+    """Host memory that says it is a device array.
+
+    ``ndarray(shape, dtype, memptr)`` takes CuPy's arguments: over ``memptr``'s memory, or new
+    memory without it. (Views of NumPy arrays, ``a.view(ndarray)``, do not come through here.)
+    """
+
+    def __new__(cls, shape, dtype=float, memptr=None, strides=None, order="C"):
+        if memptr is None:
+            return np.ndarray.__new__(cls, shape, dtype, strides=strides, order=order)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes == 0:
+            return np.ndarray.__new__(cls, shape, dtype, strides=strides, order=order)
+        buf = (ctypes.c_char * nbytes).from_address(memptr.ptr)
+        a = np.ndarray.__new__(cls, shape, dtype, buffer=buf, strides=strides, order=order)
+        a._memptr = memptr  # CuPy's array holds its MemoryPointer (and so its memory's owner)
+        return a
 
     @property
     def data(self):  # CuPy: a MemoryPointer with .ptr
-        return _Pointer(self.__array_interface__["data"][0])
+        ptr = self.__array_interface__["data"][0]
+        return MemoryPointer(UnownedMemory(ptr, self.nbytes, self), 0)
+
+    @property
+    def device(self):  # CuPy: the array's Device (one here)
+        return Device(0)
 
     @property
     def __cuda_array_interface__(self):
@@ -399,6 +439,7 @@ def install() -> types.ModuleType:
     cuda.Stream, cuda.ExternalStream, cuda.Event = Stream, ExternalStream, Event
     cuda.get_current_stream, cuda.alloc_pinned_memory = get_current_stream, alloc_pinned_memory
     cuda.runtime, cuda.Device, cuda.get_elapsed_time = _Runtime, Device, get_elapsed_time
+    cuda.UnownedMemory, cuda.MemoryPointer = UnownedMemory, MemoryPointer
     cuda.nccl = _Nccl()
     mod.cuda = cuda
     sys.modules["cupy"] = mod

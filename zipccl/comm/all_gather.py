@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import format as fmt
-from .args import Arr, byte_view, check_pair, overlap
+from .args import Arr, byte_view, check_pair, check_sizes, overlap
 from .base import ExchangeStats, offsets, value_code
 from .call import Call, Route, detached, raw_exchange
 from .exchange import slot_exchange
@@ -19,13 +19,19 @@ from .exchange import slot_exchange
 OP = "all_gather"
 
 
+def mismatch(p: int, send_n: int, recv_n: int, send_counts=None, recv_counts=None) -> str | None:
+    """Why ``send_n`` and ``recv_n`` elements are no all-gather on ``p`` ranks (None: they are)."""
+    if recv_n != p * send_n:
+        return (f"recv holds {recv_n} elements; all_gather of {send_n} per rank on {p} ranks "
+                f"needs {p * send_n}")
+    return None
+
+
 def describe(send: Arr, recv: Arr, p: int, rank: int, stream=None) -> Call:
     """The call ``recv = concat over ranks of send``: checks the arguments (ValueError /
     TypeError naming the problem)."""
     check_pair(send, recv)
-    if recv.size != p * send.size:
-        raise ValueError(f"recv holds {recv.size} elements; all_gather of {send.size} per rank "
-                         f"on {p} ranks needs {p * send.size}")
+    check_sizes(mismatch(p, send.size, recv.size))
     n = send.size
     return Call(OP, send, recv, (n,) * p, (n,) * p, rank=rank, stream=stream)
 

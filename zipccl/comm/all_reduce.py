@@ -16,6 +16,11 @@ from .reduce_scatter import check_reduction, finish, reduce_blocks, stated
 OP = "all_reduce"
 
 
+def mismatch(p: int, send_n: int, recv_n: int, send_counts=None, recv_counts=None) -> str | None:
+    """In place: any one buffer is an all-reduce."""
+    return None
+
+
 def describe(buf: Arr, op: str, p: int, rank: int, stream=None) -> Call:
     """The call ``buf = reduction over ranks of buf`` (in place)."""
     check_reduction(op)

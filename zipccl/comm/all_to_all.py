@@ -8,7 +8,7 @@ rounds; one that does not moves in one round.
 
 from __future__ import annotations
 
-from .args import Arr, byte_view, check_counts, check_pair, overlap
+from .args import Arr, byte_view, check_counts, check_pair, check_sizes, overlap
 from .base import ExchangeStats, offsets
 from .call import Call, Route, detached
 from .exchange import slot_exchange
@@ -23,37 +23,47 @@ def describe(send: Arr, recv: Arr, p: int, rank: int, send_counts=None, recv_cou
     first). Counts are elements; they are checked as ints, never coerced."""
     check_pair(send, recv)
     if send_counts is None and recv_counts is None:
-        if send.size % p or recv.size != send.size:
-            raise ValueError(f"all_to_all without counts needs send and recv of equal size "
-                             f"divisible by {p}; got {send.size} and {recv.size}")
+        check_sizes(mismatch(p, send.size, recv.size))
         b = send.size // p
         return Call(OP, send, recv, (b,) * p, (b,) * p, rank=rank, stream=stream,
                     largest=b if p > 1 else 0)
-    if send_counts is None:
-        raise ValueError("recv_counts given without send_counts")
-    sc = check_counts(send_counts, p, "send_counts")
-    rc = check_counts(recv_counts, p, "recv_counts")
-    if sum(sc) != send.size:
-        raise ValueError(f"send_counts add up to {sum(sc)} but send holds {send.size}")
-    if sum(rc) != recv.size:
-        raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {recv.size}")
+    sc, rc = _counts(send_counts, recv_counts, p, required=True)
+    check_sizes(mismatch(p, send.size, recv.size, sc, rc))
     return Call(OP, send, recv, tuple(sc), tuple(rc), uneven=True, rank=rank, stream=stream,
                 largest=largest)
+
+
+def mismatch(p: int, send_n: int, recv_n: int, send_counts=None, recv_counts=None) -> str | None:
+    """Why ``send_n`` and ``recv_n`` elements (split by per-peer counts, lists of ``p`` ints,
+    where given) are no all-to-all on ``p`` ranks (None: they are)."""
+    if send_counts is None:
+        if send_n % p or recv_n != send_n:
+            return (f"all_to_all without counts needs send and recv of equal size divisible by "
+                    f"{p}; got {send_n} and {recv_n}")
+        return None
+    if sum(send_counts) != send_n:
+        return f"send_counts add up to {sum(send_counts)} but send holds {send_n}"
+    if recv_counts is not None and sum(recv_counts) != recv_n:
+        return f"recv_counts add up to {sum(recv_counts)} but recv holds {recv_n}"
+    return None
 
 
 def counts_row(send: Arr, recv: Arr, send_counts, recv_counts, p: int):
     """Per-peer counts checked before the count matrix is agreed: (send counts, recv counts or
     None, the control row's ints: send counts, recv counts (-1 each when left out), recv's size)."""
     check_pair(send, recv)
+    sc, rc = _counts(send_counts, recv_counts, p, required=False)
+    check_sizes(mismatch(p, send.size, recv.size, sc, rc))
+    return sc, rc, [*sc, *(rc if rc is not None else [-1] * p), recv.size]
+
+
+def _counts(send_counts, recv_counts, p: int, *, required: bool):
+    """Both count lists checked as ``p`` ints (recv_counts may be left out unless ``required``)."""
     if send_counts is None:
         raise ValueError("recv_counts given without send_counts")
     sc = check_counts(send_counts, p, "send_counts")
-    rc = None if recv_counts is None else check_counts(recv_counts, p, "recv_counts")
-    if sum(sc) != send.size:
-        raise ValueError(f"send_counts add up to {sum(sc)} but send holds {send.size}")
-    if rc is not None and sum(rc) != recv.size:
-        raise ValueError(f"recv_counts add up to {sum(rc)} but recv holds {recv.size}")
-    return sc, rc, [*sc, *(rc if rc is not None else [-1] * p), recv.size]
+    rc = None if recv_counts is None and not required else check_counts(recv_counts, p, "recv_counts")
+    return sc, rc
 
 
 def run(call: Call, route: Route, compress: bool) -> ExchangeStats:

@@ -163,6 +163,12 @@ def check_pair(send: Arr, recv: Arr) -> None:
         raise TypeError(f"send is {send.dtype} but recv is {recv.dtype}")
 
 
+def check_sizes(mismatch: str | None) -> None:
+    """Raise ValueError with a collective's ``mismatch`` of sizes (None: the sizes fit)."""
+    if mismatch is not None:
+        raise ValueError(mismatch)
+
+
 def as_count(value, what: str) -> int:
     """One element count as a Python int: a Python int or a NumPy integer, nothing else.
 

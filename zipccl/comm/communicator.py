@@ -6,10 +6,10 @@ It wraps an mpi4py communicator (duplicated), takes NumPy, CuPy, Numba device an
 (``all_gather``, ``reduce_scatter``, ``all_to_all``, ``all_reduce``). What it adds is MPI's: the
 settings agreed at construction, the NCCL bootstrap (device arrays go over NCCL, or MPI where
 ranks share a GPU or NCCL is missing), the control row that turns a local argument error into
-the same ``CollectiveError`` on every rank, and native calls bound once and replayed from their
-plans. Every rank must make the same calls in the same order; one call at a time per
-communicator (``_OneCall``). docs/COLLECTIVES.md ("Agreement", "Threads") and
-docs/ARCHITECTURE.md say what is checked when and how a call travels.
+the same ``CollectiveError`` on every rank. A call whose arrays (by identity) and stream were
+seen before replays its plan (``core.Core.call``). Every rank must make the same calls in the
+same order; one call at a time per communicator (``_OneCall``). docs/COLLECTIVES.md
+("Agreement", "Threads") and docs/ARCHITECTURE.md say what is checked when and how a call travels.
 """
 
 from __future__ import annotations

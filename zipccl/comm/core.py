@@ -20,7 +20,7 @@ from . import all_gather, all_reduce, all_to_all, reduce_scatter
 from .agreement import Agreement, describe, sig_hash
 from .args import no_bf16_reduction, unowned
 from .base import CollectiveError, ExchangeStats, chunk_elements
-from .call import Call, Route
+from .call import CODED_REDUCTIONS, Call, Route
 from .host import HostEngine
 from .plans import Plan, Plans
 from .policy import Decision, Policy
@@ -162,8 +162,7 @@ class Core:
 
     # -- the one path ---------------------------------------------------------------------------
     def call(self, front: Front, op: str, key, describe, ctx=None, extra: Stats | None = None, *,
-             native=None, decided: Decision | None = None, agreed: bool = False, settle=None,
-             keep: bool = False):
+             native=None, decided: Decision | None = None, agreed: bool = False, settle=None):
         """One collective call of ``front``: replayed from the plan kept under ``key`` (a
         compressed call's kept call and route, the memory its key names being the caller's and
         alive; an agreed native call's bound transport call), or described
@@ -173,9 +172,8 @@ class Core:
         the collective file's native path; ``decided``: a decision the front end made alike on
         every rank (``agreed``: and agreed the call itself); ``settle(nbytes)``: the maximum of
         ``nbytes`` over ranks, for per-peer counts under "auto" (``settled``). ``extra``: one
-        more ``Stats`` to count the call in; ``keep``: a compressed call with a key is kept in
-        its plan and replayed (the torch front end; the ``Communicator`` describes each one
-        anew). Returns what ``native`` returned, else None.
+        more ``Stats`` to count the call in. A compressed call with a key and equal blocks is
+        kept in its plan and replayed. Returns what ``native`` returned, else None.
         """
         plan = self.plans.get(key) if key is not None else None
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
@@ -183,6 +181,7 @@ class Core:
             device = call.send.device
             self.last_decision = plan.decision
             self.agree(plan, plan.link, device)
+            plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
             if device:
                 front.where(call, ctx)  # the engine on the call's stream
             self.run(call, plan.route, True, extra)
@@ -214,7 +213,7 @@ class Core:
         if plan.compress:
             route.channel = self.channel(*front.spills(eng, ctx), plan.decision)
             self.run(call, route, True, extra)
-            if keep and key is not None and decided is None and not call.uneven:
+            if key is not None and decided is None and not call.uneven:
                 _keep(plan, call, route, link)
             return None
         if call.send.bf16 and call.code is None and not tr.own_reduction:
@@ -228,11 +227,9 @@ class Core:
                         agreed=link.verify == "first" and plan.sig in link.agreement.agreed)
         return None
 
-    def native_call(self, op: str, nbytes: int, reduce: str | None, run, extra: Stats | None = None):
-        """A call zipccl does not code (a type, or a reduction other than ``reduce`` names):
-        the front end's own ``run()``, decided native and counted."""
-        why = own_reduction(reduce) if reduce else \
-            "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
+    def native_call(self, op: str, nbytes: int, why: str, run, extra: Stats | None = None):
+        """A call zipccl does not code (``refusal``'s NATIVE ``why``): the front end's own
+        ``run()``, decided native and counted."""
         self.last_decision = Decision(op, nbytes, False, why)
         work = run()
         self.count(op, False, ExchangeStats(nbytes, nbytes), extra)
@@ -299,6 +296,38 @@ class Core:
         if extra is not None:
             extra.add(compress, st, op)
         self.last_stats = st
+
+
+NATIVE, INVALID = "native", "invalid"  # why zipccl does not take a call (``refusal``)
+CODED_TYPES = frozenset(fmt.DTYPE_NAMES.values())  # the types zipccl codes, by name
+_NOT_CODED = "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
+
+
+def refusal(op: str, p: int, dtypes, reduce: str | None, send_n: int, recv_n: int,
+            send_counts=None, recv_counts=None, *, problem: str | None = None):
+    """Whether zipccl takes a call of ``op`` on ``p`` ranks: None where it does, else
+    (NATIVE, why): a type or reduction zipccl does not code (``dtypes``: every argument's type
+    name; ``reduce``: the reduction's name), for the transport's own collective unchanged; or
+    (INVALID, why): arguments that form no such call (``send_n`` / ``recv_n`` elements, the
+    per-peer counts where given; ``problem``: what the front end found wrong translating its
+    arguments: several devices, a layout, split sizes). The one decision of the
+    front ends that may hand a call elsewhere: ``zipccl.torch`` (NATIVE: torch's own function;
+    INVALID: the collective's ``describe`` raises) and the torch backend (either: the inner group).
+
+    >>> refusal("all_gather", 2, ["bfloat16", "bfloat16"], None, 4, 8) is None
+    True
+    >>> refusal("reduce_scatter", 2, ["bfloat16", "bfloat16"], "max", 8, 4)[0]
+    'native'
+    """
+    first = dtypes[0]
+    if first not in CODED_TYPES or dtypes.count(first) != len(dtypes):  # no generator: no frames
+        return NATIVE, _NOT_CODED
+    if reduce is not None and reduce not in CODED_REDUCTIONS:
+        return NATIVE, own_reduction(reduce)
+    if problem is not None:
+        return INVALID, problem
+    why = COLLECTIVES[op].mismatch(p, send_n, recv_n, send_counts, recv_counts)
+    return None if why is None else (INVALID, why)
 
 
 def own_reduction(reduce: str) -> str:

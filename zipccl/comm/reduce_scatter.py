@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import format as fmt
-from .args import Arr, byte_view, check_pair, overlap
+from .args import Arr, byte_view, check_pair, check_sizes, overlap
 from .base import ExchangeStats, offsets, value_code
 from .call import Call, Route, detached, raw_exchange
 from .exchange import slot_exchange
@@ -26,13 +26,19 @@ def check_reduction(op: str) -> None:
         raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
 
 
+def mismatch(p: int, send_n: int, recv_n: int, send_counts=None, recv_counts=None) -> str | None:
+    """Why ``send_n`` and ``recv_n`` elements are no reduce-scatter on ``p`` ranks (None: they are)."""
+    if send_n != p * recv_n:
+        return (f"send holds {send_n} elements; reduce_scatter into {recv_n} per rank on {p} "
+                f"ranks needs {p * recv_n}")
+    return None
+
+
 def describe(send: Arr, recv: Arr, op: str, p: int, rank: int, stream=None) -> Call:
     """The call ``recv = reduction over ranks of each rank's block rank of send``."""
     check_pair(send, recv)
     check_reduction(op)
-    if send.size != p * recv.size:
-        raise ValueError(f"send holds {send.size} elements; reduce_scatter into {recv.size} "
-                         f"per rank on {p} ranks needs {p * recv.size}")
+    check_sizes(mismatch(p, send.size, recv.size))
     m = recv.size
     return Call(OP, send, recv, (m,) * p, (m,) * p, reduce=op, rank=rank, stream=stream)
 

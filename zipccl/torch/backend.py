@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import (
 
 from ..comm.policy import MODES, Policy, env_policy
 from ..comm.stats import Stats
-from .functional import _CODED, Collectives, _op_name
+from .functional import Collectives, refused
 from .transport import post_failure
 from .work import _done_work
 
@@ -174,16 +174,13 @@ class ZipProcessGroup(dist.ProcessGroup):
         with self.passthrough():
             return call(c, self._stats)
 
-    def _eligible(self, *tensors: torch.Tensor) -> bool:
-        """Tensors zipccl moves: one coded dtype, one device (CPU, or CUDA with an inner NCCL),
-        contiguous, outside any pass-through scope."""
-        if self._pt.depth or not tensors:
+    def _takes(self, op: str, tensors, send_n: int, recv_n: int, reduce=None, splits=None) -> bool:
+        """Whether zipccl runs the call (``functional.refused``: the one decision); else it goes to
+        the inner group unchanged, as it does inside a pass-through scope and on a device type
+        the inner group has no backend for."""
+        if self._pt.depth or tensors[0].device.type not in self._device_types_str():
             return False
-        t0 = tensors[0]
-        if t0.dtype not in _CODED or t0.device.type not in self._device_types_str():
-            return False
-        return all(t.dtype == t0.dtype and t.device == t0.device and t.is_contiguous()
-                   and not t.is_sparse for t in tensors)
+        return refused(op, self.size(), tensors, send_n, recv_n, reduce, splits) is None
 
     def _device_types_str(self) -> tuple[str, ...]:
         d = getattr(self, "_dev_types", None)
@@ -194,29 +191,27 @@ class ZipProcessGroup(dist.ProcessGroup):
     # all-gather into one tensor (torch >= 2.13 calls all_gather_single, older _allgather_base)
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
-        if self._eligible(output, input) and output.numel() == self.size() * input.numel():
+        if self._takes("all_gather", (input, output), input.numel(), output.numel()):
             return self._run("all_gather", input.device, lambda c, st: c.all_gather_into_tensor(
                 output, input, group=self, async_op=True, stats=st))
         return self._pass("all_gather_single", output, input, opts)
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
-        if self._eligible(output, input) and output.numel() == self.size() * input.numel():
+        if self._takes("all_gather", (input, output), input.numel(), output.numel()):
             return self.all_gather_single(output, input, opts)
         return self._pass("_allgather_base", output, input, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else ReduceScatterOptions()
-        if (self._eligible(output, input) and input.numel() == self.size() * output.numel()
-                and _op_name(opts.reduceOp) is not None):
+        if self._takes("reduce_scatter", (input, output), input.numel(), output.numel(), opts.reduceOp):
             return self._run("reduce_scatter", input.device, lambda c, st: c.reduce_scatter_tensor(
                 output, input, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("reduce_scatter_single", output, input, opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else ReduceScatterOptions()
-        if (self._eligible(output, input) and input.numel() == self.size() * output.numel()
-                and _op_name(opts.reduceOp) is not None):
+        if self._takes("reduce_scatter", (input, output), input.numel(), output.numel(), opts.reduceOp):
             return self.reduce_scatter_single(output, input, opts)
         return self._pass("_reduce_scatter_base", output, input, opts)
 
@@ -224,15 +219,16 @@ class ZipProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllToAllOptions()
         osz = list(output_split_sizes) or None
         isz = list(input_split_sizes) or None
-        if self._eligible(output, input) and _splits_ok(output, osz, self.size()) \
-                and _splits_ok(input, isz, self.size()):
+        if self._takes("all_to_all", (input, output), input.numel(), output.numel(),
+                       splits=(isz, osz)):
             return self._run("all_to_all", input.device, lambda c, st: c.all_to_all_single(
                 output, input, osz, isz, group=self, async_op=True, stats=st))
         return self._pass("all_to_all_single", output, input, output_split_sizes, input_split_sizes, opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else AllToAllOptions()
-        if self._eligible(output, input):
+        if self._takes("all_to_all", (input, output), input.numel(), output.numel(),
+                       splits=(list(input_split_sizes) or None, list(output_split_sizes) or None)):
             return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
         return self._pass("alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
 
@@ -243,9 +239,8 @@ class ZipProcessGroup(dist.ProcessGroup):
                 opts.reduceOp = op
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        if (len(tensors) == 1 and self._eligible(tensors[0])
-                and _op_name(opts.reduceOp) is not None):
-            t = tensors[0]
+        t = tensors[0] if len(tensors) == 1 else None
+        if t is not None and self._takes("all_reduce", (t, t), t.numel(), t.numel(), opts.reduceOp):
             return self._run("all_reduce", t.device, lambda c, st: c.all_reduce(
                 t, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("allreduce", tensors, opts)
@@ -253,9 +248,11 @@ class ZipProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         p = self.size()
+        # the list form as the one-tensor call: p outputs, each of the input's shape
         if (len(input_tensors) == 1 and len(output_tensors) == 1 and len(output_tensors[0]) == p
-                and self._eligible(input_tensors[0], *output_tensors[0])
-                and all(o.shape == input_tensors[0].shape for o in output_tensors[0])):
+                and all(o.shape == input_tensors[0].shape for o in output_tensors[0])
+                and self._takes("all_gather", (input_tensors[0], *output_tensors[0]),
+                                input_tensors[0].numel(), p * input_tensors[0].numel())):
             x, outs = input_tensors[0], output_tensors[0]
             flat = torch.empty((p * x.numel(),), dtype=x.dtype, device=x.device)
             # x flat too: a call "auto" leaves native reaches gloo's all-gather, which wants the
@@ -271,23 +268,17 @@ class ZipProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else ReduceScatterOptions()
         p = self.size()
+        # the list form as the one-tensor call: p inputs, each of the output's shape
         if (len(output_tensors) == 1 and len(input_tensors) == 1 and len(input_tensors[0]) == p
-                and self._eligible(output_tensors[0], *input_tensors[0])
                 and all(i.shape == output_tensors[0].shape for i in input_tensors[0])
-                and _op_name(opts.reduceOp) is not None):
+                and self._takes("reduce_scatter", (output_tensors[0], *input_tensors[0]),
+                                p * output_tensors[0].numel(), output_tensors[0].numel(),
+                                opts.reduceOp)):
             out = output_tensors[0]
             flat = torch.cat([i.reshape(-1) for i in input_tensors[0]])
             return self._run("reduce_scatter", out.device, lambda c, st: c.reduce_scatter_tensor(
                 out, flat, opts.reduceOp, group=self, async_op=True, stats=st))
         return self._pass("reduce_scatter", output_tensors, input_tensors, opts)
-
-
-def _splits_ok(t: torch.Tensor, splits, p: int) -> bool:
-    """Split sizes torch would accept for ``t`` on ``p`` ranks (None: equal blocks)."""
-    rows = t.shape[0] if t.dim() else 1
-    if splits is None:
-        return rows % p == 0
-    return len(splits) == p and sum(splits) == rows and min(splits) >= 0
 
 
 class _Scope:

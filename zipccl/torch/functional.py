@@ -25,7 +25,7 @@ from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
 from ..comm.args import check_counts, wrap
-from ..comm.core import DEFAULT_CHUNK_BYTES, Core, Front, Link
+from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link, refusal
 from ..comm.policy import Policy
 from ..comm.stats import Stats
 from . import transport as _tr
@@ -119,21 +119,20 @@ class Collectives(Front):
 
     # -- translation ------------------------------------------------------------------------
     def _call(self, op: str, group, t, result, async_op: bool, stats, native, describe, passed,
-              reduce=None, name=None, extra=None, settle=None):
-        """A call on the core's path (``describe(p, rank)``), or, for a type or reduction
-        zipccl does not code, torch's ``native()`` counted as ``passed(p)`` bytes; the
-        ``Work`` of a compressed ``async_op=True`` call (``_done_work``, checked on CUDA)."""
+              reduce=None, name=None, extra=None, settle=None, splits=None):
+        """A call on the core's path (``describe(p, rank)``), or, where zipccl does not code its
+        type or reduction (``refused``), torch's ``native()`` counted as ``passed(p)`` bytes;
+        the ``Work`` of a compressed ``async_op=True`` call (``_done_work``, checked on CUDA)."""
         if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
             bad = result if isinstance(t, torch.Tensor) else t
             raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
-        coded = t.dtype in _CODED
-        if not coded or result.dtype != t.dtype or (reduce is not None and name is None):
-            why = _reduce_name(reduce) if reduce is not None and coded else None
-            work = self._core.native_call(op, passed(dist.get_world_size(group)), why, native, stats)
+        no = refused(op, group.size(), (t, result), t.numel(), result.numel(), reduce, splits)
+        if no is not None and no[0] == NATIVE:  # INVALID: the collective's describe raises
+            work = self._core.native_call(op, passed(group.size()), no[1], native, stats)
             return work if async_op else None
         key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
         work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
-                               settle=settle, keep=True)
+                               settle=settle)
         if not async_op:
             return None
         if work is not None:
@@ -211,7 +210,8 @@ class Collectives(Front):
             lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                            group=group, async_op=async_op),
             describe, passed,
-            extra="uneven" if uneven else None, settle=settle)
+            extra="uneven" if uneven else None, settle=settle,
+            splits=(input_split_sizes, output_split_sizes))
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -232,6 +232,31 @@ class Collectives(Front):
 def _reduce_name(op) -> str:
     """A torch ReduceOp's short name (for decisions' reasons)."""
     return str(getattr(op, "name", op)).split(".")[-1].lower()
+
+
+def refused(op: str, p: int, tensors, send_n: int, recv_n: int, reduce=None, splits=None):
+    """``comm.core.refusal`` of a call on torch tensors: whether zipccl takes it (None) or not
+    (NATIVE / INVALID, why), the one decision of ``Collectives`` and the backend. ``tensors``:
+    the input, the output, then any others of a list form; ``send_n`` / ``recv_n``: elements of
+    the call as zipccl runs it; ``reduce``: torch's ReduceOp (None: no reduction); ``splits``:
+    an all-to-all's (input, output) split sizes in rows of dim 0 (None each: equal blocks)."""
+    first = tensors[0]
+    dtypes, problem = [], None
+    for t in tensors:  # a loop, not a generator: no frame per tensor
+        dtypes.append(_CODED.get(t.dtype))
+        if t.device != first.device or t.is_sparse or not t.is_contiguous():
+            problem = "tensors on several devices, or not contiguous"
+    name = None if reduce is None else _op_name(reduce) or _reduce_name(reduce)
+    counts = ()
+    if splits is not None and problem is None:
+        try:
+            sc = _element_counts(first, splits[0], p, "input")
+            rc = _element_counts(tensors[1], splits[1], p, "output")
+        except (TypeError, ValueError) as e:
+            problem = str(e)
+        else:
+            counts = () if splits[0] is None and splits[1] is None else (sc, rc)
+    return refusal(op, p, dtypes, name, send_n, recv_n, *counts, problem=problem)
 
 
 def _fast_key(op: str, group, t, r, extra=None):
