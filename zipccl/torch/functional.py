@@ -126,11 +126,13 @@ class Collectives(Front):
         if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
             bad = result if isinstance(t, torch.Tensor) else t
             raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
-        no = refused(op, group.size(), (t, result), t.numel(), result.numel(), reduce, splits)
-        if no is not None and no[0] == NATIVE:  # INVALID: the collective's describe raises
-            work = self._core.native_call(op, passed(group.size()), no[1], native, stats)
-            return work if async_op else None
         key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
+        plan = self._core.plans.get(key) if key is not None else None
+        if plan is None or (plan.call is None and plan.run is None):  # a kept plan was taken
+            no = refused(op, group.size(), (t, result), t.numel(), result.numel(), reduce, splits)
+            if no is not None and no[0] == NATIVE:  # INVALID: the collective's describe raises
+                work = self._core.native_call(op, passed(group.size()), no[1], native, stats)
+                return work if async_op else None
         work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
                                settle=settle)
         if not async_op:
