@@ -248,7 +248,7 @@ def as_torch(arr, dtype: str | None = None):
     uint16 becomes torch.int16; ``dtype="bfloat16"`` reads 16-bit values as torch.bfloat16.
     """
     torch = sys.modules["torch"]  # callers work on torch tensors: it is loaded
-    k = kind(arr)
+    k = NUMPY if isinstance(arr, np.ndarray) else kind(arr)  # host memory: no lookup
     if k == TORCH:
         t = arr
     elif k == NUMPY:

@@ -234,7 +234,7 @@ def no_bf16_reduction(op: str, transport: str) -> str:
 
 def ptr_range(a) -> tuple[int, int]:
     """[first, last + 1) byte address of a 1-D NumPy or CuPy array."""
-    p = address(a)
+    p = int(a.__array_interface__["data"][0]) if isinstance(a, np.ndarray) else address(a)
     return p, p + a.nbytes
 
 
