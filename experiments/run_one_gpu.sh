@@ -11,6 +11,8 @@
 #   hostcmp   the same at 1, 16, 64 MiB with Python calls counted, then one rank over NCCL with
 #             Policy.loopback, then (OLD_TREE: an earlier tree unpacked there) that tree, 2 ranks
 #   kernels   experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
+#   codecab   the public compress / decompress (BF16: bench_codec; FP32, FP16: bench_dtypes) at
+#             CODEC_SIZES MiB, this tree, then OLD_TREE (as in hostcmp) with its own scripts
 #   api       experiments/bench_api_overhead.py (the public compress / decompress)
 #   bash experiments/run_one_gpu.sh OUTDIR
 set -u
@@ -59,6 +61,16 @@ if has hostcmp; then
     (cd "$OLD_TREE" && ZIPCCL_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD timeout ${HOST_S:-200} python3 \
       experiments/bench_host_path_now.py --sizes-mib $SZ --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6)
   fi
+fi
+if has codecab; then
+  CS=${CODEC_SIZES:-16 256}
+  for tree in "$PWD" ${OLD_TREE:+"$OLD_TREE"}; do
+    step "codec A/B: $tree"
+    (cd "$tree" && PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_codec.py --sizes $CS \
+      --variants copy api --modes eager --out "$OUTDIR/codec_ab.jsonl" 2>&1 | tail -8
+     PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_dtypes.py --sizes "${CS// /,}" \
+      --out "$OUTDIR/dtypes_ab.jsonl" 2>&1 | tail -8)
+  done
 fi
 if has kernels; then
   step kernels
