@@ -7,7 +7,7 @@ import pytest
 from test_comm_mpi import check_cases, run_suite_with_fake_cupy
 
 REPLAY = "tests/mpi/mpi_replay.py"
-REPLAY_CASES = 12
+REPLAY_CASES = 13
 
 
 @pytest.mark.mpi

@@ -213,9 +213,16 @@ def alloc_pinned_memory(nbytes: int):
     return bytearray(int(nbytes))
 
 
+CAPTURING: set[int] = set()  # raw stream handles a test says are being captured into a graph
+
+
 class _Runtime:
     CUDARuntimeError = RuntimeError
     memcpyDeviceToDevice = 3
+
+    @staticmethod
+    def streamIsCapturing(stream: int) -> bool:  # noqa: N802
+        return int(stream) in CAPTURING
 
     @staticmethod
     def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:  # noqa: N802

@@ -159,3 +159,35 @@ def test_a_changed_call_plans_again(xp, monkeypatch):
         check(c, send, recv, 7)
         assert not c.last_decision.raw
         assert P == 1 or c.last_stats.wire_bytes < c.last_stats.raw_bytes  # compressed again
+
+
+def test_a_compressed_call_inside_a_graph_capture_is_refused():
+    """On a stream being captured into a CUDA graph (every rank capturing, as a captured
+    training step does) a compressed call, replayed or new, raises before anything is
+    enqueued; a native call is the transport's own and goes on; after the capture the kept
+    plan still replays, exact."""
+    place = Place("cupy")
+    import fake_cupy  # the stand-in's capture switch (a real run would begin a graph capture)
+
+    from zipccl.comm import CollectiveError
+
+    send, recv = arrays(place, "all_gather", 3)
+    gathered = np.empty(P * send.size, np.uint16)
+    WORLD.Allgather(place.bits(send).copy(), gathered)
+    stream = place.xp.cuda.Stream()
+    with communicator() as c, zipccl.Communicator(WORLD, policy=Policy("never")) as native:
+        call(c, place, "all_gather", send, recv, stream=stream)  # planned, kept
+        fake_cupy.CAPTURING.add(stream.ptr)
+        try:
+            for s in (send, send[:-1]):  # the kept plan's arrays, then a new signature
+                r = recv if s is send else place.array(np.zeros(P * s.size, np.uint16))
+                with pytest.raises(CollectiveError, match="CUDA graph"):
+                    call(c, place, "all_gather", s, r, stream=stream)
+            call(native, place, "all_gather", send, recv, stream=stream)
+            assert np.array_equal(place.bits(recv), gathered)
+        finally:
+            fake_cupy.CAPTURING.discard(stream.ptr)
+        recv[...] = 0
+        call(c, place, "all_gather", send, recv, stream=stream)
+        assert np.array_equal(place.bits(recv), gathered)
+        assert c.stats.compressed_calls == 2

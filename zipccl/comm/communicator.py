@@ -34,7 +34,7 @@ from .base import CollectiveError
 from .call import Call
 from .core import DEFAULT_CHUNK_BYTES, Core, Front, Link
 from .policy import OPS, Decision, Policy, Profile, env_policy
-from .transport import MPITransport, Transport
+from .transport import MPITransport, Transport, stream_ptr
 
 BACKENDS = ("auto", "nccl", "mpi")
 _log = logging.getLogger("zipccl")
@@ -488,6 +488,14 @@ class Communicator(Front):
 
     def where(self, call: Call, stream):
         return self._route(call.device, call.stream)
+
+    def capturing(self, call: Call, stream) -> bool:
+        import cupy
+
+        try:
+            return bool(cupy.cuda.runtime.streamIsCapturing(stream_ptr(call.stream)))
+        except cupy.cuda.runtime.CUDARuntimeError:  # a capture elsewhere forbids this stream's use
+            return True
 
     def spills(self, eng, stream):
         """The spill channel of compressed calls on the engine's memory (host or device, one

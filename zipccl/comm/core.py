@@ -91,6 +91,10 @@ class Front:
         """(engine, transport) ``call`` runs on, set to its stream (set up at first use)."""
         raise NotImplementedError
 
+    def capturing(self, call: Call, ctx) -> bool:
+        """Whether the stream of ``call`` (on device memory) is being captured into a CUDA graph."""
+        return False
+
     def spills(self, eng, ctx):
         """(key, maker) of the spill channel of compressed calls on ``eng``'s memory."""
         raise NotImplementedError
@@ -179,6 +183,8 @@ class Core:
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
             call = plan.call
             device = call.send.device
+            if device:
+                _refuse_capture(front, call, ctx)
             self.last_decision = plan.decision
             self.agree(plan, plan.link, device)
             plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
@@ -201,6 +207,8 @@ class Core:
             sig = call.sig(link.agreement.settings)
             plan = Plan(sig, sig_hash(sig), decided, bool(call.code is not None and decided.compress))
             self.last_decision = decided
+        if plan.compress and call.device:
+            _refuse_capture(front, call, ctx)
         if not agreed and (plan.compress or call.device or key is None or link.native_host):
             self.agree(plan, link, call.device)
         if native is not None and not plan.compress:
@@ -328,6 +336,16 @@ def refusal(op: str, p: int, dtypes, reduce: str | None, send_n: int, recv_n: in
         return INVALID, problem
     why = COLLECTIVES[op].mismatch(p, send_n, recv_n, send_counts, recv_counts)
     return None if why is None else (INVALID, why)
+
+
+def _refuse_capture(front: Front, call: Call, ctx) -> None:
+    """A compressed call cannot be captured in a CUDA graph yet: its spill path takes per-call
+    values (sequence numbers, call blocks) from the host, which a replay would not renew.
+    Refused before anything is enqueued, alike on every rank that captures."""
+    if front.capturing(call, ctx):
+        raise CollectiveError(f"zipccl {call.op}: a compressed collective cannot be captured in "
+                              f"a CUDA graph yet; call it outside the capture, or with "
+                              f"policy='never' inside it (the transport's own collective)")
 
 
 def own_reduction(reduce: str) -> str:

@@ -30,7 +30,7 @@ from ..comm.policy import Policy
 from ..comm.stats import Stats
 from . import transport as _tr
 from .transport import ProcessGroupTransport, resolve_group
-from .work import _CheckedWork, _done_work, _guarded, _not_capturing
+from .work import _CheckedWork, _done_work, _guarded
 
 ReduceOp = dist.ReduceOp
 _CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
@@ -101,7 +101,6 @@ class Collectives(Front):
 
     def where(self, call, ctx):
         group, t = ctx
-        _not_capturing(t)
         if not t.is_cuda:
             return self._core.engine(False), self._links[(group, t.device)][0]
         import cupy
@@ -109,6 +108,9 @@ class Collectives(Front):
         idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
         cupy.cuda.Device(idx).use()  # CuPy keeps its own current device: the engine works on t's
         return self._core.engine(True, call.stream, idx), self._links[(group, t.device)][0]
+
+    def capturing(self, call, ctx) -> bool:
+        return torch.cuda.is_current_stream_capturing()
 
     def spills(self, eng, ctx):
         from ..comm.spill import Spills

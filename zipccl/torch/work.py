@@ -96,12 +96,3 @@ def _guarded(op: str, group_at: int):
         return call
 
     return wrap
-
-
-def _not_capturing(t: torch.Tensor) -> None:
-    """A compressed call cannot be captured in a CUDA graph yet: refuse it, before anything is
-    enqueued, with what to do instead (a native call is torch's own, capturable on NCCL)."""
-    if t.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise CollectiveError("zipccl.torch: a compressed collective cannot be captured in a CUDA "
-                              "graph yet; call it outside the capture, or with policy='never' "
-                              "inside it (torch's own collective)")
