@@ -36,11 +36,11 @@ test: $(STAMP) ## the quick suite (minutes): codec, 2 MPI ranks (1, 3, 4 in test
 test-sim: $(STAMP) ## every kernel case under the CUDA simulator, quick and slow
 	$(SIM_PYTEST) -m "not gpu and not mpi" $(SIM_TESTS)
 
-test-slow: $(STAMP) ## what make test leaves out: long fuzzing, large sizes, the long simulator cases (CI runs it after make test)
+test-slow: $(STAMP) ## what make test leaves out: long fuzzing, large sizes, the long simulator cases, torch's own distributed tests (CI runs it after make test)
 	$(PYTEST) -q -m "slow and not gpu"
 	$(SIM_PYTEST) -m "slow and not gpu and not mpi" $(SIM_TESTS)
 
-test-torch-suite: $(STAMP) ## torch's own distributed tests (DistributedTest._DistTestBase, 4 families) with gloo and with zipccl: hours on 2 cores, not in CI
+test-torch-suite: $(STAMP) ## torch's own distributed tests (DistributedTest._DistTestBase, 4 families) with gloo and with zipccl, alone (make test-slow runs them too): ~15 min on 2 cores
 	$(PYTEST) -q -m torch_suite
 
 test-gpu: $(STAMP) ## GPU kernels and collectives on a real GPU (a missing or broken CuPy, driver or device fails it)
