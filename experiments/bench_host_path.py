@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -88,16 +89,21 @@ def counted(record: dict, transport_cls, cuda: bool = True):
             setattr(owner, name, real)
 
 
-def python_calls(call) -> tuple[int, int]:
-    """(zipccl functions, all Python functions) entered on this thread during one ``call()``."""
+def python_calls(call, by: dict | None = None) -> tuple[int, int]:
+    """(zipccl functions, all Python functions) entered on this thread during one ``call()``;
+    ``by``: counts each zipccl function's entries in it, under "module.py:function"."""
     pkg = str(HERE.parent / "zipccl")
     counts = [0, 0]
 
     def prof(frame, event, arg):
         if event == "call":
             counts[1] += 1
-            if frame.f_code.co_filename.startswith(pkg):
+            code = frame.f_code
+            if code.co_filename.startswith(pkg):
                 counts[0] += 1
+                if by is not None:
+                    name = f"{code.co_filename[len(pkg) + 1:]}:{code.co_name}"
+                    by[name] = by.get(name, 0) + 1
 
     sys.setprofile(prof)
     try:
@@ -202,7 +208,13 @@ def run(rank: int, p: int, args) -> list[dict]:
                 call()
             sync()
             dist.barrier()
-            zc_calls, py_calls = python_calls(call)  # one more warm call, counted
+            by: dict | None = {} if args.calls_by_function and rank == 0 else None
+            zc_calls, py_calls = python_calls(call, by)  # one more warm call, counted
+            if by is not None:
+                with open(args.calls_by_function, "a") as f:
+                    f.write(json.dumps({"op": op, "mib_per_rank": mib, "backend": args.backend,
+                                        "loopback": args.loopback, "commit": os.environ.get(
+                                            "ZIPCCL_COMMIT", ""), "calls": by}) + "\n")
             sync()
             dist.barrier()
             rec = {"waits": {}, "transport_s": 0.0}
@@ -368,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
                     help="op:MiB pairs to profile on rank 0 with cProfile (e.g. all_gather:16)")
     ap.add_argument("--profile-lines", type=int, default=30)
+    ap.add_argument("--calls-by-function", default="",
+                    help="append, per op and size, how often one warm call enters each zipccl "
+                         "function (rank 0) to this JSON-lines file")
     ap.add_argument("--single", action="store_true",
                     help="one process: the host cost of the slot path's launch-bearing pieces alone")
     ap.add_argument("--stages", action="store_true",

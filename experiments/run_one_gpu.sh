@@ -68,8 +68,8 @@ if has codecab; then
     step "codec A/B: $tree"
     (cd "$tree" && PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_codec.py --sizes $CS \
       --variants copy api --modes eager --out "$OUTDIR/codec_ab.jsonl" 2>&1 | tail -8
-     PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_dtypes.py --sizes "${CS// /,}" \
-      --out "$OUTDIR/dtypes_ab.jsonl" 2>&1 | tail -8)
+     PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_dtypes.py \
+      --out "$OUTDIR/dtypes_ab.jsonl" gpu --sizes "${CS// /,}" 2>&1 | tail -8)
   done
 fi
 if has kernels; then

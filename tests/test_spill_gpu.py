@@ -150,7 +150,9 @@ class _Loopback:
 def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
     """Calls block pinned memory until they are handled; a device keeps every block it made, so
     once the pool is as deep as the calls in flight get, no call allocates again (pinned
-    allocations of a 64 MiB call's blocks took ~28 ms each on an H200)."""
+    allocations of a 64 MiB call's blocks take tens of ms each). The first burst is queued
+    behind a spinning kernel, so that all its calls are in flight at once whatever the timing:
+    the pool is then exactly as deep as that burst, and a shallower burst allocates nothing."""
     import time
 
     cp = _cupy()
@@ -162,10 +164,14 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
     dev = cp.asarray(host)
     stream = cp.cuda.Stream()
     frames = [(0, int(dev.data.ptr), slot, region, n)]
+    spin = cp.RawKernel(r"""extern "C" __global__ void spin(long long cycles) {
+        long long t0 = clock64(); while (clock64() - t0 < cycles) {} }""", "spin")
     seq = 0
 
-    def burst(calls):
+    def burst(calls, hold_s=0.0):
         nonlocal seq
+        if hold_s:  # the stream runs nothing of the burst before every call is begun
+            spin((1,), (1,), (np.int64(hold_s * 2e9),), stream=stream)
         for _ in range(calls):
             seq += 1
             sp.begin(seq, "all_to_all", code, frames, frames)
@@ -176,8 +182,9 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
         while not all(c.done for c in sp._inflight) and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    burst(40)
+    burst(40, hold_s=0.5)
     made = sp.stats()["allocations"]
+    assert made == 40, sp.stats()  # none could retire while the stream was held
     burst(30)  # fewer in flight than the pool holds
     assert sp.stats()["allocations"] == made, sp.stats()
     sp.close()
