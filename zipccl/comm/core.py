@@ -23,7 +23,7 @@ from .base import CollectiveError, ExchangeStats, chunk_elements
 from .call import CODED_REDUCTIONS, Call, Route
 from .host import HostEngine
 from .plans import Plan, Plans
-from .policy import Decision, Policy
+from .policy import NOT_CODED, Decision, Policy
 from .stats import Stats
 
 #: the collectives by name: each file fills the same interface (describe, run, bind)
@@ -248,11 +248,10 @@ class Core:
         """Compressed or native for ``call`` (``force`` first: calibration's forced BF16 calls)."""
         if self.force is not None and call.send.bf16 and world > 1:
             d = Decision(call.op, call.nbytes, self.force, "calibration")
-        elif call.code is None and call.send.code is not None:  # a coded type, another reduction
-            d = Decision(call.op, call.nbytes, False, own_reduction(call.reduce))
+        elif (why := not_coded(call.send.code is not None, call.reduce)) is not None:
+            d = Decision(call.op, call.nbytes, False, why)
         else:
-            dtype = call.send.dtype if call.code is not None else None
-            d = (policy or self.policy).decide(call.op, call.nbytes, dtype=dtype,
+            d = (policy or self.policy).decide(call.op, call.nbytes, dtype=call.send.dtype,
                                                device=call.device, world=world)
         self.last_decision = d
         return d
@@ -308,7 +307,6 @@ class Core:
 
 NATIVE, INVALID = "native", "invalid"  # why zipccl does not take a call (``refusal``)
 CODED_TYPES = frozenset(fmt.DTYPE_NAMES.values())  # the types zipccl codes, by name
-_NOT_CODED = "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
 
 
 def refusal(op: str, p: int, dtypes, reduce: str | None, send_n: int, recv_n: int,
@@ -328,14 +326,24 @@ def refusal(op: str, p: int, dtypes, reduce: str | None, send_n: int, recv_n: in
     'native'
     """
     first = dtypes[0]
-    if first not in CODED_TYPES or dtypes.count(first) != len(dtypes):  # no generator: no frames
-        return NATIVE, _NOT_CODED
-    if reduce is not None and reduce not in CODED_REDUCTIONS:
-        return NATIVE, own_reduction(reduce)
+    why = not_coded(first in CODED_TYPES and dtypes.count(first) == len(dtypes), reduce)
+    if why is not None:
+        return NATIVE, why
     if problem is not None:
         return INVALID, problem
     why = COLLECTIVES[op].mismatch(p, send_n, recv_n, send_counts, recv_counts)
     return None if why is None else (INVALID, why)
+
+
+def not_coded(coded: bool, reduce: str | None) -> str | None:
+    """Why a call stays native, where zipccl does not code it (``coded``: its type is one zipccl
+    codes; ``reduce``: its reduction's name, None for none), else None: the one decision of
+    ``refusal`` (front ends that may hand a call elsewhere) and ``Core.decide`` (the core)."""
+    if not coded:
+        return NOT_CODED
+    if reduce is not None and reduce not in CODED_REDUCTIONS:
+        return own_reduction(reduce)
+    return None
 
 
 def _refuse_capture(front: Front, call: Call, ctx) -> None:

@@ -24,6 +24,7 @@ from ..costfit import anchored, fit_exchange, link_from_fits
 from ..costmodel import OPS, Prediction
 
 MODES = ("auto", "always", "never", "raw")
+NOT_CODED = "not a type zipccl codes (BF16, FP32, FP16): passed through the native collective"
 _CODED = ("bfloat16", "float32", "float16", None)  # decide's dtype: a type zipccl codes, or None
 PROFILE_VERSION = 2
 
@@ -252,8 +253,7 @@ class Policy:
             pred = self.profile.predict(op, nbytes)
         times = {"native_s": pred.native_s, "compressed_s": pred.compressed_s} if pred else {}
         if dtype is None:
-            d = Decision(op, nbytes, False, "not a type zipccl codes (BF16, FP32, FP16): passed "
-                                            "through the native collective")
+            d = Decision(op, nbytes, False, NOT_CODED)
         elif world == 1 and self.loopback and self.mode in ("always", "raw"):
             d = Decision(op, nbytes, True, f'one rank, loopback=True (policy="{self.mode}"): the '
                                            f'compressed path through a slot to itself',
