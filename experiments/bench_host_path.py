@@ -10,7 +10,9 @@ spent inside the transport's own calls (gloo or NCCL: wrapped and timed the same
 ``zipccl_us = call_us - transport_us`` is what zipccl itself costs the caller's thread.
 Every synchronising entry point is counted meanwhile (torch / CuPy stream and event
 synchronisation, ``torch.cuda.synchronize``, device-to-host reads through CuPy): the
-``waits`` of a record. Over gloo the transport itself blocks (it copies through the host);
+``waits`` of a record. One more call runs under the CUDA profiler, which sees every
+library's launches: ``launches_per_call`` (kernels), ``copies_per_call`` (copies and sets),
+``graph_launches_per_call``. Over gloo the transport itself blocks (it copies through the host);
 that is the transport's time, not zipccl's, and is what NCCL removes.
 
 ``--queue-ms`` (NCCL only): a kernel of that many milliseconds is queued on the stream
@@ -113,6 +115,25 @@ def python_calls(call, by: dict | None = None) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def device_work(call, sync) -> dict:
+    """What one ``call()`` enqueues on the GPU, from the CUDA profiler (CUPTI sees every library's
+    launches: torch's, CuPy's, Numba's): kernels, copies and sets, graph launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        sync()
+    got = {"kernels": 0, "copies": 0, "graph_launches": 0}
+    for e in prof.events():
+        name = e.name
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            got["copies" if name.startswith(("Memcpy", "Memset")) else "kernels"] += 1
+        elif name in ("cudaGraphLaunch", "cuGraphLaunch"):
+            got["graph_launches"] += 1
+    return got
+
+
 STAGES = (  # (module, owner, method): the caller's-thread stages --stages times
     ("zipccl.comm.pipeline", "DeviceEngine", "encode_slot"),
     ("zipccl.comm.pipeline", "DeviceEngine", "pipeline_begin"),
@@ -210,6 +231,7 @@ def run(rank: int, p: int, args) -> list[dict]:
             dist.barrier()
             by: dict | None = {} if args.calls_by_function and rank == 0 else None
             zc_calls, py_calls = python_calls(call, by)  # one more warm call, counted
+            work = device_work(call, sync) if cuda else {}  # every rank: a collective call
             if by is not None:
                 with open(args.calls_by_function, "a") as f:
                     f.write(json.dumps({"op": op, "mib_per_rank": mib, "backend": args.backend,
@@ -250,6 +272,8 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
                 "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
                 "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
+                "launches_per_call": work.get("kernels"), "copies_per_call": work.get("copies"),
+                "graph_launches_per_call": work.get("graph_launches"),
                 "loopback": args.loopback,
                 "warmup": args.calls if args.warmup is None else args.warmup,
                 # pinned call blocks the spill channel allocated during the timed calls
@@ -273,7 +297,8 @@ def run(rank: int, p: int, args) -> list[dict]:
                 print(f"{op:15s} {mib:7.2f} MiB  call {rec['call_us']:9.1f} us  transport "
                       f"{rec['transport_us']:9.1f}  zipccl {rec['zipccl_us']:7.1f}  waits/call "
                       f"{rec['waits_per_call']:.1f} {rec['waits'] or ''}  py calls {zc_calls}/{py_calls}  "
-                      f"blocks made {rec['spill_block_allocations']}  exact {exact}", flush=True)
+                      f"blocks made {rec['spill_block_allocations']}  launches "
+                      f"{rec['launches_per_call']}/{rec['copies_per_call']}  exact {exact}", flush=True)
     return recs
 
 
