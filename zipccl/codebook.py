@@ -73,6 +73,13 @@ def _lower_bound(e: int, rounded: bool, spec: FloatSpec = BF16_SPEC) -> float:
     return math.ldexp(1.0 - (2.0 ** -(m + 1) if e == 1 else 2.0 ** -(m + 2)), e - spec.bias)
 
 
+@lru_cache(maxsize=8)
+def _bounds(rounded: bool, spec: FloatSpec) -> tuple[float, ...]:
+    """Where each exponent's interval starts, for e = 0 .. emax + 1: 0.0, ``_lower_bound(e)``
+    for 1 <= e <= emax, and inf above (exponent emax holds the overflow to inf)."""
+    return (0.0, *(_lower_bound(e, rounded, spec) for e in range(1, spec.emax + 1)), math.inf)
+
+
 def exponent_probabilities(sigma: float, exponents, mean: float = 0.0, *,
                            rounded: bool = True, spec: FloatSpec = BF16_SPEC) -> np.ndarray:
     """P(biased exponent == e) for x ~ N(mean, sigma^2) stored as BF16, for each e in ``exponents``.
@@ -95,12 +102,12 @@ def exponent_probabilities(sigma: float, exponents, mean: float = 0.0, *,
     out = np.zeros(len(exponents))
     if not (sigma > 0.0 and math.isfinite(sigma)):
         return out
+    bounds = _bounds(rounded, spec)
     for i, e in enumerate(exponents):
         e = int(e)
         if e < 0 or e > spec.emax:
             continue
-        lo = 0.0 if e == 0 else _lower_bound(e, rounded, spec)
-        hi = math.inf if e == spec.emax else _lower_bound(e + 1, rounded, spec)
+        lo, hi = bounds[e], bounds[e + 1]
         if mean == 0.0:
             # 2 * [Phi(hi/s) - Phi(lo/s)], written with erfc to keep far tails accurate
             out[i] = math.erfc(lo / sigma / math.sqrt(2.0)) - math.erfc(hi / sigma / math.sqrt(2.0))
