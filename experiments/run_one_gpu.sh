@@ -8,7 +8,7 @@
 #   newcomer  the README's commands on one GPU: the demo (auto and forced NCCL), both examples
 #             on the GPU and with --device cpu
 #   host      experiments/bench_host_path.py (main-thread cost and waits, 2 gloo ranks)
-#   hostcmp   the same at 1, 16, 64 MiB with Python calls counted, then one rank over NCCL with
+#   hostcmp   the same at 1, 16, 64 MiB with Python calls counted (and by function), then one rank over NCCL with
 #             Policy.loopback, then (OLD_TREE: an earlier tree unpacked there) that tree, 2 ranks
 #   kernels   experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
 #   codecab   the public compress / decompress (BF16: bench_codec; FP32, FP16: bench_dtypes) at
@@ -50,16 +50,17 @@ if has host; then
 fi
 if has hostcmp; then
   SZ=${HOST_SIZES:-1,16,64}
+  BY="--calls-by-function $OUTDIR/calls_by_function.jsonl"
   step "host path, this tree ($ZIPCCL_COMMIT), 2 gloo ranks"
-  timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --sizes-mib $SZ --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6
+  timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --sizes-mib $SZ $BY --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6
   step "host path, this tree, one rank over NCCL, loopback"
-  timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --ranks 1 --loopback --backend nccl --sizes-mib $SZ \
+  timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --ranks 1 --loopback --backend nccl --sizes-mib $SZ $BY \
     --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6
   if [ -n "${OLD_TREE:-}" ]; then
     step "host path, $OLD_TREE (${OLD_COMMIT:-}), 2 gloo ranks"
     cp experiments/bench_host_path.py "$OLD_TREE/experiments/bench_host_path_now.py"
     (cd "$OLD_TREE" && ZIPCCL_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD timeout ${HOST_S:-200} python3 \
-      experiments/bench_host_path_now.py --sizes-mib $SZ --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6)
+      experiments/bench_host_path_now.py --sizes-mib $SZ $BY --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -6)
   fi
 fi
 if has codecab; then
