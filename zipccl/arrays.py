@@ -120,7 +120,7 @@ def identity(x) -> tuple | None:
     >>> identity(x) == identity(x[:]), identity(x) == identity(x[:2]), identity(b"")
     (True, False, None)
     """
-    f = _IDENTITY[kind(x)]
+    f = _IDENTITY[_KINDS.get(type(x)) or kind(x)]  # kind(), without a call when known
     return None if f is None else f(x)
 
 
@@ -168,7 +168,7 @@ def device_buffer(obj) -> tuple[int, int, int]:
     """(device pointer, byte length, itemsize) of a C-contiguous device array, cheaply: CuPy
     arrays and torch tensors through their own attributes (cheaper than the interface),
     anything else through ``__cuda_array_interface__``."""
-    k = kind(obj)
+    k = _KINDS.get(type(obj)) or kind(obj)  # kind(), without a call when known
     if k == CUPY:
         if not obj.flags.c_contiguous:
             raise ValueError("zipccl needs C-contiguous device arrays")
@@ -248,7 +248,7 @@ def as_torch(arr, dtype: str | None = None):
     uint16 becomes torch.int16; ``dtype="bfloat16"`` reads 16-bit values as torch.bfloat16.
     """
     torch = sys.modules["torch"]  # callers work on torch tensors: it is loaded
-    k = NUMPY if isinstance(arr, np.ndarray) else kind(arr)  # host memory: no lookup
+    k = NUMPY if isinstance(arr, np.ndarray) else (_KINDS.get(type(arr)) or kind(arr))
     if k == TORCH:
         t = arr
     elif k == NUMPY:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import format as fmt
-from .args import Arr, byte_view, check_pair, check_sizes, overlap
+from .args import Arr, byte_view, check_pair, check_sizes
 from .base import ExchangeStats, offsets, value_code
 from .call import Call, Route, detached, raw_exchange
 from .exchange import slot_exchange
@@ -40,14 +40,14 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     """Run the described call compressed or natively."""
     s, r = call.send.data, call.recv.data
     if not (compress and call.in_place):  # compressed in place: the shard is read, never moved
-        s = detached(route.eng, s, r)
+        s = detached(call, route.eng, s)
     return gather(route, s, r, list(call.recv_counts), compress=compress)
 
 
 def bind(call: Call, route: Route):
     """The transport's native call with its arguments packed (None where it cannot be)."""
     s8, r8 = byte_view(call.send.data), byte_view(call.recv.data)
-    if call.in_place or not overlap(s8, r8):
+    if call.in_place or not call.overlapping:
         return route.tr.bind_allgather(s8, r8, route.stream)
     return None
 

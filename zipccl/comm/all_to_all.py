@@ -8,7 +8,7 @@ rounds; one that does not moves in one round.
 
 from __future__ import annotations
 
-from .args import Arr, byte_view, check_counts, check_pair, check_sizes, overlap
+from .args import Arr, byte_view, check_counts, check_pair, check_sizes
 from .base import ExchangeStats, offsets
 from .call import Call, Route, detached
 from .exchange import slot_exchange
@@ -71,7 +71,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     tr = route.tr
     s, r = call.send.data, call.recv.data
     if compress:
-        return slot_exchange(route.eng, tr, route.channel, detached(route.eng, s, r),
+        return slot_exchange(route.eng, tr, route.channel, detached(call, route.eng, s),
                              list(zip(offsets(call.send_counts), call.send_counts, strict=True)),
                              r, list(zip(offsets(call.recv_counts), call.recv_counts, strict=True)),
                              op=OP, uniform=not call.uneven,
@@ -81,7 +81,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     sc = [isz * c for c in call.send_counts]
     rc = [isz * c for c in call.recv_counts]
     s8, r8 = byte_view(s), byte_view(r)
-    tr.alltoallv(detached(route.eng, s8, r8), sc, offsets(sc), r8, rc, offsets(rc), route.stream)
+    tr.alltoallv(detached(call, route.eng, s8), sc, offsets(sc), r8, rc, offsets(rc), route.stream)
     raw = sum(sc) - sc[tr.rank]
     return ExchangeStats(raw, raw)
 
@@ -89,7 +89,7 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
 def bind(call: Call, route: Route):
     """The transport's native call with its arguments packed (None where it cannot be)."""
     s8, r8 = byte_view(call.send.data), byte_view(call.recv.data)
-    if call.uneven or overlap(s8, r8):
+    if call.uneven or call.overlapping:
         return None
     c = [s8.size // route.tr.size] * route.tr.size
     return route.tr.bind_alltoallv(s8, c, offsets(c), r8, c, offsets(c), route.stream)

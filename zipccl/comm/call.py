@@ -10,7 +10,7 @@ to describe the call; that file holds the one set of checks. The ``Call`` is the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .args import Arr, overlap, ptr_range
 
@@ -38,6 +38,10 @@ class Call:
     rank: int = 0
     nbytes: int = 0  # what the policy decides on (the send buffer's bytes unless set)
     stream: object = None
+    # how send and recv share memory, worked out at first use: a kept call replays only on
+    # the memory its plan key names, so it never changes
+    _in_place: bool | None = field(default=None, init=False, repr=False)
+    _overlap: bool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.nbytes:
@@ -57,7 +61,18 @@ class Call:
     @property
     def in_place(self) -> bool:
         """Send is exactly this rank's block of recv (NCCL's in-place form)."""
-        return self.send is self.recv or _own_block(self)
+        v = self._in_place
+        if v is None:
+            v = self._in_place = self.send is self.recv or _own_block(self)
+        return v
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether send and recv share memory (in-place calls, and any other overlap)."""
+        v = self._overlap
+        if v is None:
+            v = self._overlap = overlap(self.send.data, self.recv.data)
+        return v
 
     def sig(self, *extra) -> tuple:
         """What every rank must share about this call (``agreement``'s module docstring, 2.)."""
@@ -94,9 +109,10 @@ def raw_exchange(tr, send_bytes, sends: Sequence[tuple[int, int]], recv_bytes,
                  recv_bytes, [c for _, c in recvs], [o for o, _ in recvs], stream)
 
 
-def detached(eng, send, recv):
-    """``send`` itself, or a copy of it if it overlaps ``recv`` (in-place calls)."""
-    if not overlap(send, recv):
+def detached(call: Call, eng, send):
+    """``send`` (the memory of ``call.send``) itself, or a copy of it if it overlaps the call's
+    recv (in-place calls)."""
+    if not call.overlapping:
         return send
     # an engine buffer, not a temporary: the device work reading it outlives this call's
     # Python frame, and a freed temporary goes back to CuPy's pool unordered with that work

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import format as fmt
-from .args import Arr, byte_view, check_pair, check_sizes, overlap
+from .args import Arr, byte_view, check_pair, check_sizes
 from .base import ExchangeStats, offsets, value_code
 from .call import Call, Route, detached, raw_exchange
 from .exchange import slot_exchange
@@ -61,12 +61,12 @@ def run(call: Call, route: Route, compress: bool) -> ExchangeStats:
     reduction (``stated``), else the transport's reduction."""
     s, r = call.send.data, call.recv.data
     if stated(call, route, compress):
-        st = reduce_blocks(route, detached(route.eng, s, r), r, list(call.recv_counts),
+        st = reduce_blocks(route, detached(call, route.eng, s), r, list(call.recv_counts),
                            compress=compress)
         finish(call, route)
         return st
     kind = "bfloat16" if call.send.bf16 else None
-    route.tr.reduce_scatter(detached(route.eng, s, r), r, call.reduce, route.stream, dtype=kind)
+    route.tr.reduce_scatter(detached(call, route.eng, s), r, call.reduce, route.stream, dtype=kind)
     raw = s.nbytes - r.nbytes
     return ExchangeStats(raw, raw)
 
@@ -76,7 +76,7 @@ def bind(call: Call, route: Route):
     if stated(call, route, False):
         return None
     s, r = call.send.data, call.recv.data
-    if call.in_place or not overlap(s, r):
+    if call.in_place or not call.overlapping:
         kind = "bfloat16" if call.send.bf16 else None
         return route.tr.bind_reduce_scatter(s, r, call.reduce, route.stream, dtype=kind)
     return None
