@@ -136,7 +136,7 @@ class Collectives(Front):
                 work = self._core.native_call(op, passed(group.size()), no[1], native, stats)
                 return work if async_op else None
         work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
-                               settle=settle)
+                               settle=settle, plan=plan)
         if not async_op:
             return None
         if work is not None:
