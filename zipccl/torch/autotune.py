@@ -35,7 +35,8 @@ from ..comm.calibrate import FrontEnd, measure
 from ..comm.policy import Policy, Profile, env_policy
 from ..costmodel import OPS
 from . import functional
-from .functional import Collectives, ReduceOp
+from .functional import Collectives
+from .translate import ReduceOp
 from .transport import resolve_group
 
 CACHE_ENV = "ZIPCCL_CACHE_DIR"

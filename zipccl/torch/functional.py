@@ -24,27 +24,14 @@ from ..comm import all_reduce as _ar
 from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
-from ..comm.args import check_counts, wrap
-from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link, refusal
+from ..comm.args import wrap
+from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link
 from ..comm.policy import Policy
 from ..comm.stats import Stats
 from . import transport as _tr
+from .translate import ReduceOp, agreed_max, fast_key, nbytes, op_name, refused, split_counts
 from .transport import ProcessGroupTransport, resolve_group
 from .work import _CheckedWork, _done_work, _guarded
-
-ReduceOp = dist.ReduceOp
-_CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
-
-
-def _op_name(op) -> str | None:
-    """"sum" / "avg" for the reductions zipccl computes itself, None for any other."""
-    for name, ref in (("sum", ReduceOp.SUM), ("avg", ReduceOp.AVG)):
-        try:
-            if op == ref:
-                return name
-        except (TypeError, RuntimeError):
-            return None
-    return None
 
 
 class Collectives(Front):
@@ -128,7 +115,7 @@ class Collectives(Front):
         if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
             bad = result if isinstance(t, torch.Tensor) else t
             raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
-        key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
+        key = None if settle is not None else fast_key(op, group, t, result, extra or name)
         plan = self._core.plans.get(key) if key is not None else None
         if plan is None or (plan.call is None and plan.run is None):  # a kept plan was taken
             no = refused(op, group.size(), (t, result), t.numel(), result.numel(), reduce, splits)
@@ -160,7 +147,7 @@ class Collectives(Front):
             lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
             lambda p, rank: _ag.describe(wrap(input_tensor, None, "input_tensor"),
                                          wrap(output_tensor, None, "output_tensor"), p, rank),
-            lambda p: _nbytes(input_tensor) * (p - 1))
+            lambda p: nbytes(input_tensor) * (p - 1))
 
     @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
@@ -170,13 +157,13 @@ class Collectives(Front):
         Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16, FP32 and FP16
         SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
         """
-        group, name = resolve_group(group), _op_name(op)
+        group, name = resolve_group(group), op_name(op)
         return self._call(
             "reduce_scatter", group, input, output, async_op, stats,
             lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
             lambda p, rank: _rs.describe(wrap(input, None, "input"), wrap(output, None, "output"),
                                          name, p, rank),
-            lambda p: _nbytes(input) - _nbytes(output), op, name)
+            lambda p: nbytes(input) - nbytes(output), op, name)
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
     all_gather_single = all_gather_into_tensor
@@ -193,29 +180,25 @@ class Collectives(Front):
         under "auto" decide once per group and type (``comm.core.Core.settled``).
         """
         group = resolve_group(group)
+        splits = (input_split_sizes, output_split_sizes)
         uneven = input_split_sizes is not None or output_split_sizes is not None
+        settled = uneven and self.policy.mode == "auto"  # decided on the largest size over ranks
 
         def describe(p: int, rank: int):  # the split sizes checked first, as torch's rows
-            sc = _element_counts(input, input_split_sizes, p, "input")
-            rc = _element_counts(output, output_split_sizes, p, "output")
+            counts = split_counts(input, output, splits, p)
             return _aa.describe(wrap(input, None, "input"), wrap(output, None, "output"), p, rank,
-                                *((sc, rc) if uneven else ()))
+                                *(counts if uneven else ()))
 
         def passed(p: int) -> int:  # bytes torch's own call sends
-            sc = _element_counts(input, input_split_sizes, p, "input")
-            _element_counts(output, output_split_sizes, p, "output")
+            sc = split_counts(input, output, splits, p)[0]
             return (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
 
-        settle = None
-        if uneven and self.policy.mode == "auto":
-            settle = lambda n: _agreed_max(group, input, [n])[0]  # noqa: E731
         return self._call(
             "all_to_all", group, input, output, async_op, stats,
             lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                            group=group, async_op=async_op),
-            describe, passed,
-            extra="uneven" if uneven else None, settle=settle,
-            splits=(input_split_sizes, output_split_sizes))
+            describe, passed, extra="uneven" if uneven else None, splits=splits,
+            settle=(lambda n: agreed_max(group, input, n)) if settled else None)
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -225,75 +208,12 @@ class Collectives(Front):
         Same arguments as ``torch.distributed.all_reduce``. BF16, FP32, FP16 SUM / AVG compressed:
         reduce-scatter of near-equal shards (the stated reduction), then all-gather.
         """
-        group, name = resolve_group(group), _op_name(op)
+        group, name = resolve_group(group), op_name(op)
         return self._call(
             "all_reduce", group, tensor, tensor, async_op, stats,
             lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
             lambda p, rank: _ar.describe(wrap(tensor, None, "tensor"), name, p, rank),
-            lambda p: 2 * _nbytes(tensor) * (p - 1) // max(p, 1), op, name)
-
-
-def _reduce_name(op) -> str:
-    """A torch ReduceOp's short name (for decisions' reasons)."""
-    return str(getattr(op, "name", op)).split(".")[-1].lower()
-
-
-def refused(op: str, p: int, tensors, send_n: int, recv_n: int, reduce=None, splits=None):
-    """``comm.core.refusal`` of a call on torch tensors: whether zipccl takes it (None) or not
-    (NATIVE / INVALID, why), the one decision of ``Collectives`` and the backend. ``tensors``:
-    the input, the output, then any others of a list form; ``send_n`` / ``recv_n``: elements of
-    the call as zipccl runs it; ``reduce``: torch's ReduceOp (None: no reduction); ``splits``:
-    an all-to-all's (input, output) split sizes in rows of dim 0 (None each: equal blocks)."""
-    first = tensors[0]
-    dtypes, problem = [], None
-    for t in tensors:  # a loop, not a generator: no frame per tensor
-        dtypes.append(_CODED.get(t.dtype))
-        if t.device != first.device or t.is_sparse or not t.is_contiguous():
-            problem = "tensors on several devices, or not contiguous"
-    name = None if reduce is None else _op_name(reduce) or _reduce_name(reduce)
-    counts = ()
-    if splits is not None and problem is None:
-        try:
-            sc = _element_counts(first, splits[0], p, "input")
-            rc = _element_counts(tensors[1], splits[1], p, "output")
-        except (TypeError, ValueError) as e:
-            problem = str(e)
-        else:
-            counts = () if splits[0] is None and splits[1] is None else (sc, rc)
-    return refusal(op, p, dtypes, name, send_n, recv_n, *counts, problem=problem)
-
-
-def _fast_key(op: str, group, t, r, extra=None):
-    """A call's plan key: the op, the group, both tensors' address, size, type, device and
-    layout, and the stream (CUDA: torch's current one)."""
-    st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
-    return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
-            t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _element_counts(t: torch.Tensor, splits, p: int, role: str) -> list[int]:
-    """Elements per peer of ``t`` split by rows of dim 0 (torch's split sizes; None: equal)."""
-    rows = t.shape[0] if t.dim() else 1
-    per_row = t.numel() // rows if rows else 0
-    if splits is None:
-        if rows % p:
-            raise ValueError(f"{role}: {rows} rows do not split into {p} equal blocks")
-        return [rows // p * per_row] * p
-    splits = check_counts(splits, p, f"{role}_split_sizes")  # ints only: never truncated
-    if sum(splits) != rows:
-        raise ValueError(f"{role} split sizes {splits} do not cover its {rows} rows on {p} ranks")
-    return [s * per_row for s in splits]
-
-
-def _agreed_max(group, like: torch.Tensor, values: list[int]) -> list[int]:
-    """Element-wise maximum over the group's ranks of a few ints (one small all-reduce)."""
-    t = torch.tensor(values, dtype=torch.int64, device=like.device)
-    dist.all_reduce(t, op=ReduceOp.MAX, group=group)
-    return [int(v) for v in t.tolist()]
+            lambda p: 2 * nbytes(tensor) * (p - 1) // max(p, 1), op, name)
 
 
 _DEFAULTS: dict[object, Collectives] = {}
