@@ -13,9 +13,6 @@ stream, CPU tensors synchronously. What the results are, bit for bit, is in docs
 
 from __future__ import annotations
 
-import atexit
-import weakref
-
 import torch
 import torch.distributed as dist
 
@@ -64,7 +61,17 @@ class Collectives(Front):
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
         self._links: dict[tuple, tuple[ProcessGroupTransport, Link]] = {}
-        _LIVE.add(self)
+        _tr.HOLDERS.add(self)  # transport.forget_groups calls forget()
+
+    def forget(self) -> None:
+        """Drop every reference to process groups: links (and the decisions agreed on each), plans,
+        slot channels (their progress threads stopped first); later calls set them up anew."""
+        self._links.clear()
+        self._core.plans.clear()
+        try:
+            self._core.close_channels(timeout=10.0)
+        except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
+            pass
 
     @property
     def _fast(self):
@@ -217,31 +224,7 @@ class Collectives(Front):
 
 
 _DEFAULTS: dict[object, Collectives] = {}
-FORGET: list = []  # what else forget_groups clears (autotune adds its calibrations)
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Collectives made: forget_groups empties them
-
-
-def forget_groups() -> None:
-    """Drop every reference zipccl.torch holds to process groups (links, slot channels, the
-    module functions' shared ``Collectives``), then collect; run at interpreter exit, so that
-    no gloo group survives into finalization (docs/TORCH.md, "Exit"). Each slot channel's
-    progress thread is stopped first. Later calls set them up anew."""
-    import gc
-
-    for c in list(_LIVE):
-        c._links.clear()  # and with them the decisions agreed on each
-        c._core.plans.clear()
-        try:
-            c._core.close_channels(timeout=10.0)
-        except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
-            pass
-    _DEFAULTS.clear()
-    for forget in FORGET:
-        forget()
-    gc.collect()
-
-
-atexit.register(forget_groups)
+_tr.FORGET.append(_DEFAULTS.clear)  # forget_groups drops them
 
 
 def _default(policy) -> Collectives:
