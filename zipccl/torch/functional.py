@@ -1,14 +1,11 @@
-"""torch.distributed-shaped collectives that move BF16, FP32 and FP16 tensors compressed,
-bit-exact: the torch front end of the one call path.
-
-``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single`` and ``all_reduce``
-take torch.distributed's arguments and return what it returns (``None``, or a ``Work`` with
-``async_op=True``); ``all_gather_single`` / ``reduce_scatter_single`` are torch 2.13's names.
-``Collectives`` translates them for ``comm.core.Core.call`` (tensors -> ``args.wrap`` -> the
-collective's own checks; the group -> a transport and agreement link; torch's current stream)
-and answers the core's hooks; any other dtype or reduction (not SUM / AVG) goes to
-torch.distributed's own function unchanged. CUDA tensors run in order on torch's current
-stream, CPU tensors synchronously. What the results are, bit for bit, is in docs/TORCH.md.
+"""torch.distributed's collectives, BF16 / FP32 / FP16 compressed bit-exact: the torch front end
+of the one call path (docs/ARCHITECTURE.md). ``Collectives`` takes torch.distributed's arguments
+and returns what it returns (``None``, or a ``Work`` with ``async_op=True``); ``translate`` reads
+its tensors for ``comm.core.Core.call``, whose hooks it answers (a group's transport and link,
+torch's current stream). Another dtype or reduction (not SUM / AVG) goes to torch.distributed's
+own function unchanged. CUDA tensors run in order on torch's current stream, CPU tensors
+synchronously. The module-level functions share one ``Collectives`` per policy. What the results
+are, bit for bit: docs/TORCH.md.
 """
 
 from __future__ import annotations
@@ -24,10 +21,11 @@ from ..comm.agreement import Agreement
 from ..comm.args import wrap
 from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link
 from ..comm.policy import Policy
+from ..comm.spill import Spills
 from ..comm.stats import Stats
 from . import transport as _tr
 from .translate import ReduceOp, agreed_max, fast_key, nbytes, op_name, refused, split_counts
-from .transport import ProcessGroupTransport, resolve_group
+from .transport import ProcessGroupTransport, TorchChannel, resolve_group
 from .work import _CheckedWork, _done_work, _guarded
 
 
@@ -39,19 +37,14 @@ class Collectives(Front):
     >>> # zc.all_gather_into_tensor(out, x)          # like dist.all_gather_into_tensor(out, x)
     >>> # zc.stats.compressed_calls, zc.stats.wire_bytes / zc.stats.raw_bytes
 
-    ``policy``: "auto" (BF16, FP32 and FP16 messages of at least ``min_compress_bytes``
-    per rank on a GPU; host tensors stay native unless ``compress_host``), "always",
-    "never", "raw", or a ``zipccl.comm.Policy`` (e.g. with a calibrated profile).
-    ``chunk_bytes``: bytes per message per pipeline round (default
-    ``comm.core.DEFAULT_CHUNK_BYTES``, as ``Communicator``; 0: one round). ``capacity``: the
-    escape capacity of the compressed calls' slots (``comm.capacity.CapacityConfig`` or a dict
-    of its settings; None: the adaptive default rule).
+    ``policy``: "auto" (BF16, FP32, FP16 messages of ``min_compress_bytes`` or more per rank on a
+    GPU; host tensors too with ``compress_host``), "always", "never", "raw", or a
+    ``zipccl.comm.Policy``. ``chunk_bytes``, ``checksum``, ``capacity``: as ``Communicator``'s.
     """
 
     @staticmethod
     def resolve(policy: Policy, group, t: torch.Tensor) -> Policy:
-        """The policy a call follows: ``policy`` itself here; ``zipccl.torch.autotune`` (imported
-        with ``zipccl.torch``) replaces this with the group's calibrated "auto"."""
+        """The policy a call follows: ``policy`` here; ``autotune`` installs the group's calibrated "auto"."""
         return policy
 
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -73,11 +66,6 @@ class Collectives(Front):
         except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
             pass
 
-    @property
-    def _fast(self):
-        """The plans kept by call key (a compressed one replays its call without checks)."""
-        return self._core.plans
-
     # -- what the core asks (``ctx``: the group and the tensor the call runs on) -------------
     def described(self, op: str, describe, ctx):
         return describe(dist.get_world_size(ctx[0]), dist.get_rank(ctx[0]))
@@ -90,7 +78,6 @@ class Collectives(Front):
             tr = ProcessGroupTransport(group, t.device)
             got = self._links[key] = (tr, Link(Agreement(tr, tr.size), native_host=False))
         call.stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
-        # "auto": the group's calibration (autotune)
         return got[1], got[0].size, self.resolve(self._core.policy, group, t)
 
     def where(self, call, ctx):
@@ -107,9 +94,6 @@ class Collectives(Front):
         return torch.cuda.is_current_stream_capturing()
 
     def spills(self, eng, ctx):
-        from ..comm.spill import Spills
-        from .transport import TorchChannel
-
         group, t = ctx
         return (group, t.device), lambda: Spills(TorchChannel(group), device=t.is_cuda)
 
@@ -138,16 +122,12 @@ class Collectives(Front):
         ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
         return _done_work(result) if ch is None else _CheckedWork(_done_work(result), ch)
 
-    # -- the collectives --------------------------------------------------------------------
+    # -- the collectives: torch.distributed's signatures; ``stats``: one more ``Stats`` to count in
     @_guarded("all_gather", 2)
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                                group=None, async_op: bool = False, *, stats: Stats | None = None):
-        """output = concatenation over ranks (rank order) of every rank's ``input_tensor``.
-
-        Same arguments and result as ``torch.distributed.all_gather_into_tensor``;
-        ``input_tensor`` may be this rank's slice of ``output_tensor`` (in place, as FSDP2 calls it).
-        ``stats``: one more ``Stats`` to count the call in.
-        """
+        """As ``dist.all_gather_into_tensor``: output = every rank's ``input_tensor`` in rank order;
+        ``input_tensor`` may be this rank's slice of ``output_tensor`` (in place, as FSDP2 calls it)."""
         group = resolve_group(group)
         return self._call(
             "all_gather", group, input_tensor, output_tensor, async_op, stats,
@@ -159,11 +139,8 @@ class Collectives(Front):
     @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
                               group=None, async_op: bool = False, *, stats: Stats | None = None):
-        """output = reduction over ranks of block ``rank`` of every rank's ``input``.
-
-        Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16, FP32 and FP16
-        SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
-        """
+        """As ``dist.reduce_scatter_tensor``: output = reduction over ranks of block ``rank`` of
+        every rank's ``input`` (SUM / AVG compressed: the stated sum and division, docs/TORCH.md)."""
         group, name = resolve_group(group), op_name(op)
         return self._call(
             "reduce_scatter", group, input, output, async_op, stats,
@@ -180,12 +157,9 @@ class Collectives(Front):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op: bool = False, *, stats: Stats | None = None):
-        """Rank i's block j of ``input`` becomes rank j's block i of ``output``.
-
-        Same arguments as ``torch.distributed.all_to_all_single``: split sizes count
-        rows of dim 0; without them both tensors split into equal blocks. Per-peer counts
-        under "auto" decide once per group and type (``comm.core.Core.settled``).
-        """
+        """As ``dist.all_to_all_single``: rank i's block j of ``input`` becomes rank j's block i of
+        ``output``; split sizes count rows of dim 0 (none: equal blocks). Per-peer counts under
+        "auto" decide once per group and type (``comm.core.Core.settled``)."""
         group = resolve_group(group)
         splits = (input_split_sizes, output_split_sizes)
         uneven = input_split_sizes is not None or output_split_sizes is not None
@@ -210,11 +184,8 @@ class Collectives(Front):
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                    *, stats: Stats | None = None):
-        """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
-
-        Same arguments as ``torch.distributed.all_reduce``. BF16, FP32, FP16 SUM / AVG compressed:
-        reduce-scatter of near-equal shards (the stated reduction), then all-gather.
-        """
+        """As ``dist.all_reduce``, in place: ``tensor`` = reduction over ranks of every rank's
+        ``tensor`` (SUM / AVG compressed: a reduce-scatter of near-equal shards, then an all-gather)."""
         group, name = resolve_group(group), op_name(op)
         return self._call(
             "all_reduce", group, tensor, tensor, async_op, stats,
@@ -238,40 +209,30 @@ def _default(policy) -> Collectives:
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, *,
                            policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_gather_into_tensor``, BF16 / FP32 / FP16 compressed as ``policy`` says.
-
-    ``stats``: a ``Stats`` to count this call in. See ``Collectives``.
-    """
-    c = _default(policy)
-    return c.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, stats=stats)
+    """``torch.distributed.all_gather_into_tensor``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_gather_into_tensor(output_tensor, input_tensor, group, async_op, stats=stats)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                           policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.reduce_scatter_tensor``, BF16 / FP32 / FP16 SUM / AVG compressed as
-    ``policy`` says."""
-    c = _default(policy)
-    return c.reduce_scatter_tensor(output, input, op, group, async_op, stats=stats)
+    """``torch.distributed.reduce_scatter_tensor``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).reduce_scatter_tensor(output, input, op, group, async_op, stats=stats)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, *, policy: str | Policy = "auto",
                       stats: Stats | None = None):
-    """``torch.distributed.all_to_all_single``, BF16 / FP32 / FP16 compressed as ``policy`` says."""
-    c = _default(policy)
-    return c.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group,
-                               async_op, stats=stats)
+    """``torch.distributed.all_to_all_single``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_to_all_single(output, input, output_split_sizes,
+                                              input_split_sizes, group, async_op, stats=stats)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_reduce``, BF16 / FP32 / FP16 SUM / AVG compressed as ``policy`` says."""
-    c = _default(policy)
-    return c.all_reduce(tensor, op, group, async_op, stats=stats)
+    """``torch.distributed.all_reduce``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_reduce(tensor, op, group, async_op, stats=stats)
 
 
-# torch 2.13's names for the first two (torch.distributed.all_gather_single and
-# reduce_scatter_single, same signatures; the old names warn there): the same functions,
-# offered whichever torch is installed
+# torch 2.13's names for the first two (the old names warn there), whichever torch is installed
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
