@@ -1,5 +1,5 @@
 """``comm.core.refusal``: the one decision of whether zipccl takes a call, as ``zipccl.torch``
-(``functional.refused``) and the torch backend ask it (no process group needed)."""
+(``translate.refused``) and the torch backend ask it (no process group needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from zipccl.comm.core import INVALID, NATIVE, refusal
 
 torch = pytest.importorskip("torch")
-from zipccl.torch.functional import refused  # noqa: E402
+from zipccl.torch.translate import refused  # noqa: E402
 
 ReduceOp = torch.distributed.ReduceOp
 P = 2

@@ -637,14 +637,14 @@ def check_loopback(rank: int, p: int, res: dict) -> None:
         x.copy_((torch.randn(5000, generator=torch.Generator().manual_seed(seed)) * 0.02).to(x.dtype))
         zc2.all_gather_into_tensor(o, x, group=me)
         wrong += [f"replay {seed}"] * (not torch.equal(o.view(torch.int16), x.view(torch.int16)))
-    planned = len(zc2._fast)
+    planned = len(zc2._core.plans)
     y = x.clone() + 1
     zc2.all_gather_into_tensor(o, y, group=me)
     wrong += ["another tensor"] * (not torch.equal(o.view(torch.int16), y.view(torch.int16)))
-    replans = planned == 1 and len(zc2._fast) == 2
+    replans = planned == 1 and len(zc2._core.plans) == 2
     res["loopback"] = {"ok": not wrong and counted and loop and replans,
                        "detail": f"wrong {wrong}; counted {counted}; decision {zc.last_decision}; "
-                                 f"plans {planned} then {len(zc2._fast)}"}
+                                 f"plans {planned} then {len(zc2._core.plans)}"}
 
 
 def main(rank: int, p: int, out_dir: str) -> None:

@@ -29,6 +29,7 @@ from .stats import Stats
 #: the collectives by name: each file fills the same interface (describe, run, bind)
 COLLECTIVES = {m.OP: m for m in (all_gather, reduce_scatter, all_to_all, all_reduce)}
 DEFAULT_CHUNK_BYTES = 64 << 20  # bytes per message per pipeline round (see experiments/README.md)
+_UNSEEN = object()  # ``Core.call``'s plan when the front end has not looked it up
 
 
 def chunk_of_bytes(chunk_bytes: int) -> int:
@@ -166,7 +167,8 @@ class Core:
 
     # -- the one path ---------------------------------------------------------------------------
     def call(self, front: Front, op: str, key, describe, ctx=None, extra: Stats | None = None, *,
-             native=None, decided: Decision | None = None, agreed: bool = False, settle=None):
+             native=None, decided: Decision | None = None, agreed: bool = False, settle=None,
+             plan=_UNSEEN):
         """One collective call of ``front``: replayed from the plan kept under ``key`` (a
         compressed call's kept call and route, the memory its key names being the caller's and
         alive; an agreed native call's bound transport call), or described
@@ -176,10 +178,12 @@ class Core:
         the collective file's native path; ``decided``: a decision the front end made alike on
         every rank (``agreed``: and agreed the call itself); ``settle(nbytes)``: the maximum of
         ``nbytes`` over ranks, for per-peer counts under "auto" (``settled``). ``extra``: one
-        more ``Stats`` to count the call in. A compressed call with a key and equal blocks is
-        kept in its plan and replayed. Returns what ``native`` returned, else None.
+        more ``Stats`` to count the call in; ``plan``: what the front end found kept under
+        ``key`` (None: nothing), where it looked already. A compressed call with a key and equal
+        blocks is kept in its plan and replayed. Returns what ``native`` returned, else None.
         """
-        plan = self.plans.get(key) if key is not None else None
+        if plan is _UNSEEN:
+            plan = self.plans.get(key) if key is not None else None
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
             call = plan.call
             device = call.send.device

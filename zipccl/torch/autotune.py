@@ -34,9 +34,9 @@ import torch.distributed as dist
 from ..comm.calibrate import FrontEnd, measure
 from ..comm.policy import Policy, Profile, env_policy
 from ..costmodel import OPS
-from . import functional
-from .functional import Collectives, ReduceOp
-from .transport import resolve_group
+from .functional import Collectives
+from .translate import ReduceOp
+from .transport import FORGET, resolve_group
 
 CACHE_ENV = "ZIPCCL_CACHE_DIR"
 SIZES_ENV = "ZIPCCL_CALIBRATION_SIZES"
@@ -372,4 +372,4 @@ def _zipccl_group(group) -> bool:
 
 # the torch functions and hooks follow the group's calibrated "auto"; forget_groups drops them
 Collectives.resolve = staticmethod(resolve)
-functional.FORGET.append(_DONE.clear)
+FORGET.append(_DONE.clear)

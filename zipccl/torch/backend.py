@@ -29,7 +29,8 @@ from torch._C._distributed_c10d import (
 
 from ..comm.policy import MODES, Policy, env_policy
 from ..comm.stats import Stats
-from .functional import Collectives, refused
+from .functional import Collectives
+from .translate import refused
 from .transport import post_failure
 from .work import _done_work
 
@@ -175,7 +176,7 @@ class ZipProcessGroup(dist.ProcessGroup):
             return call(c, self._stats)
 
     def _takes(self, op: str, tensors, send_n: int, recv_n: int, reduce=None, splits=None) -> bool:
-        """Whether zipccl runs the call (``functional.refused``: the one decision); else it goes to
+        """Whether zipccl runs the call (``translate.refused``: the one decision); else it goes to
         the inner group unchanged, as it does inside a pass-through scope and on a device type
         the inner group has no backend for."""
         if self._pt.depth or tensors[0].device.type not in self._device_types_str():

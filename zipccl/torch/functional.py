@@ -1,20 +1,14 @@
-"""torch.distributed-shaped collectives that move BF16, FP32 and FP16 tensors compressed,
-bit-exact: the torch front end of the one call path.
-
-``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single`` and ``all_reduce``
-take torch.distributed's arguments and return what it returns (``None``, or a ``Work`` with
-``async_op=True``); ``all_gather_single`` / ``reduce_scatter_single`` are torch 2.13's names.
-``Collectives`` translates them for ``comm.core.Core.call`` (tensors -> ``args.wrap`` -> the
-collective's own checks; the group -> a transport and agreement link; torch's current stream)
-and answers the core's hooks; any other dtype or reduction (not SUM / AVG) goes to
-torch.distributed's own function unchanged. CUDA tensors run in order on torch's current
-stream, CPU tensors synchronously. What the results are, bit for bit, is in docs/TORCH.md.
+"""torch.distributed's collectives, BF16 / FP32 / FP16 compressed bit-exact: the torch front end
+of the one call path (docs/ARCHITECTURE.md). ``Collectives`` takes torch.distributed's arguments
+and returns what it returns (``None``, or a ``Work`` with ``async_op=True``); ``translate`` reads
+its tensors for ``comm.core.Core.call``, whose hooks it answers (a group's transport and link,
+torch's current stream). Another dtype or reduction (not SUM / AVG) goes to torch.distributed's
+own function unchanged. CUDA tensors run in order on torch's current stream, CPU tensors
+synchronously. The module-level functions share one ``Collectives`` per policy. What the results
+are, bit for bit: docs/TORCH.md.
 """
 
 from __future__ import annotations
-
-import atexit
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -24,27 +18,15 @@ from ..comm import all_reduce as _ar
 from ..comm import all_to_all as _aa
 from ..comm import reduce_scatter as _rs
 from ..comm.agreement import Agreement
-from ..comm.args import check_counts, wrap
-from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link, refusal
+from ..comm.args import wrap
+from ..comm.core import DEFAULT_CHUNK_BYTES, NATIVE, Core, Front, Link
 from ..comm.policy import Policy
+from ..comm.spill import Spills
 from ..comm.stats import Stats
 from . import transport as _tr
-from .transport import ProcessGroupTransport, resolve_group
+from .translate import ReduceOp, agreed_max, fast_key, nbytes, op_name, refused, split_counts
+from .transport import ProcessGroupTransport, TorchChannel, resolve_group
 from .work import _CheckedWork, _done_work, _guarded
-
-ReduceOp = dist.ReduceOp
-_CODED = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
-
-
-def _op_name(op) -> str | None:
-    """"sum" / "avg" for the reductions zipccl computes itself, None for any other."""
-    for name, ref in (("sum", ReduceOp.SUM), ("avg", ReduceOp.AVG)):
-        try:
-            if op == ref:
-                return name
-        except (TypeError, RuntimeError):
-            return None
-    return None
 
 
 class Collectives(Front):
@@ -55,19 +37,14 @@ class Collectives(Front):
     >>> # zc.all_gather_into_tensor(out, x)          # like dist.all_gather_into_tensor(out, x)
     >>> # zc.stats.compressed_calls, zc.stats.wire_bytes / zc.stats.raw_bytes
 
-    ``policy``: "auto" (BF16, FP32 and FP16 messages of at least ``min_compress_bytes``
-    per rank on a GPU; host tensors stay native unless ``compress_host``), "always",
-    "never", "raw", or a ``zipccl.comm.Policy`` (e.g. with a calibrated profile).
-    ``chunk_bytes``: bytes per message per pipeline round (default
-    ``comm.core.DEFAULT_CHUNK_BYTES``, as ``Communicator``; 0: one round). ``capacity``: the
-    escape capacity of the compressed calls' slots (``comm.capacity.CapacityConfig`` or a dict
-    of its settings; None: the adaptive default rule).
+    ``policy``: "auto" (BF16, FP32, FP16 messages of ``min_compress_bytes`` or more per rank on a
+    GPU; host tensors too with ``compress_host``), "always", "never", "raw", or a
+    ``zipccl.comm.Policy``. ``chunk_bytes``, ``checksum``, ``capacity``: as ``Communicator``'s.
     """
 
     @staticmethod
     def resolve(policy: Policy, group, t: torch.Tensor) -> Policy:
-        """The policy a call follows: ``policy`` itself here; ``zipccl.torch.autotune`` (imported
-        with ``zipccl.torch``) replaces this with the group's calibrated "auto"."""
+        """The policy a call follows: ``policy`` here; ``autotune`` installs the group's calibrated "auto"."""
         return policy
 
     def __init__(self, policy: str | Policy = "auto", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -77,12 +54,17 @@ class Collectives(Front):
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
         self._links: dict[tuple, tuple[ProcessGroupTransport, Link]] = {}
-        _LIVE.add(self)
+        _tr.HOLDERS.add(self)  # transport.forget_groups calls forget()
 
-    @property
-    def _fast(self):
-        """The plans kept by call key (a compressed one replays its call without checks)."""
-        return self._core.plans
+    def forget(self) -> None:
+        """Drop every reference to process groups: links (and the decisions agreed on each), plans,
+        slot channels (their progress threads stopped first); later calls set them up anew."""
+        self._links.clear()
+        self._core.plans.clear()
+        try:
+            self._core.close_channels(timeout=10.0)
+        except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
+            pass
 
     # -- what the core asks (``ctx``: the group and the tensor the call runs on) -------------
     def described(self, op: str, describe, ctx):
@@ -96,7 +78,6 @@ class Collectives(Front):
             tr = ProcessGroupTransport(group, t.device)
             got = self._links[key] = (tr, Link(Agreement(tr, tr.size), native_host=False))
         call.stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
-        # "auto": the group's calibration (autotune)
         return got[1], got[0].size, self.resolve(self._core.policy, group, t)
 
     def where(self, call, ctx):
@@ -113,9 +94,6 @@ class Collectives(Front):
         return torch.cuda.is_current_stream_capturing()
 
     def spills(self, eng, ctx):
-        from ..comm.spill import Spills
-        from .transport import TorchChannel
-
         group, t = ctx
         return (group, t.device), lambda: Spills(TorchChannel(group), device=t.is_cuda)
 
@@ -128,7 +106,7 @@ class Collectives(Front):
         if not isinstance(t, torch.Tensor) or not isinstance(result, torch.Tensor):
             bad = result if isinstance(t, torch.Tensor) else t
             raise TypeError(f"expected a torch.Tensor, got {type(bad).__name__}")
-        key = None if settle is not None else _fast_key(op, group, t, result, extra or name)
+        key = None if settle is not None else fast_key(op, group, t, result, extra or name)
         plan = self._core.plans.get(key) if key is not None else None
         if plan is None or (plan.call is None and plan.run is None):  # a kept plan was taken
             no = refused(op, group.size(), (t, result), t.numel(), result.numel(), reduce, splits)
@@ -136,7 +114,7 @@ class Collectives(Front):
                 work = self._core.native_call(op, passed(group.size()), no[1], native, stats)
                 return work if async_op else None
         work = self._core.call(self, op, key, describe, (group, t), stats, native=native,
-                               settle=settle)
+                               settle=settle, plan=plan)
         if not async_op:
             return None
         if work is not None:
@@ -144,39 +122,32 @@ class Collectives(Front):
         ch = self._core.channels().get((group, result.device)) if result.is_cuda else None
         return _done_work(result) if ch is None else _CheckedWork(_done_work(result), ch)
 
-    # -- the collectives --------------------------------------------------------------------
+    # -- the collectives: torch.distributed's signatures; ``stats``: one more ``Stats`` to count in
     @_guarded("all_gather", 2)
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                                group=None, async_op: bool = False, *, stats: Stats | None = None):
-        """output = concatenation over ranks (rank order) of every rank's ``input_tensor``.
-
-        Same arguments and result as ``torch.distributed.all_gather_into_tensor``;
-        ``input_tensor`` may be this rank's slice of ``output_tensor`` (in place, as FSDP2 calls it).
-        ``stats``: one more ``Stats`` to count the call in.
-        """
+        """As ``dist.all_gather_into_tensor``: output = every rank's ``input_tensor`` in rank order;
+        ``input_tensor`` may be this rank's slice of ``output_tensor`` (in place, as FSDP2 calls it)."""
         group = resolve_group(group)
         return self._call(
             "all_gather", group, input_tensor, output_tensor, async_op, stats,
             lambda: _tr.all_gather_single(output_tensor, input_tensor, group, async_op),
             lambda p, rank: _ag.describe(wrap(input_tensor, None, "input_tensor"),
                                          wrap(output_tensor, None, "output_tensor"), p, rank),
-            lambda p: _nbytes(input_tensor) * (p - 1))
+            lambda p: nbytes(input_tensor) * (p - 1))
 
     @_guarded("reduce_scatter", 3)
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
                               group=None, async_op: bool = False, *, stats: Stats | None = None):
-        """output = reduction over ranks of block ``rank`` of every rank's ``input``.
-
-        Same arguments as ``torch.distributed.reduce_scatter_tensor``. BF16, FP32 and FP16
-        SUM / AVG compressed: the stated sum (and division), docs/TORCH.md.
-        """
-        group, name = resolve_group(group), _op_name(op)
+        """As ``dist.reduce_scatter_tensor``: output = reduction over ranks of block ``rank`` of
+        every rank's ``input`` (SUM / AVG compressed: the stated sum and division, docs/TORCH.md)."""
+        group, name = resolve_group(group), op_name(op)
         return self._call(
             "reduce_scatter", group, input, output, async_op, stats,
             lambda: _tr.reduce_scatter_single(output, input, op, group, async_op),
             lambda p, rank: _rs.describe(wrap(input, None, "input"), wrap(output, None, "output"),
                                          name, p, rank),
-            lambda p: _nbytes(input) - _nbytes(output), op, name)
+            lambda p: nbytes(input) - nbytes(output), op, name)
 
     # torch 2.13's names for the two above (the old ones warn there); the same methods
     all_gather_single = all_gather_into_tensor
@@ -186,142 +157,45 @@ class Collectives(Front):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op: bool = False, *, stats: Stats | None = None):
-        """Rank i's block j of ``input`` becomes rank j's block i of ``output``.
-
-        Same arguments as ``torch.distributed.all_to_all_single``: split sizes count
-        rows of dim 0; without them both tensors split into equal blocks. Per-peer counts
-        under "auto" decide once per group and type (``comm.core.Core.settled``).
-        """
+        """As ``dist.all_to_all_single``: rank i's block j of ``input`` becomes rank j's block i of
+        ``output``; split sizes count rows of dim 0 (none: equal blocks). Per-peer counts under
+        "auto" decide once per group and type (``comm.core.Core.settled``)."""
         group = resolve_group(group)
+        splits = (input_split_sizes, output_split_sizes)
         uneven = input_split_sizes is not None or output_split_sizes is not None
+        settled = uneven and self.policy.mode == "auto"  # decided on the largest size over ranks
 
         def describe(p: int, rank: int):  # the split sizes checked first, as torch's rows
-            sc = _element_counts(input, input_split_sizes, p, "input")
-            rc = _element_counts(output, output_split_sizes, p, "output")
+            counts = split_counts(input, output, splits, p)
             return _aa.describe(wrap(input, None, "input"), wrap(output, None, "output"), p, rank,
-                                *((sc, rc) if uneven else ()))
+                                *(counts if uneven else ()))
 
         def passed(p: int) -> int:  # bytes torch's own call sends
-            sc = _element_counts(input, input_split_sizes, p, "input")
-            _element_counts(output, output_split_sizes, p, "output")
+            sc = split_counts(input, output, splits, p)[0]
             return (sum(sc) - sc[dist.get_rank(group)]) * input.element_size()
 
-        settle = None
-        if uneven and self.policy.mode == "auto":
-            settle = lambda n: _agreed_max(group, input, [n])[0]  # noqa: E731
         return self._call(
             "all_to_all", group, input, output, async_op, stats,
             lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                            group=group, async_op=async_op),
-            describe, passed,
-            extra="uneven" if uneven else None, settle=settle,
-            splits=(input_split_sizes, output_split_sizes))
+            describe, passed, extra="uneven" if uneven else None, splits=splits,
+            settle=(lambda n: agreed_max(group, input, n)) if settled else None)
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                    *, stats: Stats | None = None):
-        """In place: ``tensor`` = reduction over ranks of every rank's ``tensor``.
-
-        Same arguments as ``torch.distributed.all_reduce``. BF16, FP32, FP16 SUM / AVG compressed:
-        reduce-scatter of near-equal shards (the stated reduction), then all-gather.
-        """
-        group, name = resolve_group(group), _op_name(op)
+        """As ``dist.all_reduce``, in place: ``tensor`` = reduction over ranks of every rank's
+        ``tensor`` (SUM / AVG compressed: a reduce-scatter of near-equal shards, then an all-gather)."""
+        group, name = resolve_group(group), op_name(op)
         return self._call(
             "all_reduce", group, tensor, tensor, async_op, stats,
             lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
             lambda p, rank: _ar.describe(wrap(tensor, None, "tensor"), name, p, rank),
-            lambda p: 2 * _nbytes(tensor) * (p - 1) // max(p, 1), op, name)
-
-
-def _reduce_name(op) -> str:
-    """A torch ReduceOp's short name (for decisions' reasons)."""
-    return str(getattr(op, "name", op)).split(".")[-1].lower()
-
-
-def refused(op: str, p: int, tensors, send_n: int, recv_n: int, reduce=None, splits=None):
-    """``comm.core.refusal`` of a call on torch tensors: whether zipccl takes it (None) or not
-    (NATIVE / INVALID, why), the one decision of ``Collectives`` and the backend. ``tensors``:
-    the input, the output, then any others of a list form; ``send_n`` / ``recv_n``: elements of
-    the call as zipccl runs it; ``reduce``: torch's ReduceOp (None: no reduction); ``splits``:
-    an all-to-all's (input, output) split sizes in rows of dim 0 (None each: equal blocks)."""
-    first = tensors[0]
-    dtypes, problem = [], None
-    for t in tensors:  # a loop, not a generator: no frame per tensor
-        dtypes.append(_CODED.get(t.dtype))
-        if t.device != first.device or t.is_sparse or not t.is_contiguous():
-            problem = "tensors on several devices, or not contiguous"
-    name = None if reduce is None else _op_name(reduce) or _reduce_name(reduce)
-    counts = ()
-    if splits is not None and problem is None:
-        try:
-            sc = _element_counts(first, splits[0], p, "input")
-            rc = _element_counts(tensors[1], splits[1], p, "output")
-        except (TypeError, ValueError) as e:
-            problem = str(e)
-        else:
-            counts = () if splits[0] is None and splits[1] is None else (sc, rc)
-    return refusal(op, p, dtypes, name, send_n, recv_n, *counts, problem=problem)
-
-
-def _fast_key(op: str, group, t, r, extra=None):
-    """A call's plan key: the op, the group, both tensors' address, size, type, device and
-    layout, and the stream (CUDA: torch's current one)."""
-    st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
-    return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
-            t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _element_counts(t: torch.Tensor, splits, p: int, role: str) -> list[int]:
-    """Elements per peer of ``t`` split by rows of dim 0 (torch's split sizes; None: equal)."""
-    rows = t.shape[0] if t.dim() else 1
-    per_row = t.numel() // rows if rows else 0
-    if splits is None:
-        if rows % p:
-            raise ValueError(f"{role}: {rows} rows do not split into {p} equal blocks")
-        return [rows // p * per_row] * p
-    splits = check_counts(splits, p, f"{role}_split_sizes")  # ints only: never truncated
-    if sum(splits) != rows:
-        raise ValueError(f"{role} split sizes {splits} do not cover its {rows} rows on {p} ranks")
-    return [s * per_row for s in splits]
-
-
-def _agreed_max(group, like: torch.Tensor, values: list[int]) -> list[int]:
-    """Element-wise maximum over the group's ranks of a few ints (one small all-reduce)."""
-    t = torch.tensor(values, dtype=torch.int64, device=like.device)
-    dist.all_reduce(t, op=ReduceOp.MAX, group=group)
-    return [int(v) for v in t.tolist()]
+            lambda p: 2 * nbytes(tensor) * (p - 1) // max(p, 1), op, name)
 
 
 _DEFAULTS: dict[object, Collectives] = {}
-FORGET: list = []  # what else forget_groups clears (autotune adds its calibrations)
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Collectives made: forget_groups empties them
-
-
-def forget_groups() -> None:
-    """Drop every reference zipccl.torch holds to process groups (links, slot channels, the
-    module functions' shared ``Collectives``), then collect; run at interpreter exit, so that
-    no gloo group survives into finalization (docs/TORCH.md, "Exit"). Each slot channel's
-    progress thread is stopped first. Later calls set them up anew."""
-    import gc
-
-    for c in list(_LIVE):
-        c._links.clear()  # and with them the decisions agreed on each
-        c._core.plans.clear()
-        try:
-            c._core.close_channels(timeout=10.0)
-        except Exception:  # noqa: BLE001 -- a call whose kernels never ran: leave its thread
-            pass
-    _DEFAULTS.clear()
-    for forget in FORGET:
-        forget()
-    gc.collect()
-
-
-atexit.register(forget_groups)
+_tr.FORGET.append(_DEFAULTS.clear)  # forget_groups drops them
 
 
 def _default(policy) -> Collectives:
@@ -335,40 +209,30 @@ def _default(policy) -> Collectives:
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, *,
                            policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_gather_into_tensor``, BF16 / FP32 / FP16 compressed as ``policy`` says.
-
-    ``stats``: a ``Stats`` to count this call in. See ``Collectives``.
-    """
-    c = _default(policy)
-    return c.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, stats=stats)
+    """``torch.distributed.all_gather_into_tensor``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_gather_into_tensor(output_tensor, input_tensor, group, async_op, stats=stats)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                           policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.reduce_scatter_tensor``, BF16 / FP32 / FP16 SUM / AVG compressed as
-    ``policy`` says."""
-    c = _default(policy)
-    return c.reduce_scatter_tensor(output, input, op, group, async_op, stats=stats)
+    """``torch.distributed.reduce_scatter_tensor``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).reduce_scatter_tensor(output, input, op, group, async_op, stats=stats)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, *, policy: str | Policy = "auto",
                       stats: Stats | None = None):
-    """``torch.distributed.all_to_all_single``, BF16 / FP32 / FP16 compressed as ``policy`` says."""
-    c = _default(policy)
-    return c.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group,
-                               async_op, stats=stats)
+    """``torch.distributed.all_to_all_single``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_to_all_single(output, input, output_split_sizes,
+                                              input_split_sizes, group, async_op, stats=stats)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                policy: str | Policy = "auto", stats: Stats | None = None):
-    """``torch.distributed.all_reduce``, BF16 / FP32 / FP16 SUM / AVG compressed as ``policy`` says."""
-    c = _default(policy)
-    return c.all_reduce(tensor, op, group, async_op, stats=stats)
+    """``torch.distributed.all_reduce``, compressed as ``policy`` says (``Collectives``)."""
+    return _default(policy).all_reduce(tensor, op, group, async_op, stats=stats)
 
 
-# torch 2.13's names for the first two (torch.distributed.all_gather_single and
-# reduce_scatter_single, same signatures; the old names warn there): the same functions,
-# offered whichever torch is installed
+# torch 2.13's names for the first two (the old names warn there), whichever torch is installed
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor

@@ -6,14 +6,16 @@ tensors without copies. On a GPU it makes the stream the bytes must follow torch
 stream for the call, so encode -> transfer -> decode stay in order without a host wait.
 ``TorchChannel`` is ``zipccl.torch``'s spill channel (``comm.spill.HostChannel``): a gloo
 backend of its own among a group's ranks. ``post_failure`` / ``peer_failures`` tell a rank's
-failure to its peers through the job's store. Agreement across ranks is ``comm.agreement``'s,
-over this transport.
+failure to its peers through the job's store; ``forget_groups`` drops every group zipccl.torch
+holds, at interpreter exit. Agreement across ranks is ``comm.agreement``'s, over this transport.
 
 This module imports torch: it is loaded only by ``zipccl.torch``.
 """
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -298,6 +300,26 @@ def group_timeout(group):
         except (AttributeError, RuntimeError, ValueError):
             continue
     return dist.distributed_c10d.default_pg_timeout
+
+
+# -- what zipccl.torch keeps of process groups, dropped at interpreter exit -----------------------
+HOLDERS: weakref.WeakSet = weakref.WeakSet()  # objects whose forget() drops theirs (Collectives)
+FORGET: list = []  # module-level caches' clear() (the shared Collectives, autotune's calibrations)
+
+
+def forget_groups() -> None:
+    """Drop every reference zipccl.torch holds to process groups (``HOLDERS``, ``FORGET``), then
+    collect; run at interpreter exit, so that no gloo group survives into finalization."""
+    import gc
+
+    for holder in list(HOLDERS):
+        holder.forget()
+    for forget in FORGET:
+        forget()
+    gc.collect()
+
+
+atexit.register(forget_groups)
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
