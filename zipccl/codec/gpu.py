@@ -39,7 +39,7 @@ from .gpu_arrays import (
     element_code,
 )
 from .gpu_codebook import _choose, _choose_on_device, _wide_sample
-from .gpu_route import _crc_table, _device_pointer, _dispatcher_route, _kernels, _launch
+from .gpu_route import _crc_table, _current_device, _device_pointer, _dispatcher_route, _kernels, _pinned
 from .gpu_wide import (
     _check_wide_codebook,
     _decode_wide_into,
@@ -256,7 +256,7 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         codebook = Codebook.from_sigma(sigma, code)
     if codebook is not None and not bf16:
         _check_wide_codebook(codebook, code)
-    if _kernels()[3].SIMULATOR:
+    if _dispatcher_route():
         if bf16:
             return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
                                    checksum, out, stream)
@@ -288,7 +288,7 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
         _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
     else:
         _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code)
-    flen = int(_launch().pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
+    flen = int(_pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
     return _flat(buf)[:flen]
 
 
@@ -346,19 +346,17 @@ def decompress(frame, out=None, stream=None):
     header differs from that guess (a first call, a new size) is the output sized from
     the header just read and the frame decoded again: a second synchronisation.
     """
-    runtime = _kernels()[3]
     stream = current_stream(frame) if stream is None else stream
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         fb, nbytes = _u8(frame)
         f_ptr = _raw(fb)[0]
         s = stream
         skey = 0 if stream is None else id(stream)
-        device = runtime.current_device_id()
     else:
         fb = frame
         f_ptr, nbytes = _frame_buffer(frame)
         s = skey = _stream_key(stream)
-        device = _launch().current_device()
+    device = _current_device()
     _check_frame_bytes(nbytes)
     if out is not None:
         code = element_code(out)
@@ -436,7 +434,7 @@ def _decode_to(fb, f_ptr: int, nbytes: int, dst, code: int, s) -> tuple[Workspac
         ws = default_workspace(s, n_out)
         _decode_wide_into(fb, dst, s, ws, code)
         return ws, n_out
-    if _kernels()[3].SIMULATOR:
+    if _dispatcher_route():
         ob, n_out = _u16(dst)
         ws = default_workspace(s, n_out)
         _decode_into_numba(fb, ob, s, ws)
@@ -450,27 +448,26 @@ def _decode_to(fb, f_ptr: int, nbytes: int, dst, code: int, s) -> tuple[Workspac
 def _read_header(fb, f_ptr: int, s) -> np.ndarray:
     """The frame's 128 header bytes on the host (a synchronisation)."""
     runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return runtime.host_bytes(fb, fmt.HEADER_SIZE, runtime.stream(s))
-    return _launch().pinned().read(f_ptr, fmt.HEADER_SIZE, s)
+    return _pinned().read(f_ptr, fmt.HEADER_SIZE, s)
 
 
 def _read_error(ws: Workspace, s) -> int:
     """The error bits of the last decode on ``ws`` (a synchronisation)."""
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return ws.last_error(s)
     at = 8 * _kernels()[0].WS_ERR_LAST
-    return int(_launch().pinned().read(ws.ptr + at, 8, s).view("<i8")[0])
+    return int(_pinned().read(ws.ptr + at, 8, s).view("<i8")[0])
 
 
 def _read_header_and_error(fb, f_ptr: int, ws: Workspace, s) -> tuple[np.ndarray, int]:
     """(header bytes, error bits of the last decode on ``ws``): one synchronisation."""
     runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return runtime.host_bytes(fb, fmt.HEADER_SIZE, runtime.stream(s)), ws.last_error(s)
     at = 8 * _kernels()[0].WS_ERR_LAST
-    head, err = _launch().pinned().read_two((f_ptr, fmt.HEADER_SIZE), (ws.ptr + at, 8), s)
+    head, err = _pinned().read_two((f_ptr, fmt.HEADER_SIZE), (ws.ptr + at, 8), s)
     return head, int(err.view("<i8")[0])
 
 

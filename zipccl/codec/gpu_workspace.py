@@ -19,7 +19,7 @@ import numpy as np
 from .. import format as fmt
 from ..format import errors
 from .gpu_arrays import _stream_key
-from .gpu_route import _common_slots, _device_pointer, _kernels, _launch
+from .gpu_route import _common_slots, _current_device, _device_pointer, _kernels, _launch
 
 
 class Workspace:
@@ -70,9 +70,7 @@ _WORKSPACES: dict[tuple[int, int], Workspace] = {}
 
 def default_workspace(stream, n: int) -> Workspace:
     """The cached workspace of (current device, stream), grown to hold n values."""
-    runtime = _kernels()[3]
-    device = runtime.current_device_id() if runtime.SIMULATOR else _launch().current_device()
-    key = (device, _stream_key(stream))
+    key = (_current_device(), _stream_key(stream))
     ws = _WORKSPACES.get(key)
     if ws is None or not ws.fits(n):
         ws = _WORKSPACES[key] = Workspace(max(n, fmt.BLOCK * 256))
