@@ -123,3 +123,33 @@ def _remember(key: tuple, plan):
 def _check_workspace(ws: Workspace, n: int, lay: fmt.Layout) -> None:
     if not ws.fits(n):
         raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+
+
+# What the public compress / decompress keep per signature (``gpu.py``'s ``_Kept``: the
+# workspace, the plans, the output's size and kind, the header a frame is checked against),
+# keyed by the argument kinds, sizes, stream, device and whether ``out=`` was given. A call
+# that finds its key only takes its buffers' pointers, allocates its output and launches.
+_CALLS: dict[tuple, object] = {}
+
+
+def _keep(key: tuple, kept):
+    if len(_CALLS) >= _MAX_PLANS:
+        _CALLS.clear()
+    _CALLS[key] = kept
+    return kept
+
+
+def _first_slots(plan) -> tuple:
+    """(parameter values, item-count slot, itemsize) of every array argument that names a
+    plan's first buffer (a decoder's frame, seen as words of 1, 2, 4 or 8 bytes). An array
+    argument is packed as ``launch.Params`` says: count, itemsize, pointer, shape, stride; its
+    shape slot follows the pointer."""
+    return tuple((step.params.vals, slot - 2, int(step.params.vals[slot - 1]))
+                 for step in plan.steps for slot in step.first)
+
+
+def _resize_first(slots: tuple, nbytes: int) -> None:
+    """Point the arguments ``_first_slots`` found at a first buffer of ``nbytes`` bytes (a
+    plan of a private owner only: a shared plan's key names its sizes)."""
+    for vals, at, item in slots:
+        vals[at] = vals[at + 3] = nbytes // item
