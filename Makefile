@@ -12,7 +12,7 @@ STAMP := $(STAMP_DIR)/$(subst /,_,$(shell $(PYTHON) -c 'import sys; print(sys.pr
 # The kernel tests under Numba's CUDA simulator: a pytest process of their own (the simulator
 # must be on before numba.cuda is imported), each case under its own name.
 SIM_TESTS := tests/test_gpu_codec.py tests/test_gpu_dtypes.py tests/test_gpu_robustness_sim.py \
-             tests/test_kernel_variants_sim.py
+             tests/test_kernel_variants_sim.py tests/test_api_plans.py
 SIM_PYTEST := NUMBA_ENABLE_CUDASIM=1 $(PYTEST) -q -W ignore::RuntimeWarning
 
 .PHONY: help install test test-sim test-slow test-torch-suite test-gpu lint demo analyze figures notebooks bench-cpu bench-codec clean

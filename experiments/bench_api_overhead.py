@@ -17,12 +17,21 @@ checksum, then times on one non-blocking CuPy stream:
   with ``perf_counter`` (no synchronisation inside the loop where the step has none): the
   argument checks, the output allocation, the workspace and plan lookups with their
   launches, a small device-to-host read on an idle stream (a synchronisation's round
-  trip), the header parse, the final slice.
+  trip), the header parse (on a steady-state decompress only ``header_check``, the bytes
+  compared with the kept header; ``format.parse_header`` runs when they differ), the
+  decoder of a kept call (``launch_decode_kept``), the final slice.
 
 ``exposed = e2e - device``: the per-call cost on top of the device work. One JSON record per
 (size, op, part) goes to ``--out``, each naming the machine.
 
+``--count-calls`` times nothing: it counts the zipccl Python functions one steady-state call
+enters (``sys.setprofile``; the third call of a signature), with its kernel launches and host
+waits, per op (part ``python_calls``). On a GPU it runs the real path; under
+``NUMBA_ENABLE_CUDASIM=1`` it runs the GPU's host path (the plan route, ``tests/mpi/fake_cupy.py``
+as CuPy) with the simulator's launch and reads standing in for the driver's (not counted).
+
     python experiments/bench_api_overhead.py --out $OUT/api_overhead.jsonl
+    NUMBA_ENABLE_CUDASIM=1 python experiments/bench_api_overhead.py --count-calls --label ...
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import statistics
 import sys
 import time
@@ -54,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--label", default="", help="what code is measured (saved in each record)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--count-calls", action="store_true",
+                    help="count zipccl's Python calls per steady-state call (no timing)")
+    ap.add_argument("--count-n", type=int, default=0,
+                    help="values per tensor for --count-calls (default: 16 MiB of BF16; 9000 "
+                         "under the simulator)")
     args = ap.parse_args(argv)
+    if args.count_calls:
+        return count_calls(args)
 
     import cupy as cp
 
@@ -213,10 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             "launch_encode": enc_api,
             "launch_decode": decode,
             "parse_header": lambda: fmt.parse_header(pinned.array[:128], buffer_len=f_bytes),
+            "header_check": lambda: pinned.array[gpu._TAIL].tobytes() == kept.tail and
+            len(set(pinned.array[gpu._CODEBOOK].tobytes())) == fmt.CODEBOOK_SIZE,
+            "launch_decode_kept": lambda: gpu._decode_kept(kept, f_ptr, f_bytes, dst.data.ptr, s),
             "slice": lambda: buf[:f_bytes],
         }
+        kept = gpu._decoder_kept(f_ptr, f_bytes, n, fmt.DTYPE_BF16, s)
         read128()
         stream.synchronize()
+        kept.tail = pinned.array[gpu._TAIL].tobytes()
         for part, fn in steps.items():
             fn()
             kk = 200 if part.startswith("launch") else 2000
@@ -233,6 +256,121 @@ def main(argv: list[str] | None = None) -> int:
     for mib, op, part, us, gbps in rows:
         print(f"{mib:6g} {op:>15} {part:>16} {us:9.1f} {'' if gbps is None else f'{gbps:8.1f}'}")
     print(f"wrote {len(rows)} records to {args.out}")
+    print("steady-state calls reuse their signature's kept call: host parts workspace, launch_encode "
+          "and launch_decode are first-call costs now; header_check and launch_decode_kept replace "
+          "parse_header and launch_decode in decompress")
+    return 0
+
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+COUNT_OPS = ("compress", "compress_fp32", "compress_sigma", "decompress", "decompress_fresh",
+             "decompress_out", "decompress_fp32")
+
+
+def python_calls(call) -> tuple[int, int, int, dict]:
+    """(zipccl Python calls, kernel launches, host waits, calls per function) of one ``call()``.
+
+    A launch is an entry into ``kernels/launch.py``'s ``launch``; a host wait one into a
+    pinned reader's ``read`` / ``read_two``. Under the simulator what runs beneath the
+    stand-ins of the driver (``simlaunch.launch_packed``, ``gpu_route._SimReads``) is
+    not zipccl's host path on a GPU and is left out.
+    """
+    root = str(Path(__file__).resolve().parent.parent / "zipccl") + os.sep
+    by: dict[str, int] = {}
+    launches, waits, below = [0], [0], [None]  # below: the stand-in frame whose callees are hidden
+
+    def prof(frame, event, arg):
+        if below[0] is not None:
+            if event == "return" and frame is below[0]:
+                below[0] = None
+            return
+        if event != "call" or not frame.f_code.co_filename.startswith(root):
+            return
+        co = frame.f_code
+        name, file = co.co_name, co.co_filename[len(root):]
+        if file == f"kernels{os.sep}simlaunch.py":  # cuLaunchKernel's stand-in: C on a GPU
+            below[0] = frame
+            return
+        by[f"{file}:{name}"] = by.get(f"{file}:{name}", 0) + 1
+        if name == "launch" and file == f"kernels{os.sep}launch.py":
+            launches[0] += 1
+        if name in ("read", "read_two"):
+            waits[0] += 1
+            if file == f"codec{os.sep}gpu_route.py":  # the simulator's reads
+                below[0] = frame
+
+    sys.setprofile(prof)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return sum(by.values()), launches[0], waits[0], dict(sorted(by.items()))
+
+
+def count_calls(args) -> int:
+    """``--count-calls``: each op of ``COUNT_OPS``, checked, called twice, then counted."""
+    if SIM:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "mpi"))
+        import fake_cupy
+
+        fake_cupy.install()
+    import contextlib
+
+    import cupy as cp
+    import numpy as np
+
+    import zipccl
+    from zipccl.codec import gpu_route
+
+    n = args.count_n or (9000 if SIM else 8 * MiB)
+    route = "simulator: the GPU's plan route, stand-in CuPy" if SIM else "gpu"
+    info = {"machine": "CUDA simulator" if SIM else f"1 x {cp.cuda.runtime.getDeviceProperties(0)['name']}",
+            "platform": platform.platform(), "python": platform.python_version(), "route": route}
+    run_id = time.strftime("%Y%m%dT%H%M%S")
+    stream = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng(0)
+    host = [(rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            for _ in range(4)]
+    bits = [cp.asarray(h) for h in host]
+    wide = [cp.asarray(rng.normal(0, 1e-3, n).astype(np.float32)) for _ in range(3)]
+    frames = [zipccl.compress(b, dtype="bfloat16", stream=stream) for b in bits]
+    f32 = zipccl.compress(wide[0], stream=stream)
+    out = cp.empty(n, cp.uint16)
+    fresh = iter(frames[1:])
+    ops = {
+        "compress": lambda: zipccl.compress(bits[0], dtype="bfloat16", stream=stream),
+        "compress_fp32": lambda: zipccl.compress(wide[0], stream=stream),
+        "compress_sigma": lambda: zipccl.compress(bits[0], sigma=0.02, dtype="bfloat16", stream=stream),
+        "decompress": lambda: zipccl.decompress(frames[0], stream=stream),
+        "decompress_fresh": lambda: zipccl.decompress(next(fresh), stream=stream),  # a new frame each call
+        "decompress_out": lambda: zipccl.decompress(frames[0], out=out, stream=stream),
+        "decompress_fp32": lambda: zipccl.decompress(f32, stream=stream),
+    }
+    def same(a, b) -> bool:  # bits, never values
+        a, b = cp.asnumpy(a), cp.asnumpy(b)
+        return a.dtype.itemsize == b.dtype.itemsize and np.array_equal(a.view(f"u{a.itemsize}"),
+                                                                       b.view(f"u{b.itemsize}"))
+
+    checks = {"compress": lambda y: same(y, frames[0]), "compress_fp32": lambda y: same(y, f32),
+              "decompress": lambda y: same(y, bits[0]), "decompress_fresh": lambda y: same(y, bits[3]),
+              "decompress_out": lambda y: same(y, bits[0]), "decompress_fp32": lambda y: same(y, wide[0])}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with (gpu_route.plans_under_simulator() if SIM else contextlib.nullcontext()), args.out.open("a") as fh:
+        print(f"{'op':>18} {'calls':>6} {'launches':>9} {'waits':>6}")
+        for op in COUNT_OPS:
+            fn = ops[op]
+            for _ in range(2):
+                fn()
+            box: list = []
+            calls, launches, waits, by = python_calls(lambda fn=fn, box=box: box.append(fn()))
+            if not checks.get(op, lambda y: True)(box[0]):
+                raise SystemExit(f"{op}: a wrong result")
+            rec = {"bench": "api_overhead", "run_id": run_id, "label": args.label, **info, "n": n,
+                   "op": op, "part": "python_calls", "calls": calls, "launches": launches,
+                   "host_waits": waits, "by_function": by}
+            fh.write(json.dumps(rec) + "\n")
+            print(f"{op:>18} {calls:6d} {launches:9d} {waits:6d}")
+    print(f"appended {len(COUNT_OPS)} records to {args.out}")
     return 0
 
 

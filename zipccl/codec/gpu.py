@@ -38,16 +38,29 @@ from .gpu_arrays import (
     _wide_values,
     element_code,
 )
-from .gpu_codebook import _choose, _choose_on_device, _wide_sample
-from .gpu_route import _crc_table, _device_pointer, _dispatcher_route, _kernels, _launch
+from .gpu_codebook import _choose, _choose_on_device, _choose_plan, _wide_sample
+from .gpu_route import _crc_table, _current_device, _device_pointer, _dispatcher_route, _kernels, _pinned
 from .gpu_wide import (
     _check_wide_codebook,
     _decode_wide_into,
+    _decode_wide_plan,
     _encode_wide,
     _encode_wide_into,
     _encode_wide_numba,
+    _encode_wide_plan,
 )
-from .gpu_workspace import _PLANS, Workspace, _check_workspace, _remember, _template, default_workspace
+from .gpu_workspace import (
+    _CALLS,
+    _PLANS,
+    Workspace,
+    _check_workspace,
+    _first_slots,
+    _keep,
+    _remember,
+    _resize_first,
+    _template,
+    default_workspace,
+)
 
 _FRAME_LEN_AT = fmt.FRAME_LEN_AT
 
@@ -119,14 +132,19 @@ def _encode(x_ptr: int, n: int, o_ptr: int, nbytes: int, exponents: tuple[int, .
             s: int, checksum: bool, shape, ws: Workspace) -> None:
     """Launch the encoder's plan on stream handle ``s``; ``exponents=None``: the codebook
     that ``stats.choose_codebook`` left in the workspace."""
-    device = ws.device  # the workspace's device is the call's (a workspace serves one device)
-    key = (0, n, nbytes, ws.ptr, exponents, bool(checksum), shape)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _remember(key, _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum,
-                                           shape))
+    plan = _encode_cached(x_ptr, n, o_ptr, nbytes, exponents, checksum, shape, ws)
     plan.retarget(x_ptr, o_ptr)
     plan.launch(s)
+
+
+def _encode_cached(x_ptr, n, o_ptr, nbytes, exponents, checksum, shape, ws):
+    """The cached plan of ``_encode`` (built, with its checks, on first use)."""
+    key = (0, n, nbytes, ws.ptr, exponents, bool(checksum), shape)
+    plan = _PLANS.get(key)
+    if plan is None:  # the workspace's device is the call's (a workspace serves one device)
+        plan = _remember(key, _encode_plan(ws.device, x_ptr, n, o_ptr, nbytes, ws, exponents,
+                                           checksum, shape))
+    return plan
 
 
 def _encode_plan(device, x_ptr, n, o_ptr, nbytes, ws, exponents, checksum, shape):
@@ -244,52 +262,114 @@ def compress(x, codebook: Codebook | None = None, sigma: float | None = None,
 
     ``out`` (uint8, >= max_compressed_size(n, dtype) bytes) is used when given and the
     returned frame is a view of its start. Synchronises once, to read the frame length.
+    The first call of a signature (the array's type, dtype and shape, ``dtype=``, stream,
+    device, ``out=`` given or not, checksum, codebook or sigma) keeps what it derived
+    (``_Kept``); the next ones only take their pointers, allocate the frame and launch.
     """
+    stream = current_stream(x) if stream is None else stream
+    if _dispatcher_route():
+        return _compress_dispatcher(x, codebook, sigma, dtype, checksum, out, stream)
+    s = stream if type(stream) is int else _stream_key(stream)
+    kept = key = None
+    if codebook is None or type(codebook) is Codebook:
+        key = (0, type(x), getattr(x, "dtype", None), getattr(x, "shape", None), dtype, s,
+               _current_device(), out is None, bool(checksum),
+               None if codebook is None else codebook.exponents, sigma)
+        kept = _CALLS.get(key)
+    if kept is None:
+        kept = _compress_kept(x, codebook, sigma, dtype, checksum, out, s)
+        if key is not None and not kept.sample:
+            _keep(key, kept)
+    code = kept.code
+    x_ptr = (_values(x) if code == fmt.DTYPE_BF16 else _wide_values(x, code))[0]
+    if kept.choose is not None:  # the GPU chooses the codebook while the output is allocated
+        kept.choose.retarget(x_ptr + kept.half)
+        kept.choose.launch(s)
+    if out is None:
+        buf = _empty_like_framework(x, kept.size, "u8")
+        o_ptr, nbytes = _raw(buf)[0], kept.size
+    else:
+        buf = out
+        o_ptr, nbytes = _frame_buffer(out)
+    plan = kept.plan
+    if kept.sample or nbytes != kept.nbytes:  # FP16's codebook of this call, or another out=
+        exponents = kept.exponents
+        if kept.sample:
+            exponents = Codebook.from_sample(_wide_sample(x, kept.n, code, SAMPLE_SIZE, s),
+                                             dtype=fmt.DTYPE_FP16).exponents
+        plan = _encode_plan_of(kept, x_ptr, o_ptr, nbytes, exponents)
+    plan.retarget(x_ptr, o_ptr)
+    plan.launch(s)
+    flen = int(_pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
+    return _flat(buf)[:flen]
+
+
+class _Kept:
+    """What the first call of a signature of ``compress`` or ``decompress`` derived: element
+    type and count, shape, the output's size (compress: the frame's worst case; decompress:
+    the static part a frame of n values needs), the workspace, the plans (the codebook
+    choice's, shared; a decoder's own, whose frame size follows the frame), and for
+    ``decompress`` the header bytes a frame of the same shape repeats (``_TAIL``)."""
+
+    __slots__ = ("code", "n", "shape", "size", "ws", "choose", "half", "plan", "nbytes", "sample",
+                 "exponents", "checksum", "slots", "err_at", "header", "tail")
+
+
+def _compress_kept(x, codebook, sigma, dtype, checksum, out, s) -> _Kept:
+    """Every check of ``compress``'s arguments, then what its calls of this signature keep."""
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
     if codebook is not None and not isinstance(codebook, Codebook):
         raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
     xb, shape, code = _typed_view(x, dtype)
-    stream = current_stream(x) if stream is None else stream
     bf16 = code == fmt.DTYPE_BF16
     if codebook is None and sigma is not None:
         codebook = Codebook.from_sigma(sigma, code)
     if codebook is not None and not bf16:
         _check_wide_codebook(codebook, code)
-    if _kernels()[3].SIMULATOR:
-        if bf16:
-            return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
-                                   checksum, out, stream)
-        return _compress_wide_numba(x, xb, shape, code, codebook, checksum, out, stream)
     x_ptr, n = _values(xb) if bf16 else _wide_values(xb, code)
-    raw_size = _raw_size(n, code)
-    s = _stream_key(stream)
+    k = _Kept()
+    k.code, k.n, k.shape, k.size, k.checksum = code, n, shape, _raw_size(n, code), checksum
+    k.nbytes = k.size
     if out is not None:  # checked before anything is launched
-        o_ptr, nbytes = _frame_buffer(out)
-        if nbytes < raw_size:
+        k.nbytes = _frame_buffer(out)[1]
+        if k.nbytes < k.size:
             what = f"{n}" if bf16 else f"{n}, {fmt.DTYPE_NAMES[code]!r}"
-            raise ValueError(f"out= holds {nbytes} bytes; this frame may need {raw_size} "
+            raise ValueError(f"out= holds {k.nbytes} bytes; this frame may need {k.size} "
                              f"(max_compressed_size({what}))")
-    if codebook is None and code == fmt.DTYPE_FP16:
-        codebook = Codebook.from_sample(_wide_sample(xb, n, code, SAMPLE_SIZE, stream),
-                                        dtype=fmt.DTYPE_FP16)
-    exponents = None if codebook is None else codebook.exponents
-    ws = default_workspace(s, n)
-    if exponents is None:  # the GPU chooses the codebook while the output is allocated
-        if bf16:
-            _choose(x_ptr, n, ws, s)
-        else:  # FP32: the upper half of value i is uint16 2i + 1
-            _choose(x_ptr + 2, n, ws, s, step=2)
-    buf = out
-    if out is None:
-        buf = _empty_like_framework(x, raw_size, "u8")
-        o_ptr, nbytes = _frame_buffer(buf)
-    if bf16:
-        _encode(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws)
-    else:
-        _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code)
-    flen = int(_launch().pinned().read(o_ptr + _FRAME_LEN_AT, 8, s).view("<i8")[0])
-    return _flat(buf)[:flen]
+    k.ws = default_workspace(s, n)
+    k.sample = codebook is None and code == fmt.DTYPE_FP16
+    k.exponents = None if codebook is None else codebook.exponents
+    k.half = 0 if bf16 else 2  # FP32: the upper half of value i is uint16 2i + 1
+    k.choose = None
+    if codebook is None and not k.sample:
+        k.choose = _choose_plan(x_ptr + k.half, n, k.ws, 1 if bf16 else 2)
+    k.plan = None if k.sample else _encode_plan_of(k, x_ptr, 0, k.nbytes, k.exponents)
+    return k
+
+
+def _encode_plan_of(k: _Kept, x_ptr: int, o_ptr: int, nbytes: int, exponents):
+    """The shared encoder plan of ``k``'s values into a frame buffer of ``nbytes``."""
+    if k.code == fmt.DTYPE_BF16:
+        return _encode_cached(x_ptr, k.n, o_ptr, nbytes, exponents, k.checksum, k.shape, k.ws)
+    return _encode_wide_plan(x_ptr, k.n, o_ptr, nbytes, exponents, k.checksum, k.shape, k.ws, k.code)
+
+
+def _compress_dispatcher(x, codebook, sigma, dtype, checksum, out, stream):
+    """``compress`` through Numba's dispatcher (the simulator's route)."""
+    if codebook is not None and sigma is not None:
+        raise ValueError("give either codebook= or sigma=, not both")
+    if codebook is not None and not isinstance(codebook, Codebook):
+        raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
+    xb, shape, code = _typed_view(x, dtype)
+    if codebook is None and sigma is not None:
+        codebook = Codebook.from_sigma(sigma, code)
+    if code == fmt.DTYPE_BF16:
+        return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
+                               checksum, out, stream)
+    if codebook is not None:
+        _check_wide_codebook(codebook, code)
+    return _compress_wide_numba(x, xb, shape, code, codebook, checksum, out, stream)
 
 
 def _compress_wide_numba(x, xw, shape, code, codebook, checksum, out, stream):
@@ -341,67 +421,112 @@ def decompress(frame, out=None, stream=None):
     float32, float16, and uint16 bit patterns for BF16, which they lack).
     Raises ValueError for an invalid frame. Synchronises once in the steady state: the
     decoder checks the header itself, so it is launched at once, into ``out`` or into a
-    new array sized from the header this frame buffer (else this stream) had last time,
-    and the header and the error bits are read back together after it. Only when the
-    header differs from that guess (a first call, a new size) is the output sized from
-    the header just read and the frame decoded again: a second synchronisation.
+    new array sized from the header the last call of this signature (the frame's type,
+    stream, device) decoded, and the header and the error bits are read back together
+    after it. A frame the decoder accepted whose shape bytes equal that header's is
+    returned without parsing its header on the host. Only when the header differs from
+    that guess (a first call, a new size) is the output sized from the header just read
+    and the frame decoded again: a second synchronisation.
     """
-    runtime = _kernels()[3]
     stream = current_stream(frame) if stream is None else stream
-    if runtime.SIMULATOR:
-        fb, nbytes = _u8(frame)
-        f_ptr = _raw(fb)[0]
-        s = stream
-        skey = 0 if stream is None else id(stream)
-        device = runtime.current_device_id()
-    else:
-        fb = frame
-        f_ptr, nbytes = _frame_buffer(frame)
-        s = skey = _stream_key(stream)
-        device = _launch().current_device()
+    if _dispatcher_route():
+        return _decompress_dispatcher(frame, out, stream)
+    f_ptr, nbytes = _frame_buffer(frame)
     _check_frame_bytes(nbytes)
+    s = stream if type(stream) is int else _stream_key(stream)
+    device = _current_device()
     if out is not None:
-        code = element_code(out)
-        ws, n_out = _decode_to(fb, f_ptr, nbytes, out, code, s)
-        err = _read_error(ws, s)
-        return _checked_err(err, None, n_out, lambda: _read_header(fb, f_ptr, s), nbytes, out)
-    where = (device, skey, f_ptr, nbytes)
-    guess = _GUESSES.get(where) or _GUESSES.get((device, skey))
-    if guess is not None and _plausible(guess, nbytes):
-        dst, result = _new_values(frame, guess)
-        ws, _ = _decode_to(fb, f_ptr, nbytes, dst, guess.dtype, s)
-        head, err = _read_header_and_error(fb, f_ptr, ws, s)
-        h = _parse_header(head, nbytes)
-        _remember_guess(where, (device, skey), h)
-        if h.n == guess.n and h.dtype == guess.dtype:  # the decode was the frame's own
+        return _decompress_into(frame, f_ptr, nbytes, out, s, device)
+    key = (1, type(frame), s, device)
+    kept = _CALLS.get(key)
+    if kept is not None and kept.size <= nbytes:  # a frame this small cannot hold the guess
+        h = kept.header
+        dst, result = _new_values(frame, h)
+        _decode_kept(kept, f_ptr, nbytes, _raw(dst)[0], s)
+        head, err = _pinned().read_two((f_ptr, fmt.HEADER_SIZE), (kept.err_at, 8), s)
+        err = int(err.view("<i8")[0])
+        if not err and head[_TAIL].tobytes() == kept.tail and \
+                len(set(head[_CODEBOOK].tobytes())) == fmt.CODEBOOK_SIZE:
+            return result  # the decoder checked the rest of the header against n and the type
+        got = _parse_header(head, nbytes)
+        if got.n == h.n and got.dtype == h.dtype:  # the decode was the frame's own
             if err:
                 raise ValueError(f"corrupted zipccl frame: {Workspace.describe(err)}")
-            return result if h.shape == guess.shape else reshaped(dst, h.shape)
+            kept.header, kept.tail = got, head[_TAIL].tobytes()
+            return reshaped(dst, got.shape)
+        h = got
     else:
-        h = _parse_header(_read_header(fb, f_ptr, s), nbytes)
-        _remember_guess(where, (device, skey), h)
+        head = _read_header(frame, f_ptr, s)
+        h = _parse_header(head, nbytes)
+    kept = _keep(key, _decoder_kept(f_ptr, nbytes, h.n, h.dtype, s))
+    kept.header, kept.tail = h, head[_TAIL].tobytes()
+    kept.size = _static_size(h.n, h.dtype)
     dst, result = _new_values(frame, h)
-    ws, n_out = _decode_to(fb, f_ptr, nbytes, dst, h.dtype, s)
-    return _checked_err(_read_error(ws, s), h.n, n_out, None, nbytes, result)
+    _decode_kept(kept, f_ptr, nbytes, _raw(dst)[0], s)
+    err = int(_pinned().read(kept.err_at, 8, s).view("<i8")[0])
+    return _checked_err(err, h.n, h.n, None, nbytes, result)
 
 
-# The header decompress saw last per (device, stream, frame pointer, frame bytes) and per
-# (device, stream): what the next call on the same buffer or stream is decoded with before
-# its header is read back (a guess only: the decoder checks it against the frame).
-_GUESSES: dict[tuple, fmt.Header] = {}
+# Header bytes a frame of one shape repeats (ndim, block, reserved words, shape), and its
+# codebook: what ``format.parse_header`` checks that the decoders do not.
+_TAIL = slice(fmt.OFFSET["ndim"], fmt.OFFSET["header_crc"])
+_CODEBOOK = slice(fmt.CODEBOOK_AT, fmt.CODEBOOK_AT + fmt.CODEBOOK_SIZE)
+
+
+def _decompress_into(frame, f_ptr: int, nbytes: int, out, s: int, device: int):
+    """``decompress`` into ``out``: kept per (stream, device, element type, count)."""
+    code = element_code(out)
+    o_ptr, n = _values(out) if code == fmt.DTYPE_BF16 else _wide_values(out, code)
+    key = (2, s, device, code, n)
+    kept = _CALLS.get(key)
+    if kept is None:
+        kept = _keep(key, _decoder_kept(f_ptr, nbytes, n, code, s))
+    _decode_kept(kept, f_ptr, nbytes, o_ptr, s)
+    err = int(_pinned().read(kept.err_at, 8, s).view("<i8")[0])
+    return _checked_err(err, None, n, lambda: _read_header(frame, f_ptr, s), nbytes, out)
+
+
+def _decoder_kept(f_ptr: int, nbytes: int, n: int, code: int, s: int) -> _Kept:
+    """A decoder of n values of type ``code`` on stream handle ``s``: workspace, a plan of its
+    own (its frame size changes with the frame), where its error bits are."""
+    k = _Kept()
+    k.n, k.code, k.nbytes = n, code, nbytes
+    k.ws = ws = default_workspace(s, n)
+    if code == fmt.DTYPE_BF16:
+        k.plan = _decode_plan(ws.device, f_ptr, nbytes, 0, n, ws)
+    else:
+        k.plan = _decode_wide_plan(f_ptr, nbytes, 0, n, ws, code)
+    k.slots = _first_slots(k.plan)
+    k.err_at = ws.ptr + 8 * _kernels()[0].WS_ERR_LAST
+    return k
+
+
+def _decode_kept(k: _Kept, f_ptr: int, nbytes: int, o_ptr: int, s: int) -> None:
+    """Launch ``k``'s decoder on the frame at ``f_ptr`` (``nbytes``) into ``o_ptr``."""
+    if nbytes != k.nbytes:
+        _resize_first(k.slots, nbytes)
+        k.nbytes = nbytes
+    k.plan.retarget(f_ptr, o_ptr)
+    k.plan.launch(s)
+
+
+def _decompress_dispatcher(frame, out, stream):
+    """``decompress`` through Numba's dispatcher (the simulator's route): the header read
+    first, then the decode."""
+    fb, nbytes = _u8(frame)
+    f_ptr = _raw(fb)[0]
+    _check_frame_bytes(nbytes)
+    if out is not None:
+        ws, n_out = _decode_to(fb, out, element_code(out), stream)
+        return _checked_err(ws.last_error(stream), None, n_out,
+                            lambda: _read_header(fb, f_ptr, stream), nbytes, out)
+    h = _parse_header(_read_header(fb, f_ptr, stream), nbytes)
+    dst, result = _new_values(frame, h)
+    ws, n_out = _decode_to(fb, dst, h.dtype, stream)
+    return _checked_err(ws.last_error(stream), h.n, n_out, None, nbytes, result)
+
+
 _HEADERS: dict[tuple[bytes, int], fmt.Header] = {}
-
-
-def _remember_guess(where: tuple, per_stream: tuple, h: fmt.Header) -> None:
-    if len(_GUESSES) >= 1024:
-        _GUESSES.clear()
-    _GUESSES[where] = _GUESSES[per_stream] = h
-
-
-def _plausible(h: fmt.Header, nbytes: int) -> bool:
-    """Could a buffer of ``nbytes`` hold a frame of ``h``'s count and type? (Keeps a wrong
-    guess from allocating far more than the frame could need.)"""
-    return _static_size(h.n, h.dtype) <= nbytes
 
 
 @lru_cache(maxsize=256)
@@ -428,50 +553,26 @@ def _new_values(like, h: fmt.Header):
     return dst, (dst if h.shape else dst.reshape(()))
 
 
-def _decode_to(fb, f_ptr: int, nbytes: int, dst, code: int, s) -> tuple[Workspace, int]:
-    """Enqueue the decode of the frame into ``dst`` (values of element type ``code``) on
-    ``s`` (stream handle; the stream itself under the simulator); (workspace, n)."""
+def _decode_to(fb, dst, code: int, s) -> tuple[Workspace, int]:
+    """Enqueue the decode of the frame into ``dst`` (values of element type ``code``) on the
+    stream ``s`` through Numba's dispatcher; (workspace, n)."""
     if code != fmt.DTYPE_BF16:
         n_out = _wide_values(dst, code)[1]
         ws = default_workspace(s, n_out)
         _decode_wide_into(fb, dst, s, ws, code)
         return ws, n_out
-    if _kernels()[3].SIMULATOR:
-        ob, n_out = _u16(dst)
-        ws = default_workspace(s, n_out)
-        _decode_into_numba(fb, ob, s, ws)
-    else:
-        o_ptr, n_out = _values(dst)
-        ws = default_workspace(s, n_out)
-        _decode(f_ptr, nbytes, o_ptr, n_out, s, ws)
+    ob, n_out = _u16(dst)
+    ws = default_workspace(s, n_out)
+    _decode_into_numba(fb, ob, s, ws)
     return ws, n_out
 
 
 def _read_header(fb, f_ptr: int, s) -> np.ndarray:
     """The frame's 128 header bytes on the host (a synchronisation)."""
     runtime = _kernels()[3]
-    if runtime.SIMULATOR:
+    if _dispatcher_route():
         return runtime.host_bytes(fb, fmt.HEADER_SIZE, runtime.stream(s))
-    return _launch().pinned().read(f_ptr, fmt.HEADER_SIZE, s)
-
-
-def _read_error(ws: Workspace, s) -> int:
-    """The error bits of the last decode on ``ws`` (a synchronisation)."""
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
-        return ws.last_error(s)
-    at = 8 * _kernels()[0].WS_ERR_LAST
-    return int(_launch().pinned().read(ws.ptr + at, 8, s).view("<i8")[0])
-
-
-def _read_header_and_error(fb, f_ptr: int, ws: Workspace, s) -> tuple[np.ndarray, int]:
-    """(header bytes, error bits of the last decode on ``ws``): one synchronisation."""
-    runtime = _kernels()[3]
-    if runtime.SIMULATOR:
-        return runtime.host_bytes(fb, fmt.HEADER_SIZE, runtime.stream(s)), ws.last_error(s)
-    at = 8 * _kernels()[0].WS_ERR_LAST
-    head, err = _launch().pinned().read_two((f_ptr, fmt.HEADER_SIZE), (ws.ptr + at, 8), s)
-    return head, int(err.view("<i8")[0])
+    return _pinned().read(f_ptr, fmt.HEADER_SIZE, s)
 
 
 def _checked_err(err: int, n, n_out: int, read_header, nbytes: int, result):

@@ -109,14 +109,19 @@ def _choose_on_device(xb, n: int, ws: Workspace, stream, code: int = fmt.DTYPE_B
 
 def _choose(x_ptr: int, n: int, ws: Workspace, s: int, step: int = 1) -> None:
     """``stats.choose_codebook`` of the n values at uint16 steps of ``step`` from ``x_ptr``."""
-    device = ws.device
+    plan = _choose_plan(x_ptr, n, ws, step)
+    plan.retarget(x_ptr)
+    plan.launch(s)
+
+
+def _choose_plan(x_ptr: int, n: int, ws: Workspace, step: int = 1):
+    """The cached plan of ``_choose`` (built on first use)."""
     key = (2, n, ws.ptr, step)
     plan = _PLANS.get(key)
     if plan is None:
         stats = _kernels()[4]
         ptrs = tuple((_device_pointer(t), t.size) for t in _codebook_tables())
-        plan = stats.CodebookPlan(device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count, step)
+        plan = stats.CodebookPlan(ws.device, x_ptr, n, SAMPLE_SIZE, ptrs, ws.ptr, ws.count, step)
         plan.keep = ws
         plan = _remember(key, plan)
-    plan.retarget(x_ptr)
-    plan.launch(s)
+    return plan

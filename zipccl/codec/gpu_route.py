@@ -10,7 +10,10 @@ dispatcher, unless ``plans_under_simulator`` asks for the GPU's route (with
 
 from __future__ import annotations
 
+import ctypes
 from contextlib import contextmanager
+
+import numpy as np
 
 _MODULES: list = []
 
@@ -20,8 +23,44 @@ def _kernels():
     when a GPU codec call happens (imported once; later calls are a list lookup)."""
     if not _MODULES:
         from ..kernels import _common, decode, encode_launch, launch, runtime, stats
-        _MODULES.extend(((_common, encode_launch, decode, runtime, stats), launch))
+        if runtime.SIMULATOR:
+            reads, device = _SimReads.pinned, runtime.current_device_id
+        else:
+            reads, device = launch.pinned, launch.current_device
+        _MODULES.extend(((_common, encode_launch, decode, runtime, stats), launch, reads, device))
     return _MODULES[0]
+
+
+def _pinned():
+    """This thread's reader of a few device bytes (``launch.pinned()``: ``read``, ``read_two``,
+    each a synchronisation); under the simulator a stand-in that copies the memory itself."""
+    if not _MODULES:
+        _kernels()
+    return _MODULES[2]()
+
+
+def _current_device() -> int:
+    """The current device's ordinal (one driver call; 0 under the simulator)."""
+    if not _MODULES:
+        _kernels()
+    return _MODULES[3]()
+
+
+class _SimReads:
+    """``launch.PinnedSlots``' reads under the simulator, where a device pointer is a host
+    address and every launch has finished when it returns."""
+
+    @staticmethod
+    def pinned() -> type:
+        return _SimReads
+
+    @staticmethod
+    def read(device_ptr: int, nbytes: int, stream: int) -> np.ndarray:
+        return np.frombuffer(ctypes.string_at(device_ptr, nbytes), np.uint8)
+
+    @staticmethod
+    def read_two(first: tuple[int, int], second: tuple[int, int], stream: int):
+        return _SimReads.read(*first, stream), _SimReads.read(*second, stream)
 
 
 _WIDE: list = []

@@ -50,6 +50,13 @@ def _wide_lay(n: int, nbytes: int, shape, code: int, ws: Workspace | None):
 
 
 def _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, code) -> None:
+    plan = _encode_wide_plan(x_ptr, n, o_ptr, nbytes, exponents, checksum, shape, ws, code)
+    plan.retarget(x_ptr, o_ptr)
+    plan.launch(s)
+
+
+def _encode_wide_plan(x_ptr, n, o_ptr, nbytes, exponents, checksum, shape, ws, code):
+    """The cached plan of ``_encode_wide`` (built, with its checks, on first use)."""
     key = (3, code, n, nbytes, ws.ptr, exponents, bool(checksum), shape)
     plan = _PLANS.get(key)
     if plan is None:
@@ -60,8 +67,7 @@ def _encode_wide(x_ptr, n, o_ptr, nbytes, exponents, s, checksum, shape, ws, cod
                                    _device_pointer(crc), crc.size, cb64, checksum)
         plan.workspace = ws
         plan = _remember(key, plan)
-    plan.retarget(x_ptr, o_ptr)
-    plan.launch(s)
+    return plan
 
 
 def _encode_wide_numba(bits, out, exponents, stream, checksum, shape, workspace, code) -> None:
@@ -99,17 +105,21 @@ def _decode_wide(f_ptr, nbytes, o_ptr, n, s, ws, code) -> None:
     key = (4, code, nbytes, n, ws.ptr)
     plan = _PLANS.get(key)
     if plan is None:
-        _check_frame_bytes(nbytes)
-        lay = fmt.Layout.for_count(n, code)
-        _check_workspace(ws, n, lay)
-        _common = _kernels()[0]
-        crc = _crc_table()
-        plan = _wide()[1].Plan(ws.device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _common.CRC_ZERO,
-                               _device_pointer(crc), crc.size)
-        plan.workspace = ws
-        plan = _remember(key, plan)
+        plan = _remember(key, _decode_wide_plan(f_ptr, nbytes, o_ptr, n, ws, code))
     plan.retarget(f_ptr, o_ptr)
     plan.launch(s)
+
+
+def _decode_wide_plan(f_ptr, nbytes, o_ptr, n, ws, code):
+    """A new plan of ``_decode_wide`` (its checks first)."""
+    _check_frame_bytes(nbytes)
+    lay = fmt.Layout.for_count(n, code)
+    _check_workspace(ws, n, lay)
+    crc = _crc_table()
+    plan = _wide()[1].Plan(ws.device, f_ptr, nbytes, o_ptr, lay, ws.ptr, ws.count, _kernels()[0].CRC_ZERO,
+                           _device_pointer(crc), crc.size)
+    plan.workspace = ws
+    return plan
 
 
 def _decode_wide_numba(frame, out, stream, workspace, code) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from .. import format as fmt
 from ..format import errors
 from .gpu_arrays import _stream_key
-from .gpu_route import _common_slots, _device_pointer, _kernels, _launch
+from .gpu_route import _common_slots, _current_device, _device_pointer, _kernels, _launch
 
 
 class Workspace:
@@ -70,9 +70,7 @@ _WORKSPACES: dict[tuple[int, int], Workspace] = {}
 
 def default_workspace(stream, n: int) -> Workspace:
     """The cached workspace of (current device, stream), grown to hold n values."""
-    runtime = _kernels()[3]
-    device = runtime.current_device_id() if runtime.SIMULATOR else _launch().current_device()
-    key = (device, _stream_key(stream))
+    key = (_current_device(), _stream_key(stream))
     ws = _WORKSPACES.get(key)
     if ws is None or not ws.fits(n):
         ws = _WORKSPACES[key] = Workspace(max(n, fmt.BLOCK * 256))
@@ -125,3 +123,33 @@ def _remember(key: tuple, plan):
 def _check_workspace(ws: Workspace, n: int, lay: fmt.Layout) -> None:
     if not ws.fits(n):
         raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")
+
+
+# What the public compress / decompress keep per signature (``gpu.py``'s ``_Kept``: the
+# workspace, the plans, the output's size and kind, the header a frame is checked against),
+# keyed by the argument kinds, sizes, stream, device and whether ``out=`` was given. A call
+# that finds its key only takes its buffers' pointers, allocates its output and launches.
+_CALLS: dict[tuple, object] = {}
+
+
+def _keep(key: tuple, kept):
+    if len(_CALLS) >= _MAX_PLANS:
+        _CALLS.clear()
+    _CALLS[key] = kept
+    return kept
+
+
+def _first_slots(plan) -> tuple:
+    """(parameter values, item-count slot, itemsize) of every array argument that names a
+    plan's first buffer (a decoder's frame, seen as words of 1, 2, 4 or 8 bytes). An array
+    argument is packed as ``launch.Params`` says: count, itemsize, pointer, shape, stride; its
+    shape slot follows the pointer."""
+    return tuple((step.params.vals, slot - 2, int(step.params.vals[slot - 1]))
+                 for step in plan.steps for slot in step.first)
+
+
+def _resize_first(slots: tuple, nbytes: int) -> None:
+    """Point the arguments ``_first_slots`` found at a first buffer of ``nbytes`` bytes (a
+    plan of a private owner only: a shared plan's key names its sizes)."""
+    for vals, at, item in slots:
+        vals[at] = vals[at + 3] = nbytes // item
