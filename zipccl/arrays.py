@@ -164,10 +164,10 @@ def check_cuda_tensor(x) -> None:
         raise ValueError("zipccl needs C-contiguous device arrays")
 
 
-def device_buffer(obj) -> tuple[int, int, int]:
+def device_buffer(obj, other=None) -> tuple[int, int, int]:
     """(device pointer, byte length, itemsize) of a C-contiguous device array, cheaply: CuPy
     arrays and torch tensors through their own attributes (cheaper than the interface),
-    anything else through ``__cuda_array_interface__``."""
+    anything else through ``__cuda_array_interface__``, or ``other(obj)`` where given."""
     k = _KINDS.get(type(obj)) or kind(obj)  # kind(), without a call when known
     if k == CUPY:
         if not obj.flags.c_contiguous:
@@ -177,6 +177,8 @@ def device_buffer(obj) -> tuple[int, int, int]:
         check_cuda_tensor(obj)
         item = obj.element_size()
         return obj.data_ptr(), obj.numel() * item, item
+    if other is not None:
+        return other(obj)
     ptr, nbytes, dt, _ = cai_buffer(obj)
     return ptr, nbytes, dt.itemsize
 

@@ -11,6 +11,8 @@ the simulator's stand-ins (NumPy memory, Numba's fake device arrays) are added t
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import format as fmt
@@ -167,14 +169,17 @@ def _u8(obj):
     return obj, _frame_buffer(obj)[1]
 
 
-def _raw(obj) -> tuple[int, int, int]:
-    """(device pointer, byte length, itemsize) of a C-contiguous device array: CuPy arrays and
-    torch tensors by ``arrays.device_buffer``, anything else by the kernels' ``interface``
+def _interface(obj) -> tuple[int, int, int]:
+    """``_raw`` of an array that is neither CuPy's nor torch's: the kernels' ``interface``
     (``__cuda_array_interface__``; the memory of a stand-in under the simulator)."""
-    if kind(obj) in _FRAMEWORK:
-        return device_buffer(obj)
     ptr, nbytes, dt, _ = _kernels()[3].interface(obj)
     return ptr, nbytes, dt.itemsize
+
+
+#: (device pointer, byte length, itemsize) of a C-contiguous device array: CuPy arrays and torch
+#: tensors by ``arrays.device_buffer``, anything else by ``_interface`` (a partial: no frame of
+#: its own on the per-call path)
+_raw = partial(device_buffer, other=_interface)
 
 
 def _values(obj) -> tuple[int, int]:
