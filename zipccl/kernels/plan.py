@@ -35,22 +35,27 @@ class Step:
 class Plan:
     """The launches of one encode or decode (``steps``, in order) on ``device``."""
 
-    __slots__ = ("device", "steps", "workspace")
+    __slots__ = ("device", "steps", "workspace", "_at")
 
     def __init__(self, device: int, steps: tuple[Step, ...]):
         self.device = device
         self.steps = steps
         self.workspace = None  # the caller's workspace object, kept alive with the plan
+        self._at = None  # the (input, output) addresses the parameters hold, once retargeted
 
     def retarget(self, a_ptr: int, b_ptr: int) -> None:
         """Point the plan at other buffers of the same sizes: the input (values to encode, or
-        the frame to decode) at ``a_ptr``, the output at ``b_ptr``."""
+        the frame to decode) at ``a_ptr``, the output at ``b_ptr`` (nothing to write where
+        they are the ones it points at)."""
+        if self._at == (a_ptr, b_ptr):
+            return
         for step in self.steps:
-            p = step.params
+            vals = step.params.vals  # Params.set, inline: one store per slot
             for slot in step.first:
-                p.set(slot, a_ptr)
+                vals[slot] = a_ptr
             for slot in step.second:
-                p.set(slot, b_ptr)
+                vals[slot] = b_ptr
+        self._at = (a_ptr, b_ptr)
 
     def launch(self, stream: int) -> None:
         """Enqueue the steps on ``stream`` (a CUstream handle as an int)."""

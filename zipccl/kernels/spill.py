@@ -538,4 +538,4 @@ def function(cupy, name: str):
 def launch(cupy, name: str, blocks: int, args: tuple[int, ...], stream) -> None:
     """Enqueue kernel ``name`` on ``stream`` (a CuPy stream): ``blocks`` x ``THREADS`` threads,
     every argument a 64-bit pointer or count."""
-    function(cupy, name)((int(blocks),), (THREADS,), tuple(np.uint64(a) for a in args), stream=stream)
+    function(cupy, name)((int(blocks),), (THREADS,), tuple(map(np.uint64, args)), stream=stream)

@@ -278,7 +278,7 @@ class CodebookPlan:
 
     def retarget(self, x_ptr: int) -> None:
         """Point the plan at other values of the same count."""
-        self.params.set(_CB_X_SLOT, x_ptr)
+        self.params.vals[_CB_X_SLOT] = x_ptr  # Params.set, inline
 
     def launch(self, stream: int) -> None:
         launch_route.launch(self.function, 1, CHOICE_TPB, stream, self.params)
