@@ -29,6 +29,7 @@ from .. import format as fmt
 from ..format import errors
 from ..format import slot as slots
 from ..kernels import spill as kern
+from .transport import cupy_stream
 
 FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
 TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
@@ -233,6 +234,7 @@ class Spills:
         self._layouts: dict[tuple, tuple] = {}  # begin's plan cache, by (op, dtype, frames)
         self._failure: BaseException | None = None
         self._closed = False
+        self._functions: dict = {}  # the spill kernels by name, on this channel's device
 
     # -- memory ------------------------------------------------------------------------------
     def _pinned(self, nbytes: int):
@@ -397,12 +399,13 @@ class Spills:
         return call
 
     def _launch(self, name: str, grid: int, args: tuple, stream) -> None:
-        if self.device:
-            from .transport import cupy_stream
-
-            kern.launch(self._cp, name, grid, args, cupy_stream(stream))
-        else:
+        if not self.device:
             kern.HOST_TWINS[name](*args)
+            return
+        fn = self._functions.get(name)  # kern.launch, its function looked up once
+        if fn is None:
+            fn = self._functions[name] = kern.function(self._cp, name)
+        fn((grid,), (kern.THREADS,), tuple(map(np.uint64, args)), stream=cupy_stream(stream))
 
     def launch_out(self, seq: int, stream=None) -> None:
         """Enqueue on ``stream`` (after the encodes of call ``seq``, before its transfer): the

@@ -235,9 +235,9 @@ def _pack(argtypes, values, flat: list[int]) -> None:
 
 def launch(function: int, grid: int, block: int, stream: int, params: Params) -> None:
     """One ``cuLaunchKernel`` of a 1-D grid on the stream handle ``stream`` (0: legacy default)."""
-    err = _LAUNCH(function, grid, 1, 1, block, 1, 1, 0, stream, params.address, 0)
-    if err:
-        check((err,), "cuLaunchKernel")
+    got = _LAUNCH(function, grid, 1, 1, block, 1, 1, 0, stream, params.address, 0)
+    if got[0]:
+        check(got, "cuLaunchKernel")
 
 
 def _launcher():
@@ -247,11 +247,7 @@ def _launcher():
     if compat.SIMULATOR:  # the stand-in that runs the kernel from the packed parameters
         from .simlaunch import launch_packed
         return launch_packed
-    launch_kernel = _driver().cuLaunchKernel
-
-    def bound(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        return launch_kernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, 0)[0]
-    return bound
+    return _driver().cuLaunchKernel  # returns (CUresult,)
 
 
 _LAUNCH = _launcher()

@@ -75,13 +75,14 @@ def arguments(function: int, params_address: int) -> list:
 
 
 def launch_packed(function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
-                  stream: int, params_address: int, extra) -> int:
-    """``cuLaunchKernel``'s arguments: run the kernel in the simulator (synchronously); 0."""
+                  stream: int, params_address: int, extra) -> tuple[int]:
+    """``cuLaunchKernel``'s arguments: run the kernel in the simulator (synchronously); its
+    result as the driver binding gives it, (0,)."""
     if shmem or extra:
         raise ValueError("the lean route launches without dynamic shared memory or extra")
     kernel = _KERNELS[function - 1]
     kernel.dispatcher[(gx, gy, gz), (bx, by, bz), 0](*arguments(function, params_address))
-    return 0
+    return (0,)
 
 
 def device_pointer(array) -> int:
