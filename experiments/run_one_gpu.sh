@@ -13,7 +13,8 @@
 #   kernels   experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
 #   codecab   the public compress / decompress (BF16: bench_codec; FP32, FP16: bench_dtypes) at
 #             CODEC_SIZES MiB, this tree, then OLD_TREE (as in hostcmp) with its own scripts
-#   api       experiments/bench_api_overhead.py (the public compress / decompress)
+#   api       experiments/bench_api_overhead.py (the public compress / decompress), then its
+#             Python calls, launches and waits per call (--count-calls)
 #   bash experiments/run_one_gpu.sh OUTDIR
 set -u
 OUTDIR=${1:?usage: run_one_gpu.sh OUTDIR}
@@ -80,5 +81,6 @@ fi
 if has api; then
   step public api
   timeout ${API_S:-200} python3 experiments/bench_api_overhead.py --out "$OUTDIR/api_overhead.jsonl" 2>&1 | tail -20
+  timeout ${API_S:-200} python3 experiments/bench_api_overhead.py --count-calls --out "$OUTDIR/api_overhead.jsonl" 2>&1 | tail -9
 fi
 step done
