@@ -71,7 +71,7 @@ if has codecab; then
     (cd "$tree" && PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_codec.py --sizes $CS \
       --variants copy api --modes eager --out "$OUTDIR/codec_ab.jsonl" 2>&1 | tail -8
      PYTHONPATH=$tree timeout ${CODEC_S:-120} python3 experiments/bench_dtypes.py \
-      --out "$OUTDIR/dtypes_ab.jsonl" gpu --sizes "${CS// /,}" 2>&1 | tail -8)
+      --out "$OUTDIR/dtypes_ab_$(basename "$tree").jsonl" gpu --sizes "${CS// /,}" 2>&1 | tail -8)
   done
 fi
 if has kernels; then
