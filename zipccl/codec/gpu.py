@@ -60,6 +60,7 @@ from .gpu_workspace import (
     _resize_first,
     _template,
     default_workspace,
+    launch_kept,
 )
 
 _FRAME_LEN_AT = fmt.FRAME_LEN_AT
@@ -205,13 +206,8 @@ def decode_into(frame, out, stream=None, workspace: Workspace | None = None,
 
 
 def _decode(f_ptr: int, nbytes: int, o_ptr: int, n: int, s: int, ws: Workspace) -> None:
-    device = ws.device
-    key = (1, nbytes, n, ws.ptr)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _remember(key, _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws))
-    plan.retarget(f_ptr, o_ptr)
-    plan.launch(s)
+    launch_kept((1, nbytes, n, ws.ptr), lambda: _decode_plan(ws.device, f_ptr, nbytes, o_ptr, n, ws),
+                f_ptr, o_ptr, s)
 
 
 def _decode_plan(device, f_ptr, nbytes, o_ptr, n, ws):

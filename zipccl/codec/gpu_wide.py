@@ -17,7 +17,15 @@ from ..arrays import torch_of
 from ..codebook import Codebook
 from .gpu_arrays import _check_frame_bytes, _frame_buffer, _raw, _stream_key, _u8, _wide_values
 from .gpu_route import _crc_table, _device_pointer, _dispatcher_route, _kernels, _wide
-from .gpu_workspace import _PLANS, Workspace, _check_workspace, _remember, _template, default_workspace
+from .gpu_workspace import (
+    _PLANS,
+    Workspace,
+    _check_workspace,
+    _remember,
+    _template,
+    default_workspace,
+    launch_kept,
+)
 
 
 def _check_wide_codebook(codebook: Codebook, code: int) -> None:
@@ -102,12 +110,8 @@ def _decode_wide_into(frame, out, stream, workspace, code) -> None:
 
 
 def _decode_wide(f_ptr, nbytes, o_ptr, n, s, ws, code) -> None:
-    key = (4, code, nbytes, n, ws.ptr)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _remember(key, _decode_wide_plan(f_ptr, nbytes, o_ptr, n, ws, code))
-    plan.retarget(f_ptr, o_ptr)
-    plan.launch(s)
+    launch_kept((4, code, nbytes, n, ws.ptr),
+                lambda: _decode_wide_plan(f_ptr, nbytes, o_ptr, n, ws, code), f_ptr, o_ptr, s)
 
 
 def _decode_wide_plan(f_ptr, nbytes, o_ptr, n, ws, code):

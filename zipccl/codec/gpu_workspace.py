@@ -120,6 +120,16 @@ def _remember(key: tuple, plan):
     return plan
 
 
+def launch_kept(key: tuple, make, a_ptr: int, b_ptr: int, stream: int) -> None:
+    """Launch the plan kept under ``key`` (``make()`` builds it the first time) from ``a_ptr``
+    (values or frame) to ``b_ptr`` on ``stream``."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, make())
+    plan.retarget(a_ptr, b_ptr)
+    plan.launch(stream)
+
+
 def _check_workspace(ws: Workspace, n: int, lay: fmt.Layout) -> None:
     if not ws.fits(n):
         raise ValueError(f"workspace holds {ws.max_blocks} blocks; {n} values need {lay.n_blocks}")

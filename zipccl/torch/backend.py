@@ -250,8 +250,7 @@ class ZipProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
         p = self.size()
         # the list form as the one-tensor call: p outputs, each of the input's shape
-        if (len(input_tensors) == 1 and len(output_tensors) == 1 and len(output_tensors[0]) == p
-                and all(o.shape == input_tensors[0].shape for o in output_tensors[0])
+        if (_list_form(input_tensors, output_tensors, p)
                 and self._takes("all_gather", (input_tensors[0], *output_tensors[0]),
                                 input_tensors[0].numel(), p * input_tensors[0].numel())):
             x, outs = input_tensors[0], output_tensors[0]
@@ -270,8 +269,7 @@ class ZipProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else ReduceScatterOptions()
         p = self.size()
         # the list form as the one-tensor call: p inputs, each of the output's shape
-        if (len(output_tensors) == 1 and len(input_tensors) == 1 and len(input_tensors[0]) == p
-                and all(i.shape == output_tensors[0].shape for i in input_tensors[0])
+        if (_list_form(output_tensors, input_tensors, p)
                 and self._takes("reduce_scatter", (output_tensors[0], *input_tensors[0]),
                                 p * output_tensors[0].numel(), output_tensors[0].numel(),
                                 opts.reduceOp)):
@@ -351,3 +349,10 @@ def stats(group=None) -> dict:
 def reset_stats(group=None) -> None:
     """Zero ``stats(group)``."""
     zip_group(group).reset_stats()
+
+
+def _list_form(ones, lists, p: int) -> bool:
+    """Whether a list-form call is one tensor (``ones``) against one list of ``p`` tensors of its
+    shape (``lists``): the form the one-tensor collectives run."""
+    return (len(ones) == 1 and len(lists) == 1 and len(lists[0]) == p
+            and all(t.shape == ones[0].shape for t in lists[0]))
