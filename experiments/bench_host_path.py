@@ -147,10 +147,10 @@ STAGES = (  # (module, owner, method): the caller's-thread stages --stages times
     ("zipccl.comm.exchange", "SlotChannel", "launch_in"),
     ("zipccl.comm.exchange", "SlotChannel", "record_error"),
     ("zipccl.comm.exchange", "SlotChannel", "check"),
-    ("zipccl.torch.functional", "Collectives", "_route"),
-    ("zipccl.torch.functional", "Collectives", "_bits"),
-    ("zipccl.torch.functional", "Collectives", "_decide"),
-    ("zipccl.torch.functional", "Collectives", "_channel"),
+    ("zipccl.torch.functional", "Collectives", "where"),
+    ("zipccl.torch.functional", "Collectives", "capturing"),
+    ("zipccl.comm.core", "Core", "agree"),
+    ("zipccl.comm.core", "Core", "count"),
 )
 
 
