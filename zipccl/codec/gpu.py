@@ -313,16 +313,8 @@ class _Kept:
 
 def _compress_kept(x, codebook, sigma, dtype, checksum, out, s) -> _Kept:
     """Every check of ``compress``'s arguments, then what its calls of this signature keep."""
-    if codebook is not None and sigma is not None:
-        raise ValueError("give either codebook= or sigma=, not both")
-    if codebook is not None and not isinstance(codebook, Codebook):
-        raise TypeError(f"codebook must be a zipccl.Codebook, got {type(codebook).__name__}")
-    xb, shape, code = _typed_view(x, dtype)
+    xb, shape, code, codebook = _compress_args(x, codebook, sigma, dtype)
     bf16 = code == fmt.DTYPE_BF16
-    if codebook is None and sigma is not None:
-        codebook = Codebook.from_sigma(sigma, code)
-    if codebook is not None and not bf16:
-        _check_wide_codebook(codebook, code)
     x_ptr, n = _values(xb) if bf16 else _wide_values(xb, code)
     k = _Kept()
     k.code, k.n, k.shape, k.size, k.checksum = code, n, shape, _raw_size(n, code), checksum
@@ -353,6 +345,16 @@ def _encode_plan_of(k: _Kept, x_ptr: int, o_ptr: int, nbytes: int, exponents):
 
 def _compress_dispatcher(x, codebook, sigma, dtype, checksum, out, stream):
     """``compress`` through Numba's dispatcher (the simulator's route)."""
+    xb, shape, code, codebook = _compress_args(x, codebook, sigma, dtype)
+    if code == fmt.DTYPE_BF16:
+        return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
+                               checksum, out, stream)
+    return _compress_wide_numba(x, xb, shape, code, codebook, checksum, out, stream)
+
+
+def _compress_args(x, codebook, sigma, dtype):
+    """``compress``'s arguments checked: (values as the codec reads them, shape, element
+    type, the codebook given or made from ``sigma``, None for one chosen from the data)."""
     if codebook is not None and sigma is not None:
         raise ValueError("give either codebook= or sigma=, not both")
     if codebook is not None and not isinstance(codebook, Codebook):
@@ -360,12 +362,9 @@ def _compress_dispatcher(x, codebook, sigma, dtype, checksum, out, stream):
     xb, shape, code = _typed_view(x, dtype)
     if codebook is None and sigma is not None:
         codebook = Codebook.from_sigma(sigma, code)
-    if code == fmt.DTYPE_BF16:
-        return _compress_numba(x, xb, shape, None if codebook is None else codebook.exponents,
-                               checksum, out, stream)
-    if codebook is not None:
+    if codebook is not None and code != fmt.DTYPE_BF16:
         _check_wide_codebook(codebook, code)
-    return _compress_wide_numba(x, xb, shape, code, codebook, checksum, out, stream)
+    return xb, shape, code, codebook
 
 
 def _compress_wide_numba(x, xw, shape, code, codebook, checksum, out, stream):

@@ -405,7 +405,7 @@ class Spills:
         fn = self._functions.get(name)  # kern.launch, its function looked up once
         if fn is None:
             fn = self._functions[name] = kern.function(self._cp, name)
-        fn((grid,), (kern.THREADS,), tuple(map(np.uint64, args)), stream=cupy_stream(stream))
+        kern.run(fn, grid, args, cupy_stream(stream))
 
     def launch_out(self, seq: int, stream=None) -> None:
         """Enqueue on ``stream`` (after the encodes of call ``seq``, before its transfer): the

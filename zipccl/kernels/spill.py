@@ -538,4 +538,9 @@ def function(cupy, name: str):
 def launch(cupy, name: str, blocks: int, args: tuple[int, ...], stream) -> None:
     """Enqueue kernel ``name`` on ``stream`` (a CuPy stream): ``blocks`` x ``THREADS`` threads,
     every argument a 64-bit pointer or count."""
-    function(cupy, name)((int(blocks),), (THREADS,), tuple(map(np.uint64, args)), stream=stream)
+    run(function(cupy, name), blocks, args, stream)
+
+
+def run(fn, blocks: int, args: tuple[int, ...], stream) -> None:
+    """``launch`` of a kernel already looked up (``function``)."""
+    fn((int(blocks),), (THREADS,), tuple(map(np.uint64, args)), stream=stream)
