@@ -253,6 +253,42 @@ def _launcher():
 _LAUNCH = _launcher()
 
 
+_CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
+_CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode
+
+
+def capture_id(stream: int) -> int | None:
+    """The id of the CUDA graph capture under way on the stream handle ``stream``, or None when
+    it is not being captured (always None under the simulator). A capture that was
+    invalidated (a call the capture forbids) raises RuntimeError."""
+    if compat.SIMULATOR:
+        return None
+    drv = _driver()
+    got = drv.cuStreamGetCaptureInfo(drv.CUstream(int(stream)))
+    status = int(check(got[:2], "cuStreamGetCaptureInfo"))
+    if status == _CAPTURE_INVALIDATED:
+        raise RuntimeError("the CUDA graph capture on this stream was invalidated by an earlier call")
+    return int(got[2]) if status == _CAPTURE_ACTIVE else None
+
+
+class relaxed_capture:
+    """Within it, this thread may make the allocations a global-mode capture forbids (pinned
+    host memory, device memory zeroed on a stream of its own): none of them is stream work of
+    the capture. (``cuThreadExchangeStreamCaptureMode``; nothing under the simulator.)"""
+
+    def __enter__(self):
+        self.mode = None
+        if not compat.SIMULATOR:
+            self.mode = check(_driver().cuThreadExchangeStreamCaptureMode(_CAPTURE_MODE_RELAXED),
+                              "cuThreadExchangeStreamCaptureMode")
+        return self
+
+    def __exit__(self, *exc):
+        if self.mode is not None:
+            check(_driver().cuThreadExchangeStreamCaptureMode(self.mode),
+                  "cuThreadExchangeStreamCaptureMode")
+
+
 class PinnedSlots:
     """A small pinned host buffer for device-to-host reads of a few bytes (one per thread)."""
 
@@ -299,4 +335,4 @@ def device_pointer(numba_array) -> int:
 
 
 __all__ = ["Kernel", "Params", "launch", "array", "I64", "int_tuple", "current_device", "pinned",
-           "device_pointer", "kernels", "compute_capability"]
+           "device_pointer", "kernels", "compute_capability", "capture_id", "relaxed_capture"]

@@ -24,6 +24,7 @@ from .. import format as fmt
 from ..format import slot as slots
 from ..format.errors import (
     ERR_PEER,
+    ERR_PROGRESS,
     ERR_SLOT_CALL,
     ERR_SLOT_HEADER,
     ERR_SLOT_SEQ,
@@ -45,6 +46,7 @@ W_IN_READY = 9  # host -> device: the requested tails are in the block
 W_IN_FREE = 10  # device -> host: the tails were copied out; the block may be reused
 W_OWN_MAX = 11  # device: the largest escape count among this rank's send frames of the call
 W_MAX_ESC = 12  # device -> host (before W_IN_REQUEST): the largest over every rank's frames
+W_HOST_FREE = 13  # host -> device (a site's ring block): the last call whose sends completed
 DESC_WORDS = 16  # u64 words per frame descriptor (128 bytes)
 D_REGION = 0  # device address of the region: slot header, then the frame
 D_SLOT = 1  # slot_bytes
@@ -62,6 +64,16 @@ DEV_WORDS = 4  # uint32
 DEV_ERR = 0
 CNT_OUT, CNT_IN, CNT_TICKET = 0, 1, 2  # the block's counters (uint32, device memory)
 COUNTERS = 3
+# -- a captured call site (``comm.spill.Sites``): u64 words in pinned mapped memory -----------
+# A call captured in a CUDA graph runs again at every replay with the same kernel arguments:
+# its sequence number and call block come from the site, not from the host. ``zipccl_spill_take``
+# counts the site's calls on the device (S_GEN), picks ring block S_BLOCKS[gen % S_RING] once the
+# progress thread is done with its previous use (W_HOST_FREE), and names it (S_BLK, S_SEQ) for
+# the spill kernels, launched with seq = 0 and the site in place of the block.
+S_GEN, S_BLK, S_SEQ, S_RING = range(4)
+S_BLOCKS = 8
+RING_MAX = 8
+SITE_WORDS = S_BLOCKS + RING_MAX
 
 _SLOT_SIZES = {name: struct.calcsize("<" + code) for name, code, _ in slots.SLOT_FIELDS}
 assert slots.SLOT_HEADER == 128 and slots.CRC_AT == 124 and _SLOT_SIZES["crc"] == 4
@@ -100,10 +112,12 @@ def _sticky_or(dev: int, ctrl: int, bits: int) -> None:
         _mem(ctrl, C_WORDS, np.uint64)[C_ERR] = np.uint64(word[DEV_ERR])
 
 
-def _spin(words: np.ndarray, at: int, seq: int) -> None:
-    """Twin of the kernels' ``__nanosleep`` spin: wait (on the CPU) until ``words[at] == seq``."""
+def _spin(words: np.ndarray, at: int, seq: int, ctrl: int) -> None:
+    """Twin of the kernels' ``__nanosleep`` spin: wait (on the CPU) until ``words[at] == seq``
+    or the progress thread failed (``ERR_PROGRESS`` in the host's error word)."""
     delay = 1e-5
-    while int(words[at]) != seq:
+    host_err = _mem(ctrl, C_WORDS, np.uint64)
+    while int(words[at]) != seq and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
         time.sleep(delay)
         delay = min(2 * delay, 1e-3)
 
@@ -234,6 +248,10 @@ __device__ void write_slot_header(u8* at, u64 seq, u64 op, u64 dtype, u64 n, u64
 extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_out(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
+    if (seq == 0) {  /* a captured site: its current call's block and sequence number */
+        seq = ld_sys(blk + S_SEQ);
+        blk = (u64*)ld_sys(blk + S_BLK);
+    }
     __shared__ unsigned long long max_esc;
     __shared__ int listed;
     __shared__ Copy list[LIST_MAX];
@@ -294,8 +312,17 @@ def send_tail(d: np.ndarray) -> tuple[int, int, int]:
     return frame_len, tail, 0
 
 
+def _site(blk: int, seq: int) -> tuple[int, int]:
+    """The kernels' preamble: (block, seq) themselves, or with seq 0 a site's current ones."""
+    if seq:
+        return blk, seq
+    site = _mem(blk, SITE_WORDS, np.uint64)
+    return int(site[S_BLK]), int(site[S_SEQ])
+
+
 def spill_out(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     """Twin of ``zipccl_spill_out``: slot headers, tails into the block, ``W_OUT_READY``."""
+    blk, seq = _site(blk, seq)
     w = _mem(blk, HEADER_WORDS, np.uint64)
     sd = _descs(blk, W_SEND_AT, W_NSEND)
     op, dtype = int(w[W_OP]), int(w[W_DTYPE])
@@ -355,6 +382,10 @@ __device__ Check check_slot(const u64* d, u64 seq, u64 op, u64 dtype, const u32*
 extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
+    if (seq == 0) {  /* a captured site, as in zipccl_spill_out */
+        seq = ld_sys(blk + S_SEQ);
+        blk = (u64*)ld_sys(blk + S_BLK);
+    }
     __shared__ u32 bits;
     __shared__ unsigned long long peer_max;
     __shared__ int due, listed, poster;
@@ -398,7 +429,8 @@ zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
         /* 2. wait on the CPU (the progress thread), never on later GPU work */
         if (threadIdx.x == 0) {
             unsigned int ns = 32;
-            while (ld_sys(blk + W_IN_READY) != seq) {
+            /* a failed progress thread raises ERR_PROGRESS: nothing is due from it then */
+            while (ld_sys(blk + W_IN_READY) != seq && !(ld_sys(ctrl + C_HOST_ERR) & ERR_PROGRESS)) {
                 __nanosleep(ns);
                 if (ns < 8192) ns *= 2;
             }
@@ -452,6 +484,7 @@ def check_slot(d: np.ndarray, seq: int, op: int, dtype: int) -> tuple[int, int, 
 def spill_in(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     """Twin of ``zipccl_spill_in``: headers checked, request posted, tails in (waits on the
     progress thread, like the kernel), ``W_IN_FREE``."""
+    blk, seq = _site(blk, seq)
     w = _mem(blk, HEADER_WORDS, np.uint64)
     rd = _descs(blk, W_RECV_AT, W_NRECV)
     op, dtype = int(w[W_OP]), int(w[W_DTYPE])
@@ -471,13 +504,54 @@ def spill_in(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     w[W_MAX_ESC] = max(int(w[W_OWN_MAX]), peer_max)
     w[W_IN_REQUEST] = seq
     if due:
-        # 2. wait on the CPU
-        _spin(w, W_IN_READY, seq)
+        # 2. wait on the CPU (a failed progress thread owes nothing)
+        _spin(w, W_IN_READY, seq, ctrl)
         # 3. the tails into the regions
         for dst, src, n in copies:
             _mem(dst, n)[:] = _mem(src, n)
     # 4. the block may be reused
     w[W_IN_FREE] = seq
+
+
+# -- a captured site's next call: its sequence number and ring block ------------------------
+
+_TAKE_CUDA = r"""
+extern "C" __global__ void zipccl_spill_take(u64* site, u64* ctrl) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const u64 gen = ld_sys(site + S_GEN) + 1, ring = ld_sys(site + S_RING);
+    u64* blk = (u64*)ld_sys(site + S_BLOCKS + gen % ring);
+    /* the block's previous call (gen - ring) done by the progress thread: a wait on the CPU */
+    unsigned int ns = 32;
+    while (ld_sys(blk + W_HOST_FREE) + ring < gen && !(ld_sys(ctrl + C_HOST_ERR) & ERR_PROGRESS)) {
+        __nanosleep(ns);
+        if (ns < 8192) ns *= 2;
+    }
+    st_sys(blk + W_SEQ, gen);
+    st_sys(site + S_BLK, (u64)blk);
+    st_sys(site + S_SEQ, gen);
+    st_sys(site + S_GEN, gen);
+    __threadfence_system();
+}
+"""
+
+
+def spill_take(site: int, ctrl: int) -> None:
+    """Twin of ``zipccl_spill_take``: the site's next call numbered, its ring block named."""
+    s = _mem(site, SITE_WORDS, np.uint64)
+    gen, ring = int(s[S_GEN]) + 1, int(s[S_RING])
+    blk = int(s[S_BLOCKS + gen % ring])
+    w = _mem(blk, HEADER_WORDS, np.uint64)
+    _spin_free(w, gen - ring, ctrl)
+    w[W_SEQ] = gen
+    s[S_BLK], s[S_SEQ], s[S_GEN] = blk, gen, gen
+
+
+def _spin_free(w: np.ndarray, last: int, ctrl: int) -> None:
+    delay = 1e-5
+    host_err = _mem(ctrl, C_WORDS, np.uint64)
+    while int(w[W_HOST_FREE]) < last and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)
 
 
 # -- a decode workspace's error bits into the sticky word ------------------------------------
@@ -495,7 +569,7 @@ def spill_record(ctrl: int, dev: int, bits: int) -> None:
 
 
 HOST_TWINS = {"zipccl_spill_out": spill_out, "zipccl_spill_in": spill_in,
-              "zipccl_spill_record": spill_record}
+              "zipccl_spill_record": spill_record, "zipccl_spill_take": spill_take}
 
 
 def defines() -> str:
@@ -509,14 +583,15 @@ def defines() -> str:
     }
     names.update({f"SO_{k.upper()}": v for k, v in slots.SLOT_OFFSET.items()})
     g = globals()
-    names.update({k: g[k] for k in g if k.startswith(("W_", "D_", "ERR_SLOT_", "ERR_PEER"))})
+    names.update({k: g[k] for k in g if k.startswith(("W_", "D_", "S_", "ERR_SLOT_", "ERR_PEER",
+                                                       "ERR_PROGRESS"))})
     return "".join(f"#define {k} {int(v)}u\n" if k.startswith(("ERR_", "SLOT_MAGIC")) else
                    f"#define {k} {int(v)}\n" for k, v in sorted(names.items()))
 
 
 def source() -> str:
     """The whole CUDA C source of the spill kernels."""
-    return defines() + _COMMON_CUDA + _OUT_CUDA + _IN_CUDA + _RECORD_CUDA
+    return defines() + _COMMON_CUDA + _OUT_CUDA + _IN_CUDA + _TAKE_CUDA + _RECORD_CUDA
 
 
 _MODULES: dict[tuple[int, int], object] = {}

@@ -1,0 +1,189 @@
+"""Captured spill sites (``zipccl.comm.spill.Sites``): the spill path of calls in a CUDA graph.
+
+A replayed graph launches the same kernels with the same arguments every time. Here two ranks
+(threads, an in-memory channel, host memory: the kernels' NumPy twins) "capture" their calls
+once (``Sites.begin``) and then "replay" them many times by running the same launches again,
+new frames in the same regions each time, some spilling: every slot header must carry the
+replay's number and every frame must land byte for byte, with a ring of two blocks per site
+that the take step reuses only once the progress thread is done with it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from test_spill import LocalChannel, _Net, _transfer
+
+from zipccl import format as fmt
+from zipccl.comm import spill
+from zipccl.format import errors
+from zipccl.format import slot as slots
+from zipccl.kernels import spill as kern
+
+SITES = (("all_gather", fmt.DTYPE_BF16, 3000), ("all_to_all", fmt.DTYPE_BF16, 5000))
+CAPACITY = 64  # escape bytes per slot: most frames can spill
+
+
+def _frame(rng, n: int, code: int, spill_it: bool) -> np.ndarray:
+    slot = slots.slot_bytes(n, code, CAPACITY)
+    fit, most = slot - slots.SLOT_HEADER, fmt.max_compressed_size(n, code)
+    assert most > fit  # the sizes of SITES can spill
+    length = int(rng.integers(fit + 1, most + 1) if spill_it else rng.integers(128, fit + 1))
+    b = rng.integers(0, 256, length, dtype=np.uint8)
+    b[fmt.FRAME_LEN_AT:fmt.FRAME_LEN_AT + 8] = np.array([length], "<u8").view(np.uint8)
+    b[fmt.N_ESCAPES_AT:fmt.N_ESCAPES_AT + 8] = np.array([int(rng.integers(0, 1 << 20))], "<u8").view(np.uint8)
+    return b
+
+
+def _aligned(nbytes: int):
+    raw = np.full(nbytes + 128, 0x5A, np.uint8)
+    off = -int(raw.ctypes.data) % 128
+    return raw[off:off + nbytes]
+
+
+class _Rank:
+    """One rank's captured calls: per site one frame toward the peer, one from it."""
+
+    def __init__(self, rank: int, peer: int, sp: spill.Spills, sites: spill.Sites):
+        self.rank, self.peer, self.sp, self.sites = rank, peer, sp, sites
+        self.calls = []
+        for op, code, n in SITES:
+            region = slots.region_bytes(n, code)
+            slot = slots.slot_bytes(n, code, CAPACITY)
+            send, recv = _aligned(region), _aligned(region)
+            site = sites.begin(op, code, [(self.peer, int(send.ctypes.data), slot, region, n)],
+                               [(self.peer, int(recv.ctypes.data), slot, region, n)])
+            self.calls.append((op, code, n, slot, send, recv, site))
+
+    def replay(self, gen: int, move, spill_rate: float) -> list[str]:
+        """Every captured call once, as a replay runs them; returns what landed wrong."""
+        problems = []
+        for k, (op, code, n, slot, send, recv, site) in enumerate(self.calls):
+            mine = _frame(np.random.default_rng([gen, k, self.rank]), n, code,
+                          np.random.default_rng([gen, k, self.rank, 1]).random() < spill_rate)
+            theirs = _frame(np.random.default_rng([gen, k, self.peer]), n, code,
+                            np.random.default_rng([gen, k, self.peer, 1]).random() < spill_rate)
+            send[128:128 + mine.size] = mine
+            self.sites.launch_out(site)
+            move([(self.peer, send[:slot])], [(self.peer, recv[:slot])])
+            self.sites.launch_in(site)
+            h = slots.parse_slot_header(recv[:128])
+            if h.seq != gen or h.op != slots.OP_CODES[op] or h.frame_len != theirs.size:
+                problems.append(f"replay {gen} site {k}: slot header {h}")
+            if not np.array_equal(recv[128:128 + theirs.size], theirs):
+                problems.append(f"replay {gen} site {k}: frame differs")
+        return problems
+
+
+def _two_ranks(body, nets=None):
+    nets = nets or (_Net(), _Net())
+    errs = []
+
+    def run(rank):
+        try:
+            sp = spill.Spills(LocalChannel(nets[0], rank, 2), device=False)
+            body(rank, sp)
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errs:
+        raise errs[0]
+
+
+def test_replays_move_every_tail_exactly():
+    slot_net, site_net = _Net(), _Net()
+    out = {}
+
+    def body(rank, sp):
+        sites = spill.Sites(sp, LocalChannel(site_net, rank, 2), ring=2)
+        r = _Rank(rank, 1 - rank, sp, sites)
+        problems, move = [], _transfer(slot_net, rank)
+        for gen in range(1, 41):
+            problems += r.replay(gen, move, 0.5 if gen <= 20 else 0.05)
+        out[rank] = {"problems": problems, "stats": sites.stats(), "error": sp.error(),
+                     "free": [int(b.words[kern.W_HOST_FREE]) for s in sites._sites for b in s.blocks]}
+        sites.close()
+        sp.close()
+
+    _two_ranks(body, (slot_net, _Net()))
+    for r in range(2):
+        assert out[r]["problems"] == []
+        assert out[r]["error"] == 0
+        assert out[r]["stats"]["sites"] == 2 and out[r]["stats"]["blocks"] == 4  # nothing grew
+        assert max(out[r]["free"]) >= 39  # the ring's blocks were handed back call after call
+
+
+class _BrokenChannel(LocalChannel):
+    def isend(self, data, peer, tag):
+        raise ConnectionError("the host channel broke")
+
+
+def _to_self(moves, lands):
+    for (_, src), (_, dst) in zip(moves, lands, strict=True):
+        dst[:] = src
+
+
+def test_one_rank_loopback_replays():
+    """One rank, its own peer (the loopback mode): tails go to itself through the thread."""
+    sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
+    sites = spill.Sites(sp, LocalChannel(_Net(), 0, 1))
+    r = _Rank(0, 0, sp, sites)
+    problems = []
+    for gen in range(1, 21):
+        problems += r.replay(gen, _to_self, 0.7)
+    assert problems == [] and sp.error() == 0
+    sites.close()
+    sp.close()
+
+
+def test_a_failed_thread_never_leaves_a_replay_waiting():
+    """The site channel breaks at the first tail: the thread raises ERR_PROGRESS, so the
+    spill-in and take steps of this and later replays return at once (no hang), the error
+    word says so, and close() raises what the thread failed with."""
+    sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
+    sites = spill.Sites(sp, _BrokenChannel(_Net(), 0, 1))
+    r = _Rank(0, 0, sp, sites)
+    done = threading.Event()
+
+    def replays():
+        for gen in range(1, 5):  # ring 2: replays 3 and 4 take blocks never handed back
+            r.replay(gen, _to_self, 1.0)
+        done.set()
+
+    t = threading.Thread(target=replays, daemon=True)
+    t.start()
+    assert done.wait(30), "a replay waited for a failed progress thread"
+    assert sp.error() & errors.ERR_PROGRESS
+    with pytest.raises(RuntimeError, match="progress thread failed") as e:
+        sites.close()
+    assert isinstance(e.value.__cause__, ConnectionError)
+    sp.close()
+
+
+def test_close_stops_a_thread_that_waits_for_a_replay():
+    sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
+    sites = spill.Sites(sp, LocalChannel(_Net(), 0, 2))
+    buf = _aligned(8192)
+    ptr = int(buf.ctypes.data)
+    sites.begin("all_gather", "bfloat16", [(1, ptr, 1024, 2048, 100)], [(1, ptr + 4096, 1024, 2048, 100)])
+    sites.close(timeout=5)
+    assert not sites._thread.is_alive() and sites.channel.closed
+    with pytest.raises(RuntimeError, match="after close"):
+        sites.begin("all_gather", "bfloat16", [], [])
+    sp.close()
+
+
+def test_ring_size_is_checked():
+    sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
+    for ring in (1, kern.RING_MAX + 1):
+        with pytest.raises(ValueError, match="ring"):
+            spill.Sites(sp, LocalChannel(_Net(), 0, 2), ring=ring)
+    sp.close()
