@@ -15,6 +15,9 @@ library's launches: ``launches_per_call`` (kernels), ``copies_per_call`` (copies
 ``graph_launches_per_call``. Over gloo the transport itself blocks (it copies through the host);
 that is the transport's time, not zipccl's, and is what NCCL removes.
 
+``--graph`` (NCCL only): each call is also captured in a CUDA graph and replayed; its record
+(``graph: true``) times one ``replay()``, the whole call with the transport inside.
+
 ``--queue-ms`` (NCCL only): a kernel of that many milliseconds is queued on the stream
 before each call; ``returned_before_kernel`` says whether the call returned while it still
 ran (NCCL's contract). Results are checked bit for bit against the native collective before
@@ -293,6 +296,8 @@ def run(rank: int, p: int, args) -> list[dict]:
                 rec["queue_ms"] = args.queue_ms
                 rec["returned_before_kernel"] = float(np.mean(returned_early))
             recs.append(rec)
+            if args.graph:
+                recs.append(graph_record(call, rec, args, out, ref, sync))
             if rank == 0:
                 print(f"{op:15s} {mib:7.2f} MiB  call {rec['call_us']:9.1f} us  transport "
                       f"{rec['transport_us']:9.1f}  zipccl {rec['zipccl_us']:7.1f}  waits/call "
@@ -300,6 +305,45 @@ def run(rank: int, p: int, args) -> list[dict]:
                       f"blocks made {rec['spill_block_allocations']}  launches "
                       f"{rec['launches_per_call']}/{rec['copies_per_call']}  exact {exact}", flush=True)
     return recs
+
+
+def graph_record(call, eager: dict, args, out, ref, sync) -> dict:
+    """``call`` captured in a CUDA graph (``torch.cuda.graph``, after a warm-up call on a side
+    stream) and replayed: the host time of one ``replay()``, which is the whole call (the
+    transport's NCCL call is inside the graph), its launches, and whether it stayed exact."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    with torch.cuda.graph(graph):
+        call()
+    capture_ms = 1e3 * (time.perf_counter() - t0)
+    out.zero_()
+    graph.replay()
+    sync()
+    exact = eager["op"] == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+    for _ in range(args.calls if args.warmup is None else args.warmup):
+        graph.replay()
+    sync()
+    work = device_work(graph.replay, sync)
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        graph.replay()
+    us = 1e6 * (time.perf_counter() - t0) / args.calls
+    sync()
+    rec = {k: eager[k] for k in ("bench", "op", "mib_per_rank", "nranks", "backend", "calls", "device",
+                                 "loopback", "warmup", "compressed")}
+    rec.update({"graph": True, "exact": exact, "call_us": us, "transport_us": 0.0, "zipccl_us": us,
+                "launches_per_call": work.get("kernels"), "copies_per_call": work.get("copies"),
+                "graph_launches_per_call": work.get("graph_launches"), "capture_ms": capture_ms})
+    print(f"{eager['op']:15s} {eager['mib_per_rank']:7.2f} MiB  graph replay {us:7.1f} us host  "
+          f"(capture {capture_ms:.0f} ms)  launches {rec['launches_per_call']}/"
+          f"{rec['graph_launches_per_call']} graph  exact {exact}", flush=True)
+    return rec
 
 
 def single_process_costs(args) -> list[dict]:
@@ -326,11 +370,12 @@ def single_process_costs(args) -> list[dict]:
     ctrl_ptr = np.frombuffer(ctrl, dtype=np.uint8, count=128).ctypes.data
     ev, s2 = cupy.cuda.Event(disable_timing=True), cupy.cuda.Stream(non_blocking=True)
     stream = eng.encode_stream()
+    record_fn = kern.function(cupy, "zipccl_spill_record")
     cases = {
         "encode_slot (choice + encoder plans)": lambda: eng.encode_slot(vals, region),
         "decode_into (plan)": lambda: eng.gpu.decode_into(frame, out, stream, workspace=ws),
-        "spill record kernel (CuPy RawModule launch)": lambda: kern.launch(
-            cupy, "zipccl_spill_record", 1, (ctrl_ptr, words.data.ptr, words.data.ptr), stream),
+        "spill record kernel (CuPy RawModule launch)": lambda: kern.run(
+            record_fn, 1, (ctrl_ptr, words.data.ptr, words.data.ptr), stream),
         "event record + wait_event": lambda: (ev.record(stream), s2.wait_event(ev)),
         "torch -> CuPy view": lambda: _cupy_view(x.view(torch.int16)),
     }
@@ -408,6 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls-by-function", default="",
                     help="append, per op and size, how often one warm call enters each zipccl "
                          "function (rank 0) to this JSON-lines file")
+    ap.add_argument("--graph", action="store_true",
+                    help="also capture each call in a CUDA graph and time its replay (NCCL)")
     ap.add_argument("--single", action="store_true",
                     help="one process: the host cost of the slot path's launch-bearing pieces alone")
     ap.add_argument("--stages", action="store_true",

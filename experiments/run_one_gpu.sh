@@ -13,6 +13,8 @@
 #   kernels   experiments/kernels/v6_round.sh (library kernels before/after, v6 variants)
 #   codecab   the public compress / decompress (BF16: bench_codec; FP32, FP16: bench_dtypes) at
 #             CODEC_SIZES MiB, this tree, then OLD_TREE (as in hostcmp) with its own scripts
+#   graph     the CUDA-graph GPU tests (tests/test_graph_gpu.py), then bench_host_path.py on one
+#             rank over NCCL (loopback) with each call also captured and replayed (--graph)
 #   api       experiments/bench_api_overhead.py (the public compress / decompress), then its
 #             Python calls, launches and waits per call (--count-calls)
 #   bash experiments/run_one_gpu.sh OUTDIR
@@ -48,6 +50,13 @@ fi
 if has host; then
   step host path
   timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --out "$OUTDIR/host_path.jsonl" 2>&1 | tail -20
+fi
+if has graph; then
+  step "CUDA graphs: GPU tests"
+  timeout ${GRAPH_TEST_S:-400} python3 -m pytest -m gpu -q tests/test_graph_gpu.py --junitxml "$OUTDIR/graph_tests.xml" 2>&1 | tail -15
+  step "CUDA graphs: host path, one rank over NCCL, loopback, eager and replayed"
+  timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --ranks 1 --loopback --backend nccl --graph \
+    --sizes-mib ${HOST_SIZES:-1,16,64} --out "$OUTDIR/host_path.jsonl" 2>&1 | grep -v Warn | tail -12
 fi
 if has hostcmp; then
   SZ=${HOST_SIZES:-1,16,64}

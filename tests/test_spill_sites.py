@@ -1,4 +1,4 @@
-"""Captured spill sites (``zipccl.comm.spill.Sites``): the spill path of calls in a CUDA graph.
+"""Captured spill sites (``zipccl.comm.spill_sites.Sites``): the spill path of calls in a CUDA graph.
 
 A replayed graph launches the same kernels with the same arguments every time. Here two ranks
 (threads, an in-memory channel, host memory: the kernels' NumPy twins) "capture" their calls
@@ -17,7 +17,7 @@ import pytest
 from test_spill import LocalChannel, _Net, _transfer
 
 from zipccl import format as fmt
-from zipccl.comm import spill
+from zipccl.comm import spill, spill_sites
 from zipccl.format import errors
 from zipccl.format import slot as slots
 from zipccl.kernels import spill as kern
@@ -46,7 +46,7 @@ def _aligned(nbytes: int):
 class _Rank:
     """One rank's captured calls: per site one frame toward the peer, one from it."""
 
-    def __init__(self, rank: int, peer: int, sp: spill.Spills, sites: spill.Sites):
+    def __init__(self, rank: int, peer: int, sp: spill.Spills, sites: spill_sites.Sites):
         self.rank, self.peer, self.sp, self.sites = rank, peer, sp, sites
         self.calls = []
         for op, code, n in SITES:
@@ -103,7 +103,7 @@ def test_replays_move_every_tail_exactly():
     out = {}
 
     def body(rank, sp):
-        sites = spill.Sites(sp, LocalChannel(site_net, rank, 2), ring=2)
+        sites = spill_sites.Sites(sp, LocalChannel(site_net, rank, 2), ring=2)
         r = _Rank(rank, 1 - rank, sp, sites)
         problems, move = [], _transfer(slot_net, rank)
         for gen in range(1, 41):
@@ -134,7 +134,7 @@ def _to_self(moves, lands):
 def test_one_rank_loopback_replays():
     """One rank, its own peer (the loopback mode): tails go to itself through the thread."""
     sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
-    sites = spill.Sites(sp, LocalChannel(_Net(), 0, 1))
+    sites = spill_sites.Sites(sp, LocalChannel(_Net(), 0, 1))
     r = _Rank(0, 0, sp, sites)
     problems = []
     for gen in range(1, 21):
@@ -149,7 +149,7 @@ def test_a_failed_thread_never_leaves_a_replay_waiting():
     spill-in and take steps of this and later replays return at once (no hang), the error
     word says so, and close() raises what the thread failed with."""
     sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
-    sites = spill.Sites(sp, _BrokenChannel(_Net(), 0, 1))
+    sites = spill_sites.Sites(sp, _BrokenChannel(_Net(), 0, 1))
     r = _Rank(0, 0, sp, sites)
     done = threading.Event()
 
@@ -170,7 +170,7 @@ def test_a_failed_thread_never_leaves_a_replay_waiting():
 
 def test_close_stops_a_thread_that_waits_for_a_replay():
     sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
-    sites = spill.Sites(sp, LocalChannel(_Net(), 0, 2))
+    sites = spill_sites.Sites(sp, LocalChannel(_Net(), 0, 2))
     buf = _aligned(8192)
     ptr = int(buf.ctypes.data)
     sites.begin("all_gather", "bfloat16", [(1, ptr, 1024, 2048, 100)], [(1, ptr + 4096, 1024, 2048, 100)])
@@ -185,5 +185,5 @@ def test_ring_size_is_checked():
     sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
     for ring in (1, kern.RING_MAX + 1):
         with pytest.raises(ValueError, match="ring"):
-            spill.Sites(sp, LocalChannel(_Net(), 0, 2), ring=ring)
+            spill_sites.Sites(sp, LocalChannel(_Net(), 0, 2), ring=ring)
     sp.close()

@@ -161,28 +161,45 @@ def test_a_changed_call_plans_again(xp, monkeypatch):
         assert P == 1 or c.last_stats.wire_bytes < c.last_stats.raw_bytes  # compressed again
 
 
-def test_a_compressed_call_inside_a_graph_capture_is_refused():
+def test_a_compressed_call_inside_a_graph_capture(monkeypatch):
     """On a stream being captured into a CUDA graph (every rank capturing, as a captured
-    training step does) a compressed call, replayed or new, raises before anything is
-    enqueued; a native call is the transport's own and goes on; after the capture the kept
-    plan still replays, exact."""
+    training step does) the kept call goes through its slot channel's captured sites and moves
+    exact bytes (the stand-in runs at once what a replay would run); a new signature (it would
+    agree and allocate) and a call over a transport that cannot be captured (MPI, host-staged)
+    raise before anything is enqueued; a native call is the transport's own and goes on; after
+    the capture the kept plan still replays, exact."""
     place = Place("cupy")
+    import contextlib
+
     import fake_cupy  # the stand-in's capture switch (a real run would begin a graph capture)
 
     from zipccl.comm import CollectiveError
+    from zipccl.kernels import launch
 
+    monkeypatch.setattr(launch, "capture_id", lambda stream: 7)  # the driver's capture id
+    monkeypatch.setattr(launch, "relaxed_capture", contextlib.nullcontext)
     send, recv = arrays(place, "all_gather", 3)
     gathered = np.empty(P * send.size, np.uint16)
     WORLD.Allgather(place.bits(send).copy(), gathered)
     stream = place.xp.cuda.Stream()
-    with communicator() as c, zipccl.Communicator(WORLD, policy=Policy("never")) as native:
+    kw = {"policy": Policy("always", loopback=True), "chunk_bytes": CHUNK}
+    with communicator() as c, zipccl.Communicator(WORLD, policy=Policy("never")) as native, \
+            zipccl.Communicator(WORLD, backend="mpi", **kw) as staged:
         call(c, place, "all_gather", send, recv, stream=stream)  # planned, kept
+        call(staged, place, "all_gather", send, recv, stream=stream)
         fake_cupy.CAPTURING.add(stream.ptr)
         try:
-            for s in (send, send[:-1]):  # the kept plan's arrays, then a new signature
-                r = recv if s is send else place.array(np.zeros(P * s.size, np.uint16))
-                with pytest.raises(CollectiveError, match="CUDA graph"):
-                    call(c, place, "all_gather", s, r, stream=stream)
+            recv[...] = 0
+            call(c, place, "all_gather", send, recv, stream=stream)  # through captured sites
+            assert np.array_equal(place.bits(recv), gathered)
+            (ch,) = c._core.channels().values()
+            assert list(ch._captures) == [7] and ch._captures[7].sites.stats()["sites"] >= 2
+            r = place.array(np.zeros(P * (send.size - 1), np.uint16))
+            with pytest.raises(CollectiveError, match="outside the capture first"):
+                call(c, place, "all_gather", send[:-1], r, stream=stream)
+            with pytest.raises(CollectiveError, match="mpi transport cannot be captured"):
+                call(staged, place, "all_gather", send, recv, stream=stream)
+            recv[...] = 0
             call(native, place, "all_gather", send, recv, stream=stream)
             assert np.array_equal(place.bits(recv), gathered)
         finally:
@@ -190,4 +207,4 @@ def test_a_compressed_call_inside_a_graph_capture_is_refused():
         recv[...] = 0
         call(c, place, "all_gather", send, recv, stream=stream)
         assert np.array_equal(place.bits(recv), gathered)
-        assert c.stats.compressed_calls == 2
+        assert c.stats.compressed_calls == 3

@@ -494,8 +494,9 @@ class Communicator(Front):
 
         try:
             return bool(cupy.cuda.runtime.streamIsCapturing(stream_ptr(call.stream)))
-        except cupy.cuda.runtime.CUDARuntimeError:  # a capture elsewhere forbids this stream's use
-            return True
+        except cupy.cuda.runtime.CUDARuntimeError as e:  # an invalidated capture
+            raise CollectiveError(f"zipccl {call.op}: the CUDA graph capture on this stream was "
+                                  f"invalidated by an earlier call") from e
 
     def spills(self, eng, stream):
         """The spill channel of compressed calls on the engine's memory (host or device, one

@@ -11,7 +11,7 @@ docs/ARCHITECTURE.md draws the path; ``agreement``'s docstring says what is agre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from .host import HostEngine
 from .plans import Plan, Plans
 from .policy import NOT_CODED, Decision, Policy
 from .stats import Stats
+from .transport import stream_ptr
 
 #: the collectives by name: each file fills the same interface (describe, run, bind)
 COLLECTIVES = {m.OP: m for m in (all_gather, reduce_scatter, all_to_all, all_reduce)}
@@ -151,14 +152,11 @@ class Core:
     def channels(self) -> dict:
         return self._channels
 
-    def close_channels(self, timeout: float | None = None) -> None:
-        """Close every slot channel (their spill threads) and forget them."""
+    def close_channels(self, timeout: float | None = 60.0) -> None:
+        """Close every slot channel (their spill threads, the captures' too) and forget them."""
         channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
-            if timeout is None:
-                ch.close()
-            else:
-                ch.spills.close(timeout=timeout)
+            ch.close(timeout=timeout)
 
     def route(self, call: Call, decision: Decision, eng, tr) -> Route:
         """Where ``call`` runs as ``decision`` says (its chunk for the type; loopback on one rank)."""
@@ -187,14 +185,16 @@ class Core:
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
             call = plan.call
             device = call.send.device
-            if device:
-                _refuse_capture(front, call, ctx)
             self.last_decision = plan.decision
-            self.agree(plan, plan.link, device)
+            route = plan.route
+            if not (device and front.capturing(call, ctx)):
+                self.agree(plan, plan.link, device)
+            else:
+                route = self.captured(call, plan, plan.link, route, route.channel)
             plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
             if device:
                 front.where(call, ctx)  # the engine on the call's stream
-            self.run(call, plan.route, True, extra)
+            self.run(call, route, True, extra)
             return None
         if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
             plan.run()
@@ -211,8 +211,14 @@ class Core:
             sig = call.sig(link.agreement.settings)
             plan = Plan(sig, sig_hash(sig), decided, bool(call.code is not None and decided.compress))
             self.last_decision = decided
-        if plan.compress and call.device:
-            _refuse_capture(front, call, ctx)
+        if plan.compress and call.device and front.capturing(call, ctx):
+            # agreed and set up by a call before the capture, or refused
+            eng, tr = front.where(call, ctx)
+            route = self.route(call, plan.decision, eng, tr)
+            route = self.captured(call, plan, link, route, self._channels.get(front.spills(eng, ctx)[0]))
+            route.channel.parent.raw = plan.decision.raw
+            self.run(call, route, True, extra)
+            return None
         if not agreed and (plan.compress or call.device or key is None or link.native_host):
             self.agree(plan, link, call.device)
         if native is not None and not plan.compress:
@@ -295,6 +301,30 @@ class Core:
             if ag.remember(plan.sig):  # all agreed signatures forgotten: their plans too
                 self.plans.clear()
 
+    def captured(self, call: Call, plan: Plan, link: Link, route: Route, channel) -> Route:
+        """``route`` for ``call`` inside the CUDA graph capture on its stream: its slot
+        ``channel``'s sites of that capture (``exchange.CapturedChannel``). Refused with
+        CollectiveError, before anything is enqueued and alike on every rank that captures,
+        where a replay could not run it: a transport that cannot be captured, FP16 (its
+        codebook comes from a host-side sample), or a signature not agreed and set up by a
+        call outside the capture (the agreement and the first buffers wait for the device)."""
+        why = None
+        if not getattr(route.tr, "capturable", False):
+            why = (f"the {route.tr.name} transport cannot be captured (only NCCL records into "
+                   f"a CUDA graph)")
+        elif call.send.code == fmt.DTYPE_FP16:
+            why = "an FP16 call's codebook comes from a host-side sample, which a replay cannot renew"
+        elif channel is None or plan.sig not in link.agreement.agreed or link.verify != "first":
+            why = ("its signature must be agreed and its buffers made by a call outside the "
+                   "capture first (run the step once before capturing it, as CUDA graphs ask), "
+                   "with verify='first'")
+        if why is not None:
+            raise CollectiveError(f"zipccl {call.op}: a compressed call cannot be captured here: "
+                                  f"{why}; or call it with policy='never' inside the capture")
+        from ..kernels.launch import capture_id  # numba.cuda: device calls only
+
+        return replace(route, channel=channel.captured(capture_id(stream_ptr(call.stream))))
+
     # -- running and counting -------------------------------------------------------------------
     def run(self, call: Call, route: Route, compress: bool, extra: Stats | None = None) -> ExchangeStats:
         """Run ``call`` through its collective's file and count it."""
@@ -348,16 +378,6 @@ def not_coded(coded: bool, reduce: str | None) -> str | None:
     if reduce is not None and reduce not in CODED_REDUCTIONS:
         return own_reduction(reduce)
     return None
-
-
-def _refuse_capture(front: Front, call: Call, ctx) -> None:
-    """A compressed call cannot be captured in a CUDA graph yet: its spill path takes per-call
-    values (sequence numbers, call blocks) from the host, which a replay would not renew.
-    Refused before anything is enqueued, alike on every rank that captures."""
-    if front.capturing(call, ctx):
-        raise CollectiveError(f"zipccl {call.op}: a compressed collective cannot be captured in "
-                              f"a CUDA graph yet; call it outside the capture, or with "
-                              f"policy='never' inside it (the transport's own collective)")
 
 
 def own_reduction(reduce: str) -> str:

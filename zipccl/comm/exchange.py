@@ -232,6 +232,18 @@ class SlotChannel:
         self._pending: deque = deque()  # (seq, site, n, code) of rounds to observe
         self._site = None
         self.raw = False
+        self._captures: dict[int, CapturedChannel] = {}  # by CUDA graph capture id
+
+    def captured(self, capture: int) -> CapturedChannel:
+        """This channel's calls inside the CUDA graph capture ``capture`` (made at its first
+        compressed call, which every rank makes at the same point of the same capture)."""
+        got = self._captures.get(capture)
+        if got is None:
+            from .spill_sites import Sites
+
+            got = self._captures[capture] = CapturedChannel(
+                self, Sites(self.spills, self.spills.channel.twin()))
+        return got
 
     def check(self, op: str) -> None:
         """Raise the sticky error of an earlier call (a read of mapped memory, no wait)."""
@@ -318,5 +330,46 @@ class SlotChannel:
         base = int(getattr(ws, "ptr", 0) or 0) or address(ws.array)
         self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
 
-    def close(self) -> None:
-        self.spills.close()
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Stop the progress threads (the captures' first: their graphs must no longer be
+        replayed), close the host channels."""
+        captures, self._captures = list(self._captures.values()), {}
+        for c in captures:
+            c.sites.close(timeout=timeout)
+        self.spills.close(timeout=timeout)
+
+
+class CapturedChannel:
+    """A slot channel's calls captured in one CUDA graph: the channel's capacity rule (as it
+    stands at the capture: a replay cannot change a slot's size), error word and RAW setting,
+    with the spills of captured sites (``spill_sites.Sites``) in place of numbered calls. A replay
+    runs the rounds as captured; nothing is observed for the capacity rule."""
+
+    def __init__(self, parent: SlotChannel, sites):
+        self.parent, self.sites = parent, sites
+
+    @property
+    def raw(self) -> bool:
+        return self.parent.raw
+
+    def check(self, op: str) -> None:
+        self.parent.check(op)
+
+    def site(self, op: str, uniform: bool) -> None:
+        self.parent.site(op, uniform)
+
+    def capacity(self, n: int, code: int) -> int:
+        return self.parent.capacity(n, code)
+
+    def begin(self, op: str, code: int, out, inn):
+        """A captured site for the round's frames (in place of a sequence number)."""
+        return self.sites.begin(op, code, out, inn)
+
+    def launch_out(self, site, stream) -> None:
+        self.sites.launch_out(site, stream)
+
+    def launch_in(self, site, stream) -> None:
+        self.sites.launch_in(site, stream)
+
+    def record_error(self, stream, ws) -> None:
+        self.parent.record_error(stream, ws)

@@ -72,6 +72,8 @@ class HostChannel(Protocol):
 
     def recv(self, out: np.ndarray, peer: int, tag: int) -> None: ...
 
+    def twin(self) -> HostChannel: ...
+
     def close(self) -> None: ...
 
 
@@ -110,6 +112,10 @@ class MPIChannel:
     def isend(self, data: np.ndarray, peer: int, tag: int) -> SendHandle:
         req = self.comm.Isend(data, dest=peer, tag=tag)
         return SendHandle(req.Wait, req.Test, data)
+
+    def twin(self) -> MPIChannel:
+        """Another channel over the same ranks (a collective call, like this one's making)."""
+        return MPIChannel(self.comm)
 
     def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
         status = self._mpi.Status()
@@ -402,7 +408,7 @@ class Spills:
         if not self.device:
             kern.HOST_TWINS[name](*args)
             return
-        fn = self._functions.get(name)  # kern.launch, its function looked up once
+        fn = self._functions.get(name)  # each kernel looked up once
         if fn is None:
             fn = self._functions[name] = kern.function(self._cp, name)
         kern.run(fn, grid, args, cupy_stream(stream))
@@ -574,181 +580,3 @@ def _move_tails(channel: HostChannel, block, seq: int, send, recv, wait, observe
             channel.recv(out, int(d[kern.D_PEER]), int(d[kern.D_TAG]))
     block.words[kern.W_IN_READY] = seq
     return sends
-
-
-class _Stopped(Exception):
-    """``Sites.close`` while the progress thread waited for a replay."""
-
-
-class _RingBlock:
-    """A call block of a captured site: pinned mapped host memory, its layout written once."""
-
-    def __init__(self, owner: Spills, size: int, lay: tuple):
-        op, code, ns, nr, recv_at, tails_at, _, template, ordinal, _ = lay
-        self.mem, self.u8 = owner._pinned(size)
-        self.u8[:] = 0
-        self.ptr = int(self.u8.ctypes.data)
-        self.words = self.u8[:8 * kern.HEADER_WORDS].view(np.uint64)
-        w = self.words
-        w[kern.W_OP], w[kern.W_DTYPE], w[kern.W_NSEND], w[kern.W_NRECV] = op, code, ns, nr
-        w[kern.W_SEND_AT], w[kern.W_RECV_AT] = 8 * kern.HEADER_WORDS, recv_at
-        descs = self.u8[8 * kern.HEADER_WORDS:tails_at].view(np.uint64)
-        descs = descs[:kern.DESC_WORDS * (ns + nr)].reshape(ns + nr, kern.DESC_WORDS)
-        descs[:] = template
-        self.send, self.recv = descs[:ns], descs[ns:]
-
-
-class _Site:
-    """One call site of a captured graph: its words (pinned, read by the kernels), its ring of
-    call blocks, its kernels' counters and grids, and its tags."""
-
-    def __init__(self, owner: Sites, index: int, lay: tuple):
-        sp = owner.spills
-        self.index = index
-        self.mem, raw = sp._pinned(8 * kern.SITE_WORDS)
-        self.words = raw.view(np.uint64)
-        self.words[:] = 0
-        self.ptr = int(raw.ctypes.data)
-        self.blocks = [_RingBlock(sp, lay[6], lay) for _ in range(owner.ring)]
-        self.words[kern.S_RING] = owner.ring
-        self.words[kern.S_BLOCKS:kern.S_BLOCKS + owner.ring] = [b.ptr for b in self.blocks]
-        self.counters, self.counters_ptr = owner._zeros(kern.COUNTERS)
-        self.grid_out, self.grid_in = lay[9]
-        tags = (index % TAG_CALLS) * TAG_FRAMES + lay[8]  # the site's tags: the same every replay
-        for b in self.blocks:
-            b.send[:, kern.D_TAG] = tags[:len(b.send)]
-            b.recv[:, kern.D_TAG] = tags[len(b.send):]
-
-
-class Sites:
-    """The spills of the compressed calls captured in one CUDA graph (``SlotChannel.captured``).
-
-    A replayed graph launches the same kernels with the same arguments every time, so nothing
-    can come from the host per call: every captured call is a *site* with its own words and a
-    ring of ``ring`` call blocks; ``zipccl_spill_take`` numbers the site's calls on the device
-    and picks the block (``kernels.spill``). The graph's calls run in the same order at every
-    replay and on every rank (a capture records them in the order the host made them), so the
-    progress thread, with a host channel of its own, handles site 0, 1, ... of replay 1, then of
-    replay 2, ..., each as ``Spills`` handles an eager call: tails out, tails in, the flag. A
-    block goes back to its site once the sends of its call completed (``W_HOST_FREE``); the
-    take kernel of a call waits for that on the CPU, never on later GPU work. Errors go into
-    ``spills``' sticky word. ``close()`` stops the thread (replays after it would wait forever:
-    close once the graph is no longer replayed).
-    """
-
-    def __init__(self, spills: Spills, channel: HostChannel, *, ring: int = 2):
-        if not 2 <= ring <= kern.RING_MAX:
-            raise ValueError(f"ring must be in [2, {kern.RING_MAX}], got {ring}")
-        self.spills = spills
-        self.channel = channel
-        self.ring = int(ring)
-        self.device = spills.device
-        self._sites: list[_Site] = []
-        self._thread: threading.Thread | None = None
-        self._stop = False
-        self._failure: BaseException | None = None
-
-    def _zeros(self, count: int):
-        """(array, address) of ``count`` zeroed uint32 words, during a capture: on a stream of
-        their own, waited for (none of it is the capture's stream work)."""
-        sp = self.spills
-        if not self.device:
-            return sp._device_words(count)
-        cp = sp._cp
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            a = cp.zeros(count, dtype=cp.uint32)
-        stream.synchronize()
-        return a, int(a.data.ptr)
-
-    def begin(self, op, dtype, sends: Sequence, recvs: Sequence) -> _Site:
-        """A new site for a captured call of these frames (``Spills.begin``'s arguments but the
-        sequence number): its blocks allocated and laid out. Never waits for the device."""
-        self.spills._check()
-        if self._stop:
-            raise RuntimeError("Sites.begin after close()")
-        lay = self.spills._layout(op, dtype, sends, recvs)
-        if self.device:
-            from ..kernels.launch import relaxed_capture
-
-            with relaxed_capture():
-                site = _Site(self, len(self._sites), lay)
-        else:
-            site = _Site(self, len(self._sites), lay)
-        self._sites.append(site)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._progress, daemon=True,
-                                            name=f"zipccl-spill-sites-rank{self.spills.rank}")
-            self._thread.start()
-        return site
-
-    def launch_out(self, site: _Site, stream=None) -> None:
-        """Enqueue the site's next call (the take kernel) and its spill-out kernel."""
-        sp = self.spills
-        sp._launch("zipccl_spill_take", 1, (site.ptr, sp._ctrl_ptr), stream)
-        sp._launch("zipccl_spill_out", site.grid_out,
-                   (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
-
-    def launch_in(self, site: _Site, stream=None) -> None:
-        """Enqueue the site's spill-in kernel (its call's header checks, tails in)."""
-        sp = self.spills
-        sp._launch("zipccl_spill_in", site.grid_in,
-                   (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
-
-    def stats(self) -> dict:
-        """Sites captured, their call blocks and pinned bytes."""
-        blocks = [b for s in self._sites for b in s.blocks]
-        return {"sites": len(self._sites), "blocks": len(blocks),
-                "pinned_bytes": sum(b.u8.size for b in blocks)}
-
-    def close(self, timeout: float | None = 60.0) -> None:
-        """Stop the progress thread (after the sends of the call it handled last), close the
-        channel; raise what the thread failed with."""
-        if self._stop:
-            return
-        self._stop = True
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"captured spill sites' progress thread still running after "
-                                   f"{timeout} s (a call's sends not received by its peer?)")
-        self.channel.close()
-        if self._failure is not None:
-            raise RuntimeError(f"zipccl spill sites' progress thread failed: {self._failure!r}") \
-                from self._failure
-
-    def _wait(self, words: np.ndarray, at: int, seq: int) -> None:
-        delay = self.spills._poll_min
-        while int(words[at]) != seq:
-            if self._stop:
-                raise _Stopped
-            time.sleep(delay)
-            delay = max(delay, min(2 * delay, POLL_MAX_S))
-
-    def _progress(self) -> None:
-        last = None  # (block, seq, sends) handled last: its block is freed after the next one
-        try:
-            gen = 0
-            while True:
-                gen += 1
-                i = 0
-                while i < len(self._sites):  # the list is complete before the first replay
-                    b = self._sites[i].blocks[gen % self.ring]
-                    sends = _move_tails(self.channel, b, gen, b.send, b.recv, self._wait, None)
-                    if last is not None:
-                        _free(*last)
-                    last = (b, gen, sends)
-                    i += 1
-        except _Stopped:
-            if last is not None:
-                _free(*last)
-        except BaseException as e:  # kept for close(); the kernels stop waiting for this thread
-            self._failure = e
-            self.spills.report(errors.ERR_PROGRESS)
-
-
-def _free(block: _RingBlock, seq: int, sends: list) -> None:
-    """The block's call ``seq`` done once its sends completed: the take kernel may reuse it."""
-    for h in sends:
-        h.wait()
-    block.words[kern.W_HOST_FREE] = seq

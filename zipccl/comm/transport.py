@@ -197,6 +197,7 @@ class Transport:
     name = "abstract"
     own_reduction = False  # a typed sum of its own for BF16, FP32 and FP16 (MPI has no BF16 one)
     moves_device = False  # True: device buffers go to the wire without host staging
+    capturable = False  # True: its device calls record into a CUDA graph (NCCL)
 
     def __init__(self, comm):
         self.comm = comm
@@ -418,6 +419,7 @@ class NCCLTransport(Transport):
     name = "nccl"
     own_reduction = True
     moves_device = True
+    capturable = True
 
     def __init__(self, comm):
         super().__init__(comm)

@@ -7,7 +7,7 @@ compiled with CuPy's ``RawModule`` (volatile loads of host memory, system fences
 ``__nanosleep``, which Numba does not offer), and beside each kernel step its NumPy twin:
 the same algorithm on host memory, run at once, for host arrays and for tests without a
 GPU. The twins are the specification; the kernels must agree with them byte for byte.
-A kernel waits only on a flag the CPU raises, never on later GPU work. The three kernels, the
+A kernel waits only on a flag the CPU raises, never on later GPU work. The kernels, the
 memory they see and the host's ordering assumptions: docs/KERNELS.md, "The spill kernels".
 """
 
@@ -64,14 +64,8 @@ DEV_WORDS = 4  # uint32
 DEV_ERR = 0
 CNT_OUT, CNT_IN, CNT_TICKET = 0, 1, 2  # the block's counters (uint32, device memory)
 COUNTERS = 3
-# -- a captured call site (``comm.spill.Sites``): u64 words in pinned mapped memory -----------
-# A call captured in a CUDA graph runs again at every replay with the same kernel arguments:
-# its sequence number and call block come from the site, not from the host. ``zipccl_spill_take``
-# counts the site's calls on the device (S_GEN), picks ring block S_BLOCKS[gen % S_RING] once the
-# progress thread is done with its previous use (W_HOST_FREE), and names it (S_BLK, S_SEQ) for
-# the spill kernels, launched with seq = 0 and the site in place of the block.
-S_GEN, S_BLK, S_SEQ, S_RING = range(4)
-S_BLOCKS = 8
+# -- a captured call site (``comm.spill_sites``; docs/KERNELS.md): u64 words, pinned mapped
+S_GEN, S_BLK, S_SEQ, S_RING, S_BLOCKS = 0, 1, 2, 3, 8  # calls so far, current block and seq, ring
 RING_MAX = 8
 SITE_WORDS = S_BLOCKS + RING_MAX
 
@@ -112,12 +106,12 @@ def _sticky_or(dev: int, ctrl: int, bits: int) -> None:
         _mem(ctrl, C_WORDS, np.uint64)[C_ERR] = np.uint64(word[DEV_ERR])
 
 
-def _spin(words: np.ndarray, at: int, seq: int, ctrl: int) -> None:
-    """Twin of the kernels' ``__nanosleep`` spin: wait (on the CPU) until ``words[at] == seq``
-    or the progress thread failed (``ERR_PROGRESS`` in the host's error word)."""
+def _spin(done, ctrl: int) -> None:
+    """Twin of the kernels' ``__nanosleep`` spin: wait (on the CPU) until ``done()`` or the
+    progress thread failed (``ERR_PROGRESS`` in the host's error word)."""
     delay = 1e-5
     host_err = _mem(ctrl, C_WORDS, np.uint64)
-    while int(words[at]) != seq and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
+    while not done() and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
         time.sleep(delay)
         delay = min(2 * delay, 1e-3)
 
@@ -203,6 +197,12 @@ __device__ bool finish(u32* counter) {
 }
 
 struct Copy { u8* dst; const u8* src; u64 len; };
+
+/* seq 0: *blk is a captured site; its current call's block and sequence number (spill_take) */
+__device__ __forceinline__ void site_call(u64** blk, u64* seq) {
+    *seq = ld_sys(*blk + S_SEQ);
+    *blk = (u64*)ld_sys(*blk + S_BLK);
+}
 """
 
 # -- step 1: a send frame's tail, its slot header, the tail out -----------------------------
@@ -248,10 +248,7 @@ __device__ void write_slot_header(u8* at, u64 seq, u64 op, u64 dtype, u64 n, u64
 extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_out(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
-    if (seq == 0) {  /* a captured site: its current call's block and sequence number */
-        seq = ld_sys(blk + S_SEQ);
-        blk = (u64*)ld_sys(blk + S_BLK);
-    }
+    if (seq == 0) site_call(&blk, &seq);
     __shared__ unsigned long long max_esc;
     __shared__ int listed;
     __shared__ Copy list[LIST_MAX];
@@ -382,10 +379,7 @@ __device__ Check check_slot(const u64* d, u64 seq, u64 op, u64 dtype, const u32*
 extern "C" __global__ void __launch_bounds__(THREADS)
 zipccl_spill_in(u64* blk, u64* ctrl, u32* dev, u32* counters, u64 seq) {
     __shared__ u32 table[256];
-    if (seq == 0) {  /* a captured site, as in zipccl_spill_out */
-        seq = ld_sys(blk + S_SEQ);
-        blk = (u64*)ld_sys(blk + S_BLK);
-    }
+    if (seq == 0) site_call(&blk, &seq);
     __shared__ u32 bits;
     __shared__ unsigned long long peer_max;
     __shared__ int due, listed, poster;
@@ -505,7 +499,7 @@ def spill_in(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
     w[W_IN_REQUEST] = seq
     if due:
         # 2. wait on the CPU (a failed progress thread owes nothing)
-        _spin(w, W_IN_READY, seq, ctrl)
+        _spin(lambda: int(w[W_IN_READY]) == seq, ctrl)
         # 3. the tails into the regions
         for dst, src, n in copies:
             _mem(dst, n)[:] = _mem(src, n)
@@ -528,8 +522,7 @@ extern "C" __global__ void zipccl_spill_take(u64* site, u64* ctrl) {
     }
     st_sys(blk + W_SEQ, gen);
     st_sys(site + S_BLK, (u64)blk);
-    st_sys(site + S_SEQ, gen);
-    st_sys(site + S_GEN, gen);
+    st_sys(site + S_SEQ, gen), st_sys(site + S_GEN, gen);
     __threadfence_system();
 }
 """
@@ -539,19 +532,10 @@ def spill_take(site: int, ctrl: int) -> None:
     """Twin of ``zipccl_spill_take``: the site's next call numbered, its ring block named."""
     s = _mem(site, SITE_WORDS, np.uint64)
     gen, ring = int(s[S_GEN]) + 1, int(s[S_RING])
-    blk = int(s[S_BLOCKS + gen % ring])
-    w = _mem(blk, HEADER_WORDS, np.uint64)
-    _spin_free(w, gen - ring, ctrl)
+    w = _mem(blk := int(s[S_BLOCKS + gen % ring]), HEADER_WORDS, np.uint64)
+    _spin(lambda: int(w[W_HOST_FREE]) >= gen - ring, ctrl)
     w[W_SEQ] = gen
     s[S_BLK], s[S_SEQ], s[S_GEN] = blk, gen, gen
-
-
-def _spin_free(w: np.ndarray, last: int, ctrl: int) -> None:
-    delay = 1e-5
-    host_err = _mem(ctrl, C_WORDS, np.uint64)
-    while int(w[W_HOST_FREE]) < last and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
-        time.sleep(delay)
-        delay = min(2 * delay, 1e-3)
 
 
 # -- a decode workspace's error bits into the sticky word ------------------------------------
@@ -610,12 +594,7 @@ def function(cupy, name: str):
     return mod.get_function(name)
 
 
-def launch(cupy, name: str, blocks: int, args: tuple[int, ...], stream) -> None:
-    """Enqueue kernel ``name`` on ``stream`` (a CuPy stream): ``blocks`` x ``THREADS`` threads,
-    every argument a 64-bit pointer or count."""
-    run(function(cupy, name), blocks, args, stream)
-
-
 def run(fn, blocks: int, args: tuple[int, ...], stream) -> None:
-    """``launch`` of a kernel already looked up (``function``)."""
+    """Enqueue kernel ``fn`` (``function``) on ``stream`` (a CuPy stream): ``blocks`` x
+    ``THREADS`` threads, every argument a 64-bit pointer or count."""
     fn((int(blocks),), (THREADS,), tuple(map(np.uint64, args)), stream=stream)

@@ -109,6 +109,8 @@ class ProcessGroupTransport(Transport):
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self.backend = _backend_name(self.group, self.device)
+        # NCCL on CUDA tensors records into a CUDA graph; gloo moves them through the host
+        self.capturable = self._cuda and self.backend == "nccl"
 
     @property
     def _cuda(self) -> bool:
@@ -270,6 +272,7 @@ class TorchChannel:
 
     def __init__(self, group=None):
         group = group if group is not None else dist.group.WORLD
+        self._over = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         name = _group_name(group)
         k = TorchChannel._made.get(name, 0)
@@ -285,6 +288,10 @@ class TorchChannel:
 
     def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
         self.group.recv([torch.from_numpy(out)], peer, tag).wait()
+
+    def twin(self) -> TorchChannel:
+        """Another channel over the same ranks (its ranks make theirs in the same order)."""
+        return TorchChannel(self._over)
 
     def close(self) -> None:
         self.group = None  # the backend goes with its last reference; nothing collective
