@@ -112,6 +112,33 @@ def test_torch_channel_over_a_subgroup_needs_only_its_ranks(tmp_path):
     assert [(tmp_path / f"rank{r}").read_text() for r in range(4)] == ["ok"] * 4
 
 
+def test_torch_channel_sends_to_itself_on_one_rank(tmp_path):
+    """One rank looping back (``Policy.loopback``) spills to itself: gloo has no pair to the
+    rank itself, so the channel hands those tails over in the process, in order per tag."""
+    need_torch()
+    code = f"""
+import numpy as np, torch.distributed as dist
+from zipccl.torch.transport import TorchChannel
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://{tmp_path}/store")
+ch = TorchChannel()
+a, b = np.arange(40, dtype=np.uint8), np.arange(7, dtype=np.uint8)
+ch.isend(a, 0, 5).wait(); ch.isend(b, 0, 5).wait()
+out1, out2 = np.empty(40, np.uint8), np.empty(7, np.uint8)
+ch.recv(out1, 0, 5); ch.recv(out2, 0, 5)
+assert np.array_equal(out1, a) and np.array_equal(out2, b)
+try:
+    ch.isend(a, 0, 6); ch.recv(out2, 0, 6)
+except RuntimeError as e:
+    assert "40 bytes, expected 7" in str(e)
+else:
+    raise AssertionError("a short receive went unnoticed")
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 # -- in-process: two ranks as threads ----------------------------------------------------------
 
 class _Net:
