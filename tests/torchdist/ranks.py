@@ -609,18 +609,21 @@ def check_loopback(rank: int, p: int, res: dict) -> None:
 
     groups = [dist.new_group([r]) for r in range(p)]  # every rank makes every group
     me = groups[rank]
-    zc = zt.Collectives(Policy("always", loopback=True))
+    zc = zt.Collectives(Policy("always", loopback=True), chunk_bytes=8 << 10)  # several rounds
     wrong = []
     for dtype in (torch.bfloat16, torch.float32, torch.float16):
         g = torch.Generator().manual_seed(7 + rank)
         x = (torch.randn(3 << 12, generator=g) * 0.02).to(dtype)
         view = torch.int32 if dtype == torch.float32 else torch.int16
         o = torch.empty_like(x)
-        for name in ("all_gather", "reduce_scatter", "all_to_all_uneven"):
+        for name in ("all_gather", "reduce_scatter", "all_to_all", "all_to_all_uneven"):
+            o.zero_()
             if name == "all_gather":
                 zc.all_gather_into_tensor(o, x, group=me)
             elif name == "reduce_scatter":
                 zc.reduce_scatter_tensor(o, x, group=me)
+            elif name == "all_to_all":
+                zc.all_to_all_single(o, x, group=me)
             else:
                 zc.all_to_all_single(o, x, [x.numel()], [x.numel()], group=me)
             wrong += [f"{name}/{dtype}"] * (not torch.equal(o.view(view), x.view(view)))
@@ -628,7 +631,7 @@ def check_loopback(rank: int, p: int, res: dict) -> None:
         zc.all_reduce(y, group=me)
         wrong += [f"all_reduce/{dtype}"] * (not torch.equal(y.view(view), x.view(view)))
     s = zc.stats
-    counted = s.calls == s.compressed_calls == 12 and 0 < s.wire_bytes < s.raw_bytes
+    counted = s.calls == s.compressed_calls == 15 and 0 < s.wire_bytes < s.raw_bytes
     loop = "loopback" in str(zc.last_decision)
     x = torch.empty(5000, dtype=torch.bfloat16)
     o = torch.empty_like(x)

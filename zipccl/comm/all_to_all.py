@@ -26,7 +26,7 @@ def describe(send: Arr, recv: Arr, p: int, rank: int, send_counts=None, recv_cou
         check_sizes(mismatch(p, send.size, recv.size))
         b = send.size // p
         return Call(OP, send, recv, (b,) * p, (b,) * p, rank=rank, stream=stream,
-                    largest=b if p > 1 else 0)
+                    largest=b)
     sc, rc = _counts(send_counts, recv_counts, p, required=True)
     check_sizes(mismatch(p, send.size, recv.size, sc, rc))
     return Call(OP, send, recv, tuple(sc), tuple(rc), uneven=True, rank=rank, stream=stream,
