@@ -16,7 +16,10 @@ library's launches: ``launches_per_call`` (kernels), ``copies_per_call`` (copies
 that is the transport's time, not zipccl's, and is what NCCL removes.
 
 ``--graph`` (NCCL only): each call is also captured in a CUDA graph and replayed; its record
-(``graph: true``) times one ``replay()``, the whole call with the transport inside.
+(``graph: true``, ``graph_kind: "user"``) times one ``replay()``, the whole call with the
+transport inside. ``--side-stream``: the calls run on a stream of their own, where zipccl
+replays a kept call over NCCL as its own CUDA graph (``graph: true``, ``graph_kind: "plan"``:
+the eager call's time, graph launch included).
 
 ``--queue-ms`` (NCCL only): a kernel of that many milliseconds is queued on the stream
 before each call; ``returned_before_kernel`` says whether the call returned while it still
@@ -274,7 +277,10 @@ def run(rank: int, p: int, args) -> list[dict]:
             rec.update({
                 "bench": "host_path", "op": op, "mib_per_rank": mib, "nranks": p,
                 "backend": args.backend, "calls": args.calls, "exact": exact, "device": dev,
-                "zipccl_py_calls": zc_calls, "py_calls": py_calls, "graph": False,
+                "zipccl_py_calls": zc_calls, "py_calls": py_calls,
+                # zipccl's own graph of the kept call (a plan replayed as a CUDA graph)
+                "graph": any(bool(pl.graph) for pl in zc._core.plans.values()),
+                "graph_kind": "plan", "stream": "side" if args.side_stream else "default",
                 "launches_per_call": work.get("kernels"), "copies_per_call": work.get("copies"),
                 "graph_launches_per_call": work.get("graph_launches"),
                 "loopback": args.loopback,
@@ -337,7 +343,8 @@ def graph_record(call, eager: dict, args, out, ref, sync) -> dict:
     sync()
     rec = {k: eager[k] for k in ("bench", "op", "mib_per_rank", "nranks", "backend", "calls", "device",
                                  "loopback", "warmup", "compressed")}
-    rec.update({"graph": True, "exact": exact, "call_us": us, "transport_us": 0.0, "zipccl_us": us,
+    rec.update({"graph": True, "graph_kind": "user", "stream": eager["stream"], "exact": exact,
+                "call_us": us, "transport_us": 0.0, "zipccl_us": us,
                 "launches_per_call": work.get("kernels"), "copies_per_call": work.get("copies"),
                 "graph_launches_per_call": work.get("graph_launches"), "capture_ms": capture_ms})
     print(f"{eager['op']:15s} {eager['mib_per_rank']:7.2f} MiB  graph replay {us:7.1f} us host  "
@@ -416,7 +423,8 @@ def worker(rank: int, p: int, init: str, args) -> None:
         torch.cuda.set_device(where.device)
     dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=p)
     try:
-        recs = run(rank, p, args)
+        with (torch.cuda.stream(torch.cuda.Stream()) if args.side_stream else contextlib.nullcontext()):
+            recs = run(rank, p, args)
         if rank == 0 and args.out:
             import harness
 
@@ -453,6 +461,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls-by-function", default="",
                     help="append, per op and size, how often one warm call enters each zipccl "
                          "function (rank 0) to this JSON-lines file")
+    ap.add_argument("--side-stream", action="store_true",
+                    help="call on a stream of its own (as FSDP2 does): zipccl then replays a kept "
+                         "call as its own CUDA graph over NCCL (the default stream cannot be captured)")
     ap.add_argument("--graph", action="store_true",
                     help="also capture each call in a CUDA graph and time its replay (NCCL)")
     ap.add_argument("--single", action="store_true",

@@ -1,7 +1,8 @@
 """Compressed collectives inside CUDA graphs, on one GPU: ``pytest -m gpu tests/test_graph_gpu.py``.
 
-One rank over NCCL (``Policy.loopback``) captures a step of three compressed collectives with
-``torch.cuda.graph`` and replays it, spills at every replay, each output checked bit for bit
+One rank over NCCL (``Policy.loopback``) runs a step of three compressed collectives on a side
+stream (from the second call on, zipccl replays each kept call as its own graph), captures the
+step with ``torch.cuda.graph`` and replays it, spills at every replay, each output checked bit for bit
 (``tests/torchdist/graph_check.py``), once as it is and once under
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (one hardware queue, as Megatron-LM sets it: a stream that
 waited on later GPU work would deadlock there; a hang fails on the timeout).

@@ -57,10 +57,13 @@ class _Rank:
                                [(self.peer, int(recv.ctypes.data), slot, region, n)])
             self.calls.append((op, code, n, slot, send, recv, site))
 
-    def replay(self, gen: int, move, spill_rate: float) -> list[str]:
-        """Every captured call once, as a replay runs them; returns what landed wrong."""
+    def replay(self, gen: int, move, spill_rate: float, which=None) -> list[str]:
+        """Every captured call once (``which``: those calls, by index), as a replay runs them;
+        returns what landed wrong."""
         problems = []
         for k, (op, code, n, slot, send, recv, site) in enumerate(self.calls):
+            if which is not None and k not in which:
+                continue
             mine = _frame(np.random.default_rng([gen, k, self.rank]), n, code,
                           np.random.default_rng([gen, k, self.rank, 1]).random() < spill_rate)
             theirs = _frame(np.random.default_rng([gen, k, self.peer]), n, code,
@@ -119,6 +122,31 @@ def test_replays_move_every_tail_exactly():
         assert out[r]["error"] == 0
         assert out[r]["stats"]["sites"] == 2 and out[r]["stats"]["blocks"] == 4  # nothing grew
         assert max(out[r]["free"]) >= 39  # the ring's blocks were handed back call after call
+
+
+def test_queued_sites_follow_the_host_launches():
+    """zipccl's own graphs (``queued``): two graphs, one of the first call, one of the second,
+    launched by the host in an order of its own (the same on both ranks); the thread handles the
+    sites as launched, each with its own count of calls."""
+    slot_net, site_net = _Net(), _Net()
+    out = {}
+    order = np.random.default_rng(11).integers(0, 2, 30).tolist()
+
+    def body(rank, sp):
+        sites = spill_sites.Sites(sp, LocalChannel(site_net, rank, 2), queued=True)
+        r = _Rank(rank, 1 - rank, sp, sites)
+        problems, move, count = [], _transfer(slot_net, rank), [0, 0]
+        for g in order:
+            count[g] += 1
+            sites.launched([r.calls[g][-1]])
+            problems += r.replay(count[g], move, 0.5, which=(g,))
+        out[rank] = (problems, sp.error(), count)
+        sites.close()
+        sp.close()
+
+    _two_ranks(body, (slot_net, _Net()))
+    for r in range(2):
+        assert out[r][0] == [] and out[r][1] == 0 and min(out[r][2]) > 5
 
 
 class _BrokenChannel(LocalChannel):

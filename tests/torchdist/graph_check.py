@@ -25,8 +25,8 @@ import traceback
 N = 3 << 19  # BF16 values per collective (3 MiB): three pipeline rounds of 1 MiB
 CHUNK_BYTES = 1 << 20
 REPLAYS = 12
-NAMES = ["graph/replayed_exact", "graph/spilled", "graph/eager_after", "graph/error_word",
-         "graph/second_graph", "graph/new_signature_refused", "graph/gloo_refused"]
+NAMES = ["graph/plan_replayed", "graph/replayed_exact", "graph/spilled", "graph/eager_after",
+         "graph/error_word", "graph/second_graph", "graph/new_signature_refused", "graph/gloo_refused"]
 
 
 def main(out_path: str) -> int:
@@ -73,12 +73,19 @@ def checks(res: dict, torch, dist) -> None:
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    bad = []
     with torch.cuda.stream(side):  # the warm-up: signatures agreed, buffers made
-        for k in range(3):
+        for k in range(6):  # from the second call on, zipccl replays each as its own graph
             fill(k)
+            for o in outs.values():
+                o.zero_()
             step()
+            bad += exact(f"side-stream call {k}")
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    kept = [bool(p.graph) for p in zc._core.plans.values() if p.call is not None]
+    res["graph/plan_replayed"] = {"ok": not bad and kept == [True] * 3,
+                                  "detail": "; ".join(bad[:6]) or f"plans recorded as graphs: {kept}"}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

@@ -489,6 +489,22 @@ class Communicator(Front):
     def where(self, call: Call, stream):
         return self._route(call.device, call.stream)
 
+    def graph(self, call: Call, stream, run):
+        """``run()`` captured on the call's CuPy stream (not the legacy default stream, which
+        cannot be captured), thread-local; None where this CuPy cannot capture."""
+        import cupy
+
+        ptr = stream_ptr(call.stream)
+        if not ptr or not hasattr(cupy.cuda.Stream, "begin_capture"):
+            return None
+        s = cupy.cuda.ExternalStream(ptr)
+        s.begin_capture(cupy.cuda.runtime.streamCaptureModeThreadLocal)
+        try:
+            run()
+        finally:
+            graph = s.end_capture()
+        return functools.partial(graph.launch, s)
+
     def capturing(self, call: Call, stream) -> bool:
         import cupy
 

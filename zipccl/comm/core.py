@@ -11,6 +11,7 @@ docs/ARCHITECTURE.md draws the path; ``agreement``'s docstring says what is agre
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -97,6 +98,11 @@ class Front:
         """Whether the stream of ``call`` (on device memory) is being captured into a CUDA graph."""
         return False
 
+    def graph(self, call: Call, ctx, run):
+        """``run()`` captured as a CUDA graph on the stream of ``call``, without waiting: a
+        function that launches it on that stream, or None where the front end cannot."""
+        return None
+
     def spills(self, eng, ctx):
         """(key, maker) of the spill channel of compressed calls on ``eng``'s memory."""
         raise NotImplementedError
@@ -114,6 +120,8 @@ class Core:
         self.checksum = bool(checksum)
         self.capacity = as_config(capacity)
         self.force: bool | None = None  # calibration: compressed / native whatever the policy says
+        # a kept compressed call over a transport that records into graphs is replayed as one
+        self.graphs = os.environ.get("ZIPCCL_GRAPHS", "1") != "0"
         self.stats = Stats()
         self.plans = Plans()
         self.last_decision: Decision | None = None
@@ -189,11 +197,21 @@ class Core:
             route = plan.route
             if not (device and front.capturing(call, ctx)):
                 self.agree(plan, plan.link, device)
+                if device and plan.graph:  # recorded as a graph: launched
+                    launch, sites, queue, st, _ = plan.graph
+                    route.channel.check(call.op)
+                    queue.launched(sites)
+                    launch()
+                    self.count(call.op, True, st, extra)
+                    return None
             else:
                 route = self.captured(call, plan, plan.link, route, route.channel)
             plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
             if device:
                 front.where(call, ctx)  # the engine on the call's stream
+                if plan.graph is None and route is plan.route:
+                    self.replay(front, plan, ctx, extra)
+                    return None
             self.run(call, route, True, extra)
             return None
         if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
@@ -324,6 +342,29 @@ class Core:
         from ..kernels.launch import capture_id  # numba.cuda: device calls only
 
         return replace(route, channel=channel.captured(capture_id(stream_ptr(call.stream))))
+
+    def replay(self, front: Front, plan: Plan, ctx, extra: Stats | None = None) -> None:
+        """Record the kept call of ``plan`` as a CUDA graph and launch it (where graphs are on,
+        the transport records into them and the front end captures on the call's stream; else
+        run it and never try again): its spills through the channel's queued sites, its slot
+        sizes those of this call, its bytes counted as this call's at every launch."""
+        call, route = plan.call, plan.route
+        plan.graph = False  # also when the capture fails: this plan then runs as it is
+        if not (self.graphs and getattr(route.tr, "capturable", False)):
+            self.run(call, route, True, extra)
+            return
+        rec = replace(route, channel=route.channel.recording())
+        got = []
+        launch = front.graph(call, ctx, lambda: got.append(COLLECTIVES[call.op].run(call, rec, True)))
+        if launch is None:
+            self.run(call, route, True, extra)
+            return
+        # the graph holds the engine's buffers it reads and writes: an engine that outgrows one
+        # drops it, and the graph must keep it
+        plan.graph = (launch, tuple(rec.channel.begun), rec.channel.sites, got[0], route.eng.held())
+        rec.channel.sites.launched(plan.graph[1])
+        launch()
+        self.count(call.op, True, got[0], extra)
 
     # -- running and counting -------------------------------------------------------------------
     def run(self, call: Call, route: Route, compress: bool, extra: Stats | None = None) -> ExchangeStats:

@@ -233,6 +233,7 @@ class SlotChannel:
         self._site = None
         self.raw = False
         self._captures: dict[int, CapturedChannel] = {}  # by CUDA graph capture id
+        self._replays = None  # the queued sites of the plans zipccl replays as graphs
 
     def captured(self, capture: int) -> CapturedChannel:
         """This channel's calls inside the CUDA graph capture ``capture`` (made at its first
@@ -330,12 +331,24 @@ class SlotChannel:
         base = int(getattr(ws, "ptr", 0) or 0) or address(ws.array)
         self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
 
+    def recording(self) -> CapturedChannel:
+        """This channel for a plan being recorded as zipccl's own CUDA graph: its sites are
+        queued (``spill_sites.Sites``), handled as the host launches the graphs."""
+        if self._replays is None:
+            from .spill_sites import Sites
+
+            self._replays = Sites(self.spills, self.spills.channel.twin(), queued=True)
+        return CapturedChannel(self, self._replays)
+
     def close(self, timeout: float | None = 60.0) -> None:
         """Stop the progress threads (the captures' first: their graphs must no longer be
         replayed), close the host channels."""
         captures, self._captures = list(self._captures.values()), {}
         for c in captures:
             c.sites.close(timeout=timeout)
+        if self._replays is not None:
+            self._replays, replays = None, self._replays
+            replays.close(timeout=timeout)
         self.spills.close(timeout=timeout)
 
 
@@ -347,6 +360,7 @@ class CapturedChannel:
 
     def __init__(self, parent: SlotChannel, sites):
         self.parent, self.sites = parent, sites
+        self.begun: list = []  # the sites of this capture, in order
 
     @property
     def raw(self) -> bool:
@@ -363,7 +377,9 @@ class CapturedChannel:
 
     def begin(self, op: str, code: int, out, inn):
         """A captured site for the round's frames (in place of a sequence number)."""
-        return self.sites.begin(op, code, out, inn)
+        site = self.sites.begin(op, code, out, inn)
+        self.begun.append(site)
+        return site
 
     def launch_out(self, site, stream) -> None:
         self.sites.launch_out(site, stream)

@@ -65,6 +65,11 @@ class DeviceEngine:
     def set_stream(self, stream) -> None:
         self._stream = cupy_stream(stream)
 
+    def held(self) -> list:
+        """Every device buffer the engine holds now (what a graph recorded on it uses)."""
+        return [*self._work.values(), self._encode_ws, self._dec_ws, *self._dec_retired,
+                *self._decode_ws.values(), *self._raw_headers.values()]
+
     def workspace(self, role: str, nbytes: int):
         """A reusable uint8 device buffer of ``nbytes`` (grown, never shrunk).
 

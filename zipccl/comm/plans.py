@@ -34,6 +34,9 @@ class Plan:
     call: object = None  # a compressed call kept for replay (``call.Call``), its route and link
     route: object = None
     link: object = None
+    # the kept call recorded as a CUDA graph: (launch, its sites, their Sites, its ExchangeStats);
+    # False where it cannot be (``Core.replay``)
+    graph: object = None
 
 
 class Plans(dict):

@@ -10,6 +10,7 @@ eager calls. docs/COLLECTIVES.md, "CUDA graphs", says what a capture needs and k
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ class _Site:
         self.words[kern.S_BLOCKS:kern.S_BLOCKS + owner.ring] = [b.ptr for b in self.blocks]
         self.counters, self.counters_ptr = owner._zeros(kern.COUNTERS)
         self.grid_out, self.grid_in = lay[9]
+        self.launches = 0  # (queued) graph launches the host made of it
         tags = (index % TAG_CALLS) * TAG_FRAMES + lay[8]  # the site's tags: the same every replay
         for b in self.blocks:
             b.send[:, kern.D_TAG] = tags[:len(b.send)]
@@ -79,9 +81,13 @@ class Sites:
     take kernel of a call waits for that on the CPU, never on later GPU work. Errors go into
     ``spills``' sticky word. ``close()`` stops the thread (replays after it would wait forever:
     close once the graph is no longer replayed).
+
+    ``queued``: the graphs are zipccl's own (a plan replayed as a graph), launched by the host,
+    which says so (``launched``) in call order, the same on every rank; the thread handles the
+    sites in that order instead of cycling over them.
     """
 
-    def __init__(self, spills: Spills, channel: HostChannel, *, ring: int = 2):
+    def __init__(self, spills: Spills, channel: HostChannel, *, ring: int = 2, queued: bool = False):
         if not 2 <= ring <= kern.RING_MAX:
             raise ValueError(f"ring must be in [2, {kern.RING_MAX}], got {ring}")
         self.spills = spills
@@ -92,6 +98,8 @@ class Sites:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._failure: BaseException | None = None
+        self.queued = bool(queued)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
     def _zeros(self, count: int):
         """(array, address) of ``count`` zeroed uint32 words, during a capture: on a stream of
@@ -126,6 +134,12 @@ class Sites:
                                             name=f"zipccl-spill-sites-rank{self.spills.rank}")
             self._thread.start()
         return site
+
+    def launched(self, sites: Sequence[_Site]) -> None:
+        """(``queued``) The host launched a graph holding ``sites``, in that order."""
+        for site in sites:
+            site.launches += 1
+            self._queue.put((site, site.launches))
 
     def launch_out(self, site: _Site, stream=None) -> None:
         """Enqueue the site's next call (the take kernel) and its spill-out kernel."""
@@ -170,9 +184,28 @@ class Sites:
             time.sleep(delay)
             delay = max(delay, min(2 * delay, POLL_MAX_S))
 
+    def _next(self, last):
+        """(queued) The next launched (site, seq); frees ``last`` while none is due."""
+        while True:
+            try:
+                return self._queue.get(timeout=POLL_MAX_S), last
+            except queue.Empty:
+                if last is not None:
+                    _free(*last)
+                    last = None
+                if self._stop:
+                    raise _Stopped from None
+
     def _progress(self) -> None:
         last = None  # (block, seq, sends) handled last: its block is freed after the next one
         try:
+            while self.queued:
+                (site, gen), last = self._next(last)
+                b = site.blocks[gen % self.ring]
+                sends = _move_tails(self.channel, b, gen, b.send, b.recv, self._wait, None)
+                if last is not None:
+                    _free(*last)
+                last = (b, gen, sends)
             gen = 0
             while True:
                 gen += 1

@@ -93,6 +93,21 @@ class Collectives(Front):
     def capturing(self, call, ctx) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
+    def graph(self, call, ctx, run):
+        """``run()`` captured with ``torch.cuda.CUDAGraph`` on the current stream (the call's;
+        not the default stream, which cannot be captured), thread-local: no other thread's
+        CUDA calls are disturbed; its memory comes from the graph's own pool."""
+        stream = torch.cuda.current_stream(ctx[1].device)
+        if stream.cuda_stream != call.stream or stream == torch.cuda.default_stream(ctx[1].device):
+            return None
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            run()
+        finally:
+            graph.capture_end()
+        return graph.replay
+
     def spills(self, eng, ctx):
         group, t = ctx
         return (group, t.device), lambda: Spills(TorchChannel(group), device=t.is_cuda)
