@@ -104,6 +104,11 @@ class Engine(Protocol):
         """Wait until the caller's stream has finished its work (host: nothing to wait for)."""
         ...
 
+    def held(self) -> list:
+        """Every buffer the engine holds now: what a CUDA graph recorded on it must keep
+        (``core.Core.replay``; host: none)."""
+        ...
+
     def elapsed(self, call: Callable[[], object], repeat: int) -> float:
         """Seconds per call of the work ``call`` does, ``repeat`` calls in a row after one untimed.
 

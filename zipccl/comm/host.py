@@ -99,6 +99,9 @@ class HostEngine:
     def sync(self) -> None:
         pass
 
+    def held(self) -> list:
+        return []
+
     # -- hooks of ``slot_exchange``: on the host everything happens at once, in order ---------
     def pipeline_begin(self, rounds: int, p: int) -> None:
         """Start an exchange of ``rounds`` rounds with ``p`` frames each."""
