@@ -124,29 +124,46 @@ def test_replays_move_every_tail_exactly():
         assert max(out[r]["free"]) >= 39  # the ring's blocks were handed back call after call
 
 
-def test_queued_sites_follow_the_host_launches():
-    """zipccl's own graphs (``queued``): two graphs, one of the first call, one of the second,
-    launched by the host in an order of its own (the same on both ranks); the thread handles the
-    sites as launched, each with its own count of calls."""
-    slot_net, site_net = _Net(), _Net()
-    out = {}
-    order = np.random.default_rng(11).integers(0, 2, 30).tolist()
+def test_a_fed_graph_meets_eager_calls_of_its_peer():
+    """zipccl's own graph of a call (``FedSite``): the host numbers every launch and gives it a
+    call block as for an eager call, so rank 0 launching "graphs" (the same kernels, launched
+    with the site) and rank 1 running the calls eagerly meet call for call, tails exact."""
+    slot_net, out = _Net(), {}
+    op, code, n = SITES[0]
+    region, slot = slots.region_bytes(n, code), slots.slot_bytes(n, code, CAPACITY)
 
     def body(rank, sp):
-        sites = spill_sites.Sites(sp, LocalChannel(site_net, rank, 2), queued=True)
-        r = _Rank(rank, 1 - rank, sp, sites)
-        problems, move, count = [], _transfer(slot_net, rank), [0, 0]
-        for g in order:
-            count[g] += 1
-            sites.launched([r.calls[g][-1]])
-            problems += r.replay(count[g], move, 0.5, which=(g,))
-        out[rank] = (problems, sp.error(), count)
-        sites.close()
+        peer, move = 1 - rank, _transfer(slot_net, rank)
+        send, recv = _aligned(region), _aligned(region)
+        sends = [(peer, int(send.ctypes.data), slot, region, n)]
+        recvs = [(peer, int(recv.ctypes.data), slot, region, n)]
+        site = spill_sites.FedSite(sp, op, code, sends, recvs) if rank == 0 else None
+        problems = []
+        for seq in range(1, 31):
+            mine = _frame(np.random.default_rng([seq, rank]), n, code, seq % 2 == 0)
+            theirs = _frame(np.random.default_rng([seq, peer]), n, code, seq % 2 == 0)
+            send[128:128 + mine.size] = mine
+            sp.begin(seq, op, code, sends, recvs)
+            if site is not None:  # what a launch of the graph runs, its site fed first
+                assert site.room()
+                site.feed(seq)
+                spill_sites.launch_out(sp, site)
+                move([(peer, send[:slot])], [(peer, recv[:slot])])
+                spill_sites.launch_in(sp, site)
+            else:
+                sp.launch_out(seq)
+                move([(peer, send[:slot])], [(peer, recv[:slot])])
+                sp.launch_in(seq)
+            h = slots.parse_slot_header(recv[:128])
+            if h.seq != seq or not np.array_equal(recv[128:128 + theirs.size], theirs):
+                problems.append(f"call {seq}: header seq {h.seq}, frame equal "
+                                f"{np.array_equal(recv[128:128 + theirs.size], theirs)}")
+        out[rank] = (problems, sp.error(), None if site is None else int(site.words[kern.S_GEN]))
         sp.close()
 
     _two_ranks(body, (slot_net, _Net()))
-    for r in range(2):
-        assert out[r][0] == [] and out[r][1] == 0 and min(out[r][2]) > 5
+    assert out[0][0] == [] and out[1][0] == [] and out[0][1] == out[1][1] == 0
+    assert out[0][2] == 30  # the take step ran once per launch, from the fed entries
 
 
 class _BrokenChannel(LocalChannel):

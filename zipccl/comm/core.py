@@ -198,12 +198,14 @@ class Core:
             if not (device and front.capturing(call, ctx)):
                 self.agree(plan, plan.link, device)
                 if device and plan.graph:  # recorded as a graph: launched
-                    launch, sites, queue, st, _ = plan.graph
-                    route.channel.check(call.op)
-                    queue.launched(sites)
-                    launch()
-                    self.count(call.op, True, st, extra)
-                    return None
+                    launch, sites, uniform, st, _ = plan.graph
+                    why = route.channel.launch_graph(call.op, uniform, sites, launch)
+                    if why is None:
+                        self.count(call.op, True, st, extra)
+                        return None
+                    if why == "resized":  # recorded again below; launches in flight keep the old
+                        plan.retired.append(plan.graph)
+                        plan.graph = None
             else:
                 route = self.captured(call, plan, plan.link, route, route.channel)
             plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
@@ -212,6 +214,7 @@ class Core:
                 if plan.graph is None and route is plan.route:
                     self.replay(front, plan, ctx, extra)
                     return None
+                # else: not a graph, or its feed is full this time: the call as it is
             self.run(call, route, True, extra)
             return None
         if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
@@ -353,7 +356,9 @@ class Core:
         if not (self.graphs and getattr(route.tr, "capturable", False)):
             self.run(call, route, True, extra)
             return
-        rec = replace(route, channel=route.channel.recording())
+        from .exchange import RecordingChannel
+
+        rec = replace(route, channel=RecordingChannel(route.channel))
         got = []
         launch = front.graph(call, ctx, lambda: got.append(COLLECTIVES[call.op].run(call, rec, True)))
         if launch is None:
@@ -361,9 +366,11 @@ class Core:
             return
         # the graph holds the engine's buffers it reads and writes: an engine that outgrows one
         # drops it, and the graph must keep it
-        plan.graph = (launch, tuple(rec.channel.begun), rec.channel.sites, got[0], route.eng.held())
-        rec.channel.sites.launched(plan.graph[1])
-        launch()
+        plan.graph = (launch, tuple(rec.channel.begun), rec.channel.uniform, got[0], route.eng.held())
+        if route.channel.launch_graph(call.op, rec.channel.uniform, plan.graph[1], launch) is not None:
+            plan.graph = False  # (cannot be: this call sized the slots, its feed is empty)
+            self.run(call, route, True, extra)
+            return
         self.count(call.op, True, got[0], extra)
 
     # -- running and counting -------------------------------------------------------------------

@@ -233,7 +233,6 @@ class SlotChannel:
         self._site = None
         self.raw = False
         self._captures: dict[int, CapturedChannel] = {}  # by CUDA graph capture id
-        self._replays = None  # the queued sites of the plans zipccl replays as graphs
 
     def captured(self, capture: int) -> CapturedChannel:
         """This channel's calls inside the CUDA graph capture ``capture`` (made at its first
@@ -331,14 +330,24 @@ class SlotChannel:
         base = int(getattr(ws, "ptr", 0) or 0) or address(ws.array)
         self.spills.record_error(stream, base + 8 * WS_ERR_STICKY)
 
-    def recording(self) -> CapturedChannel:
-        """This channel for a plan being recorded as zipccl's own CUDA graph: its sites are
-        queued (``spill_sites.Sites``), handled as the host launches the graphs."""
-        if self._replays is None:
-            from .spill_sites import Sites
-
-            self._replays = Sites(self.spills, self.spills.channel.twin(), queued=True)
-        return CapturedChannel(self, self._replays)
+    def launch_graph(self, op: str, uniform: bool, sites, launch) -> str | None:
+        """One launch of zipccl's own graph of a call (``RecordingChannel``): each of its
+        rounds ``sites`` numbered and given a call block as an eager round is (``begin``), fed
+        to the graph, then ``launch()``: None. With nothing done: "resized" where the capacity
+        rule now sizes a slot otherwise (record the call again), "full" where a feed is full
+        (the host is far ahead of the device: run this call as it is)."""
+        self.check(op)
+        self.site(op, uniform)
+        for s in sites:
+            if any(slot != slots.slot_bytes(n, s.code, self.capacity(n, s.code))
+                   for _, _, slot, _, n in s.out):
+                return "resized"
+            if not s.room():
+                return "full"
+        for s in sites:
+            s.feed(self.begin(op, s.code, s.out, s.inn))
+        launch()
+        return None
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Stop the progress threads (the captures' first: their graphs must no longer be
@@ -346,9 +355,6 @@ class SlotChannel:
         captures, self._captures = list(self._captures.values()), {}
         for c in captures:
             c.sites.close(timeout=timeout)
-        if self._replays is not None:
-            self._replays, replays = None, self._replays
-            replays.close(timeout=timeout)
         self.spills.close(timeout=timeout)
 
 
@@ -389,3 +395,35 @@ class CapturedChannel:
 
     def record_error(self, stream, ws) -> None:
         self.parent.record_error(stream, ws)
+
+
+class RecordingChannel(CapturedChannel):
+    """A slot channel's call being recorded as zipccl's own CUDA graph (``core.Core.replay``):
+    each round a ``spill_sites.FedSite``, whose call block and number the host gives every
+    launch (``SlotChannel.launch_graph``), so that a launch is, to the spill path and to the
+    peers, the same call as an eager one."""
+
+    def __init__(self, parent: SlotChannel):
+        super().__init__(parent, None)
+        self.uniform = False
+
+    def site(self, op: str, uniform: bool) -> None:
+        self.uniform = uniform
+        self.parent.site(op, uniform)
+
+    def begin(self, op: str, code: int, out, inn):
+        from .spill_sites import FedSite
+
+        site = FedSite(self.parent.spills, op, code, out, inn)
+        self.begun.append(site)
+        return site
+
+    def launch_out(self, site, stream) -> None:
+        from .spill_sites import launch_out
+
+        launch_out(self.parent.spills, site, stream)
+
+    def launch_in(self, site, stream) -> None:
+        from .spill_sites import launch_in
+
+        launch_in(self.parent.spills, site, stream)

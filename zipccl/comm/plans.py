@@ -13,7 +13,7 @@ agreed signatures are forgotten).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .base import ExchangeStats
 from .policy import Decision
@@ -34,9 +34,10 @@ class Plan:
     call: object = None  # a compressed call kept for replay (``call.Call``), its route and link
     route: object = None
     link: object = None
-    # the kept call recorded as a CUDA graph: (launch, its sites, their Sites, its ExchangeStats);
-    # False where it cannot be (``Core.replay``)
+    # the kept call recorded as a CUDA graph: (launch, its sites, uniform, its ExchangeStats,
+    # the buffers it holds); False where it cannot be (``Core.replay``)
     graph: object = None
+    retired: list = field(default_factory=list)  # earlier graphs, kept for launches in flight
 
 
 class Plans(dict):

@@ -438,6 +438,14 @@ class Spills:
         call.in_launched = True
         del self._calls[call.seq]
 
+    def fed(self, seq: int) -> _Call:
+        """Call ``seq``'s kernels run in a graph (``spill_sites.FedSite``): as ``launch_out``
+        and ``launch_in`` both done."""
+        call = self._call(seq)
+        call.out_launched = call.in_launched = True
+        del self._calls[call.seq]
+        return call
+
     def record_error(self, stream, bits_ptr: int) -> None:
         """Enqueue on ``stream`` an OR of the uint32 at device address ``bits_ptr`` (a decode
         workspace's error bits) into the sticky error word."""

@@ -10,9 +10,9 @@ eager calls. docs/COLLECTIVES.md, "CUDA graphs", says what a capture needs and k
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,9 +58,8 @@ class _Site:
         self.blocks = [_RingBlock(sp, lay[6], lay) for _ in range(owner.ring)]
         self.words[kern.S_RING] = owner.ring
         self.words[kern.S_BLOCKS:kern.S_BLOCKS + owner.ring] = [b.ptr for b in self.blocks]
-        self.counters, self.counters_ptr = owner._zeros(kern.COUNTERS)
+        self.counters, self.counters_ptr = _zeros(sp, kern.COUNTERS)
         self.grid_out, self.grid_in = lay[9]
-        self.launches = 0  # (queued) graph launches the host made of it
         tags = (index % TAG_CALLS) * TAG_FRAMES + lay[8]  # the site's tags: the same every replay
         for b in self.blocks:
             b.send[:, kern.D_TAG] = tags[:len(b.send)]
@@ -81,13 +80,9 @@ class Sites:
     take kernel of a call waits for that on the CPU, never on later GPU work. Errors go into
     ``spills``' sticky word. ``close()`` stops the thread (replays after it would wait forever:
     close once the graph is no longer replayed).
-
-    ``queued``: the graphs are zipccl's own (a plan replayed as a graph), launched by the host,
-    which says so (``launched``) in call order, the same on every rank; the thread handles the
-    sites in that order instead of cycling over them.
     """
 
-    def __init__(self, spills: Spills, channel: HostChannel, *, ring: int = 2, queued: bool = False):
+    def __init__(self, spills: Spills, channel: HostChannel, *, ring: int = 2):
         if not 2 <= ring <= kern.RING_MAX:
             raise ValueError(f"ring must be in [2, {kern.RING_MAX}], got {ring}")
         self.spills = spills
@@ -98,21 +93,6 @@ class Sites:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._failure: BaseException | None = None
-        self.queued = bool(queued)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-
-    def _zeros(self, count: int):
-        """(array, address) of ``count`` zeroed uint32 words, during a capture: on a stream of
-        their own, waited for (none of it is the capture's stream work)."""
-        sp = self.spills
-        if not self.device:
-            return sp._device_words(count)
-        cp = sp._cp
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            a = cp.zeros(count, dtype=cp.uint32)
-        stream.synchronize()
-        return a, int(a.data.ptr)
 
     def begin(self, op, dtype, sends: Sequence, recvs: Sequence) -> _Site:
         """A new site for a captured call of these frames (``Spills.begin``'s arguments but the
@@ -121,12 +101,7 @@ class Sites:
         if self._stop:
             raise RuntimeError("Sites.begin after close()")
         lay = self.spills._layout(op, dtype, sends, recvs)
-        if self.device:
-            from ..kernels.launch import relaxed_capture
-
-            with relaxed_capture():
-                site = _Site(self, len(self._sites), lay)
-        else:
+        with _allocating(self.device):
             site = _Site(self, len(self._sites), lay)
         self._sites.append(site)
         if self._thread is None:
@@ -135,24 +110,11 @@ class Sites:
             self._thread.start()
         return site
 
-    def launched(self, sites: Sequence[_Site]) -> None:
-        """(``queued``) The host launched a graph holding ``sites``, in that order."""
-        for site in sites:
-            site.launches += 1
-            self._queue.put((site, site.launches))
-
     def launch_out(self, site: _Site, stream=None) -> None:
-        """Enqueue the site's next call (the take kernel) and its spill-out kernel."""
-        sp = self.spills
-        sp._launch("zipccl_spill_take", 1, (site.ptr, sp._ctrl_ptr), stream)
-        sp._launch("zipccl_spill_out", site.grid_out,
-                   (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
+        launch_out(self.spills, site, stream)
 
     def launch_in(self, site: _Site, stream=None) -> None:
-        """Enqueue the site's spill-in kernel (its call's header checks, tails in)."""
-        sp = self.spills
-        sp._launch("zipccl_spill_in", site.grid_in,
-                   (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
+        launch_in(self.spills, site, stream)
 
     def stats(self) -> dict:
         """Sites captured, their call blocks and pinned bytes."""
@@ -184,28 +146,9 @@ class Sites:
             time.sleep(delay)
             delay = max(delay, min(2 * delay, POLL_MAX_S))
 
-    def _next(self, last):
-        """(queued) The next launched (site, seq); frees ``last`` while none is due."""
-        while True:
-            try:
-                return self._queue.get(timeout=POLL_MAX_S), last
-            except queue.Empty:
-                if last is not None:
-                    _free(*last)
-                    last = None
-                if self._stop:
-                    raise _Stopped from None
-
     def _progress(self) -> None:
         last = None  # (block, seq, sends) handled last: its block is freed after the next one
         try:
-            while self.queued:
-                (site, gen), last = self._next(last)
-                b = site.blocks[gen % self.ring]
-                sends = _move_tails(self.channel, b, gen, b.send, b.recv, self._wait, None)
-                if last is not None:
-                    _free(*last)
-                last = (b, gen, sends)
             gen = 0
             while True:
                 gen += 1
@@ -230,3 +173,88 @@ def _free(block: _RingBlock, seq: int, sends: list) -> None:
     for h in sends:
         h.wait()
     block.words[kern.W_HOST_FREE] = seq
+
+
+def launch_out(sp: Spills, site, stream=None) -> None:
+    """Enqueue the site's next call (the take kernel) and its spill-out kernel."""
+    sp._launch("zipccl_spill_take", 1, (site.ptr, sp._ctrl_ptr), stream)
+    sp._launch("zipccl_spill_out", site.grid_out,
+               (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
+
+
+def launch_in(sp: Spills, site, stream=None) -> None:
+    """Enqueue the site's spill-in kernel (its call's header checks, tails in)."""
+    sp._launch("zipccl_spill_in", site.grid_in,
+               (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
+
+
+def _zeros(sp: Spills, count: int):
+    """(array, address) of ``count`` zeroed uint32 words, also during a capture: on a stream
+    of their own, waited for (none of it is the capture's stream work)."""
+    if not sp.device:
+        return sp._device_words(count)
+    cp = sp._cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cp.zeros(count, dtype=cp.uint32)
+    stream.synchronize()
+    return a, int(a.data.ptr)
+
+
+class _allocating:
+    """Allocations during a capture (``kernels.launch.relaxed_capture`` on a device)."""
+
+    def __init__(self, device: bool):
+        self.inner = None
+        if device:
+            from ..kernels.launch import relaxed_capture
+
+            self.inner = relaxed_capture()
+
+    def __enter__(self):
+        if self.inner is not None:
+            self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        if self.inner is not None:
+            self.inner.__exit__(*exc)
+
+
+class FedSite:
+    """A call site of zipccl's own graph of a kept call (``core.Core.replay``), fed by the host.
+
+    Each launch of the graph is an eager call to the spill path: the host numbers it and takes
+    its call block as for any call (``SlotChannel.begin``, ``Spills.begin``), so every rank sees
+    the same calls whether it launches a graph or runs the call; ``feed`` writes the block and
+    number where the graph's take kernel reads them (one of ``FEED_MAX`` entries, by launch
+    count). An entry is reused only once the device has started the call that read it: with
+    ``FEED_MAX - 1`` launches not yet started, ``room()`` says no and the call runs as it is.
+    """
+
+    def __init__(self, spills: Spills, op, code: int, out, inn):
+        self.spills, self.op, self.code = spills, op, code
+        self.out, self.inn = tuple(map(tuple, out)), tuple(map(tuple, inn))
+        self.grid_out, self.grid_in = spills._layout(op, code, self.out, self.inn)[9]
+        with _allocating(spills.device):
+            self.mem, raw = spills._pinned(8 * kern.SITE_WORDS)
+            self.counters, self.counters_ptr = _zeros(spills, kern.COUNTERS)
+        self.words = raw.view(np.uint64)
+        self.words[:] = 0  # S_RING 0: fed
+        self.ptr = int(raw.ctypes.data)
+        self.launches = 0
+        self._fed: deque = deque()  # calls fed, not yet seen started on the device
+
+    def room(self) -> bool:
+        """Whether an entry is free for the next launch (a read of mapped memory, no wait)."""
+        fed = self._fed
+        while fed and (fed[0].done or int(fed[0].block.words[kern.W_OUT_READY]) == fed[0].seq):
+            fed.popleft()
+        return len(fed) < kern.FEED_MAX - 1
+
+    def feed(self, seq: int) -> None:
+        """The next launch is call ``seq`` (begun): its block and number for the take kernel."""
+        call = self.spills.fed(seq)
+        self.launches += 1
+        at = kern.S_FEED + 2 * (self.launches % kern.FEED_MAX)
+        self.words[at], self.words[at + 1] = call.block.ptr, seq
+        self._fed.append(call)

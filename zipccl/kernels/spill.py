@@ -1,14 +1,12 @@
 """Spill kernels: slot headers, tails out to mapped host memory, tails back in, the error word.
 
 A frame longer than its slot *spills*: its tail moves beside the collective, through pinned,
-device-mapped host memory and a host channel (``zipccl.comm.spill``, which owns the call
-blocks and the progress thread). This module holds what runs on the device, as CUDA C
-compiled with CuPy's ``RawModule`` (volatile loads of host memory, system fences and
-``__nanosleep``, which Numba does not offer), and beside each kernel step its NumPy twin:
-the same algorithm on host memory, run at once, for host arrays and for tests without a
-GPU. The twins are the specification; the kernels must agree with them byte for byte.
-A kernel waits only on a flag the CPU raises, never on later GPU work. The kernels, the
-memory they see and the host's ordering assumptions: docs/KERNELS.md, "The spill kernels".
+device-mapped host memory and a host channel (``zipccl.comm.spill``: call blocks, progress
+thread). Here: what runs on the device, as CUDA C compiled by CuPy (volatile loads of host
+memory, system fences, ``__nanosleep``: none of them in Numba), and beside each kernel its
+NumPy twin, the same algorithm on host memory, for host arrays and tests without a GPU: the
+twins are the specification. A kernel waits only on a flag the CPU raises, never on later GPU
+work. The kernels, their memory, the host's ordering: docs/KERNELS.md, "The spill kernels".
 """
 
 from __future__ import annotations
@@ -66,8 +64,9 @@ CNT_OUT, CNT_IN, CNT_TICKET = 0, 1, 2  # the block's counters (uint32, device me
 COUNTERS = 3
 # -- a captured call site (``comm.spill_sites``; docs/KERNELS.md): u64 words, pinned mapped
 S_GEN, S_BLK, S_SEQ, S_RING, S_BLOCKS = 0, 1, 2, 3, 8  # calls so far, current block and seq, ring
-RING_MAX = 8
-SITE_WORDS = S_BLOCKS + RING_MAX
+RING_MAX, FEED_MAX = 8, 16  # S_RING 0: fed by the host, (block, seq) per call at S_FEED
+S_FEED = S_BLOCKS + RING_MAX
+SITE_WORDS = S_FEED + 2 * FEED_MAX
 
 _SLOT_SIZES = {name: struct.calcsize("<" + code) for name, code, _ in slots.SLOT_FIELDS}
 assert slots.SLOT_HEADER == 128 and slots.CRC_AT == 124 and _SLOT_SIZES["crc"] == 4
@@ -86,16 +85,13 @@ def blocks_for(tail_capacity: int) -> int:
 
 def _mem(ptr: int, count: int, dtype=np.uint8) -> np.ndarray:
     dt = np.dtype(dtype)
-    if count <= 0:
-        return np.zeros(0, dt)
-    raw = (ctypes.c_uint8 * (count * dt.itemsize)).from_address(int(ptr))
-    return np.frombuffer(raw, dtype=dt)
+    return np.frombuffer((ctypes.c_uint8 * (count * dt.itemsize)).from_address(int(ptr)), dtype=dt) \
+        if count > 0 else np.zeros(0, dt)
 
 
 def _descs(blk: int, at_word: int, count_word: int) -> np.ndarray:
-    w = _mem(blk, HEADER_WORDS, np.uint64)
-    n = int(w[count_word])
-    return _mem(blk + int(w[at_word]), n * DESC_WORDS, np.uint64).reshape(n, DESC_WORDS)
+    n, at = (int(v) for v in _mem(blk, HEADER_WORDS, np.uint64)[[count_word, at_word]])
+    return _mem(blk + at, n * DESC_WORDS, np.uint64).reshape(n, DESC_WORDS)
 
 
 def _sticky_or(dev: int, ctrl: int, bits: int) -> None:
@@ -109,8 +105,7 @@ def _sticky_or(dev: int, ctrl: int, bits: int) -> None:
 def _spin(done, ctrl: int) -> None:
     """Twin of the kernels' ``__nanosleep`` spin: wait (on the CPU) until ``done()`` or the
     progress thread failed (``ERR_PROGRESS`` in the host's error word)."""
-    delay = 1e-5
-    host_err = _mem(ctrl, C_WORDS, np.uint64)
+    delay, host_err = 1e-5, _mem(ctrl, C_WORDS, np.uint64)
     while not done() and not int(host_err[C_HOST_ERR]) & ERR_PROGRESS:
         time.sleep(delay)
         delay = min(2 * delay, 1e-3)
@@ -311,10 +306,7 @@ def send_tail(d: np.ndarray) -> tuple[int, int, int]:
 
 def _site(blk: int, seq: int) -> tuple[int, int]:
     """The kernels' preamble: (block, seq) themselves, or with seq 0 a site's current ones."""
-    if seq:
-        return blk, seq
-    site = _mem(blk, SITE_WORDS, np.uint64)
-    return int(site[S_BLK]), int(site[S_SEQ])
+    return (blk, seq) if seq else tuple(int(v) for v in _mem(blk, SITE_WORDS, np.uint64)[[S_BLK, S_SEQ]])
 
 
 def spill_out(blk: int, ctrl: int, dev: int, counters: int, seq: int) -> None:
@@ -513,29 +505,37 @@ _TAKE_CUDA = r"""
 extern "C" __global__ void zipccl_spill_take(u64* site, u64* ctrl) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     const u64 gen = ld_sys(site + S_GEN) + 1, ring = ld_sys(site + S_RING);
-    u64* blk = (u64*)ld_sys(site + S_BLOCKS + gen % ring);
-    /* the block's previous call (gen - ring) done by the progress thread: a wait on the CPU */
-    unsigned int ns = 32;
-    while (ld_sys(blk + W_HOST_FREE) + ring < gen && !(ld_sys(ctrl + C_HOST_ERR) & ERR_PROGRESS)) {
-        __nanosleep(ns);
-        if (ns < 8192) ns *= 2;
+    u64* blk;
+    u64 seq = gen;
+    if (ring == 0) {  /* fed: the host's call block and number for this launch */
+        blk = (u64*)ld_sys(site + S_FEED + 2 * (gen % FEED_MAX));
+        seq = ld_sys(site + S_FEED + 2 * (gen % FEED_MAX) + 1);
+    } else {  /* the ring block once its previous call (gen - ring) is done: a wait on the CPU */
+        blk = (u64*)ld_sys(site + S_BLOCKS + gen % ring);
+        unsigned int ns = 32;
+        while (ld_sys(blk + W_HOST_FREE) + ring < gen && !(ld_sys(ctrl + C_HOST_ERR) & ERR_PROGRESS)) {
+            __nanosleep(ns);
+            if (ns < 8192) ns *= 2;
+        }
+        st_sys(blk + W_SEQ, gen);
     }
-    st_sys(blk + W_SEQ, gen);
-    st_sys(site + S_BLK, (u64)blk);
-    st_sys(site + S_SEQ, gen), st_sys(site + S_GEN, gen);
+    st_sys(site + S_BLK, (u64)blk), st_sys(site + S_SEQ, seq), st_sys(site + S_GEN, gen);
     __threadfence_system();
 }
 """
 
 
 def spill_take(site: int, ctrl: int) -> None:
-    """Twin of ``zipccl_spill_take``: the site's next call numbered, its ring block named."""
+    """Twin of ``zipccl_spill_take``: the site's next call numbered, its block named."""
     s = _mem(site, SITE_WORDS, np.uint64)
     gen, ring = int(s[S_GEN]) + 1, int(s[S_RING])
-    w = _mem(blk := int(s[S_BLOCKS + gen % ring]), HEADER_WORDS, np.uint64)
-    _spin(lambda: int(w[W_HOST_FREE]) >= gen - ring, ctrl)
-    w[W_SEQ] = gen
-    s[S_BLK], s[S_SEQ], s[S_GEN] = blk, gen, gen
+    if ring == 0:
+        blk, seq = int(s[S_FEED + 2 * (gen % FEED_MAX)]), int(s[S_FEED + 2 * (gen % FEED_MAX) + 1])
+    else:
+        w = _mem(blk := int(s[S_BLOCKS + gen % ring]), HEADER_WORDS, np.uint64)
+        _spin(lambda: int(w[W_HOST_FREE]) >= gen - ring, ctrl)
+        w[W_SEQ] = seq = gen
+    s[S_BLK], s[S_SEQ], s[S_GEN] = blk, seq, gen
 
 
 # -- a decode workspace's error bits into the sticky word ------------------------------------
@@ -568,7 +568,7 @@ def defines() -> str:
     names.update({f"SO_{k.upper()}": v for k, v in slots.SLOT_OFFSET.items()})
     g = globals()
     names.update({k: g[k] for k in g if k.startswith(("W_", "D_", "S_", "ERR_SLOT_", "ERR_PEER",
-                                                       "ERR_PROGRESS"))})
+                                                       "ERR_PROGRESS", "FEED_MAX"))})
     return "".join(f"#define {k} {int(v)}u\n" if k.startswith(("ERR_", "SLOT_MAGIC")) else
                    f"#define {k} {int(v)}\n" for k, v in sorted(names.items()))
 
