@@ -12,6 +12,7 @@ docs/ARCHITECTURE.md draws the path; ``agreement``'s docstring says what is agre
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -348,19 +349,25 @@ class Core:
 
     def replay(self, front: Front, plan: Plan, ctx, extra: Stats | None = None) -> None:
         """Record the kept call of ``plan`` as a CUDA graph and launch it (where graphs are on,
-        the transport records into them and the front end captures on the call's stream; else
-        run it and never try again): its spills through the channel's queued sites, its slot
-        sizes those of this call, its bytes counted as this call's at every launch."""
+        the transport records into them, the type is not FP16, whose codebook comes from a
+        host-side sample, and the front end captures on the call's stream; else run it and never
+        try again): its rounds' spills fed by the host at every launch (``exchange.
+        RecordingChannel``), its slot sizes those of this call, its bytes counted at every launch."""
         call, route = plan.call, plan.route
         plan.graph = False  # also when the capture fails: this plan then runs as it is
-        if not (self.graphs and getattr(route.tr, "capturable", False)):
+        if not (self.graphs and getattr(route.tr, "capturable", False)) or call.send.code == fmt.DTYPE_FP16:
             self.run(call, route, True, extra)
             return
         from .exchange import RecordingChannel
 
         rec = replace(route, channel=RecordingChannel(route.channel))
         got = []
-        launch = front.graph(call, ctx, lambda: got.append(COLLECTIVES[call.op].run(call, rec, True)))
+        try:
+            launch = front.graph(call, ctx, lambda: got.append(COLLECTIVES[call.op].run(call, rec, True)))
+        except Exception as e:  # noqa: BLE001 -- nothing of it ran: the call runs as it is
+            warnings.warn(f"zipccl {call.op}: recording the call as a CUDA graph failed ({e}); "
+                          f"it runs without one", RuntimeWarning, stacklevel=4)
+            launch = None
         if launch is None:
             self.run(call, route, True, extra)
             return
