@@ -11,6 +11,7 @@ that the take step reuses only once the progress thread is done with it.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -231,4 +232,43 @@ def test_ring_size_is_checked():
     for ring in (1, kern.RING_MAX + 1):
         with pytest.raises(ValueError, match="ring"):
             spill_sites.Sites(sp, LocalChannel(_Net(), 0, 2), ring=ring)
+    sp.close()
+
+
+def test_a_graph_launch_is_numbered_as_an_eager_call_and_refused_when_resized_or_full():
+    """``SlotChannel.launch_graph`` (one rank looping back): a launch numbers its round as the
+    eager call would and feeds its site; a capacity rule that now sizes the slot otherwise
+    refuses it ("resized"), and so does a feed whose launches the device has not started
+    ("full"), in both cases with nothing numbered."""
+    from zipccl.comm.capacity import CapacityRule
+    from zipccl.comm.exchange import SlotChannel
+
+    op, code, n = SITES[0]
+    sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
+    rule = CapacityRule(nbytes=CAPACITY)
+    ch = SlotChannel(sp, rule)
+    region, slot = slots.region_bytes(n, code), slots.slot_bytes(n, code, CAPACITY)
+    send, recv = _aligned(region), _aligned(region)
+    site = spill_sites.FedSite(sp, op, code, [(0, int(send.ctypes.data), slot, region, n)],
+                               [(0, int(recv.ctypes.data), slot, region, n)])
+    ran = []
+
+    def launch():  # what the graph runs: the site's kernels (their twins, at once here)
+        mine = _frame(np.random.default_rng(len(ran)), n, code, True)
+        send[128:128 + mine.size] = mine
+        spill_sites.launch_out(sp, site)
+        _to_self([(0, send[:slot])], [(0, recv[:slot])])
+        spill_sites.launch_in(sp, site)
+        ran.append(np.array_equal(recv[128:128 + mine.size], mine))
+
+    assert [ch.launch_graph(op, True, [site], launch) for _ in range(3)] == [None] * 3
+    assert ran == [True] * 3 and ch.seq == 3 and int(site.words[kern.S_SEQ]) == 3
+    rule.config = type(rule.config)(nbytes=CAPACITY + 1024)  # the rule sizes the slot otherwise
+    assert ch.launch_graph(op, True, [site], launch) == "resized" and ch.seq == 3
+    rule.config = type(rule.config)(nbytes=CAPACITY)
+    started = SimpleNamespace(words=np.zeros(kern.HEADER_WORDS, np.uint64))
+    site._fed.extend(SimpleNamespace(done=False, seq=-1, block=started) for _ in range(kern.FEED_MAX))
+    assert ch.launch_graph(op, True, [site], launch) == "full" and ch.seq == 3 and len(ran) == 3
+    site._fed.clear()
+    assert ch.launch_graph(op, True, [site], launch) is None and ran == [True] * 4
     sp.close()
