@@ -272,3 +272,25 @@ def test_a_graph_launch_is_numbered_as_an_eager_call_and_refused_when_resized_or
     site._fed.clear()
     assert ch.launch_graph(op, True, [site], launch) is None and ran == [True] * 4
     sp.close()
+
+
+def test_a_replay_after_close_waits_for_nothing():
+    """A graph replayed after its communicator closed (a misuse): its take and spill-in steps
+    return at once (no hang; the memory they touch is kept), and the error word says why."""
+    sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
+    sites = spill_sites.Sites(sp, LocalChannel(_Net(), 0, 1))
+    r = _Rank(0, 0, sp, sites)
+    assert r.replay(1, _to_self, 1.0) == []
+    sites.close(timeout=5)
+    assert any(entry[0] is sites._sites for entry in spill_sites.AFTER_CLOSE)
+    done = threading.Event()
+
+    def replays():
+        for gen in range(2, 6):  # ring 2: from replay 3 on its blocks are never handed back
+            r.replay(gen, _to_self, 1.0)
+        done.set()
+
+    threading.Thread(target=replays, daemon=True).start()
+    assert done.wait(30), "a replay after close waited"
+    assert sp.error() & errors.ERR_PROGRESS
+    sp.close()

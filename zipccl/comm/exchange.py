@@ -350,12 +350,15 @@ class SlotChannel:
         return None
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Stop the progress threads (the captures' first: their graphs must no longer be
-        replayed), close the host channels."""
+        """Stop the progress threads, close the host channels: the eager calls' once every
+        begun call is handled, then the captures' (whose graphs must no longer be replayed:
+        from then on their kernels wait for nothing, ``spill_sites.Sites.close``)."""
         captures, self._captures = list(self._captures.values()), {}
-        for c in captures:
-            c.sites.close(timeout=timeout)
-        self.spills.close(timeout=timeout)
+        try:
+            self.spills.close(timeout=timeout)
+        finally:
+            for c in captures:
+                c.sites.close(timeout=timeout)
 
 
 class CapturedChannel:

@@ -21,6 +21,10 @@ from ..format import errors
 from ..kernels import spill as kern
 from .spill import POLL_MAX_S, TAG_CALLS, TAG_FRAMES, HostChannel, Spills, _move_tails
 
+#: what closed captures' kernels may still touch, should their graphs be replayed (one entry
+#: per capture, for the process's life)
+AFTER_CLOSE: list = []
+
 
 class _Stopped(Exception):
     """``Sites.close`` while the progress thread waited for a replay."""
@@ -124,16 +128,23 @@ class Sites:
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Stop the progress thread (after the sends of the call it handled last), close the
-        channel; raise what the thread failed with."""
+        channel; raise what the thread failed with. The user's graph may still be replayed
+        (a misuse): its kernels then find ``ERR_PROGRESS`` and wait for nothing, and the memory
+        they read and write stays allocated (``AFTER_CLOSE``), so a replay never hangs and
+        never writes into memory given back; its spilled tails are lost, and the error word
+        says so."""
         if self._stop:
             return
         self._stop = True
+        sp = self.spills
+        AFTER_CLOSE.append((self._sites, sp._ctrl_mem, sp._dev))
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise TimeoutError(f"captured spill sites' progress thread still running after "
                                    f"{timeout} s (a call's sends not received by its peer?)")
         self.channel.close()
+        sp.report(errors.ERR_PROGRESS)
         if self._failure is not None:
             raise RuntimeError(f"zipccl spill sites' progress thread failed: {self._failure!r}") \
                 from self._failure
