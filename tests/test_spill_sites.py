@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_spill import LocalChannel, _Net, _transfer
+from test_spill import LocalChannel, _Net, _transfer, _two_ranks
 
 from zipccl import format as fmt
 from zipccl.comm import spill, spill_sites
@@ -81,27 +81,6 @@ class _Rank:
         return problems
 
 
-def _two_ranks(body, nets=None):
-    nets = nets or (_Net(), _Net())
-    errs = []
-
-    def run(rank):
-        try:
-            sp = spill.Spills(LocalChannel(nets[0], rank, 2), device=False)
-            body(rank, sp)
-        except BaseException as e:  # noqa: BLE001
-            errs.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errs:
-        raise errs[0]
-
-
 def test_replays_move_every_tail_exactly():
     slot_net, site_net = _Net(), _Net()
     out = {}
@@ -117,7 +96,7 @@ def test_replays_move_every_tail_exactly():
         sites.close()
         sp.close()
 
-    _two_ranks(body, (slot_net, _Net()))
+    _two_ranks(body, [LocalChannel(slot_net, r, 2) for r in range(2)])
     for r in range(2):
         assert out[r]["problems"] == []
         assert out[r]["error"] == 0
@@ -162,7 +141,7 @@ def test_a_fed_graph_meets_eager_calls_of_its_peer():
         out[rank] = (problems, sp.error(), None if site is None else int(site.words[kern.S_GEN]))
         sp.close()
 
-    _two_ranks(body, (slot_net, _Net()))
+    _two_ranks(body, [LocalChannel(slot_net, r, 2) for r in range(2)])
     assert out[0][0] == [] and out[1][0] == [] and out[0][1] == out[1][1] == 0
     assert out[0][2] == 30  # the take step ran once per launch, from the fed entries
 

@@ -225,6 +225,10 @@ class _Runtime:
         return int(stream) in CAPTURING
 
     @staticmethod
+    def memsetAsync(ptr: int, value: int, size: int, stream: int) -> None:  # noqa: N802
+        ctypes.memset(int(ptr), int(value), int(size))  # at once, as every stand-in launch
+
+    @staticmethod
     def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:  # noqa: N802
         if kind != 3 or not isinstance(stream, int):
             raise TypeError("fake memcpyAsync: device to device, on a raw stream handle")

@@ -10,6 +10,7 @@ eager calls. docs/COLLECTIVES.md, "CUDA graphs", says what a capture needs and k
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -62,7 +63,7 @@ class _Site:
         self.blocks = [_RingBlock(sp, lay[6], lay) for _ in range(owner.ring)]
         self.words[kern.S_RING] = owner.ring
         self.words[kern.S_BLOCKS:kern.S_BLOCKS + owner.ring] = [b.ptr for b in self.blocks]
-        self.counters, self.counters_ptr = _zeros(sp, kern.COUNTERS)
+        self.counters, self.counters_ptr = _counters(sp)
         self.grid_out, self.grid_in = lay[9]
         tags = (index % TAG_CALLS) * TAG_FRAMES + lay[8]  # the site's tags: the same every replay
         for b in self.blocks:
@@ -187,7 +188,13 @@ def _free(block: _RingBlock, seq: int, sends: list) -> None:
 
 
 def launch_out(sp: Spills, site, stream=None) -> None:
-    """Enqueue the site's next call (the take kernel) and its spill-out kernel."""
+    """Enqueue the site's next call (the take kernel) and its spill-out kernel; on a device,
+    first the zeroing of the site's counters (``_counters``), recorded with them: the launches
+    reset the counters themselves, so a replay finds them zero anyway."""
+    if sp.device:
+        from .transport import stream_ptr
+
+        sp._cp.cuda.runtime.memsetAsync(site.counters_ptr, 0, 4 * kern.COUNTERS, stream_ptr(stream))
     sp._launch("zipccl_spill_take", 1, (site.ptr, sp._ctrl_ptr), stream)
     sp._launch("zipccl_spill_out", site.grid_out,
                (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
@@ -199,36 +206,23 @@ def launch_in(sp: Spills, site, stream=None) -> None:
                (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
 
 
-def _zeros(sp: Spills, count: int):
-    """(array, address) of ``count`` zeroed uint32 words, also during a capture: on a stream
-    of their own, waited for (none of it is the capture's stream work)."""
+def _counters(sp: Spills):
+    """(array, address) of a site's kernel counters: zeroed host words, or device words left
+    unset here (no stream work during a capture, no wait): ``launch_out`` zeroes them on the
+    call's stream."""
     if not sp.device:
-        return sp._device_words(count)
-    cp = sp._cp
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        a = cp.zeros(count, dtype=cp.uint32)
-    stream.synchronize()
+        return sp._device_words(kern.COUNTERS)
+    a = sp._cp.empty(kern.COUNTERS, dtype=sp._cp.uint32)
     return a, int(a.data.ptr)
 
 
-class _allocating:
+def _allocating(device: bool):
     """Allocations during a capture (``kernels.launch.relaxed_capture`` on a device)."""
+    if not device:
+        return contextlib.nullcontext()
+    from ..kernels.launch import relaxed_capture
 
-    def __init__(self, device: bool):
-        self.inner = None
-        if device:
-            from ..kernels.launch import relaxed_capture
-
-            self.inner = relaxed_capture()
-
-    def __enter__(self):
-        if self.inner is not None:
-            self.inner.__enter__()
-
-    def __exit__(self, *exc):
-        if self.inner is not None:
-            self.inner.__exit__(*exc)
+    return relaxed_capture()
 
 
 class FedSite:
@@ -248,7 +242,7 @@ class FedSite:
         self.grid_out, self.grid_in = spills._layout(op, code, self.out, self.inn)[9]
         with _allocating(spills.device):
             self.mem, raw = spills._pinned(8 * kern.SITE_WORDS)
-            self.counters, self.counters_ptr = _zeros(spills, kern.COUNTERS)
+            self.counters, self.counters_ptr = _counters(spills)
         self.words = raw.view(np.uint64)
         self.words[:] = 0  # S_RING 0: fed
         self.ptr = int(raw.ctypes.data)
