@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -335,3 +336,58 @@ def test_cuda_source_compiles(tmp_path):
     for name in kern.HOST_TWINS:
         assert f".entry {name}(" in ptx
     assert "nanosleep" in ptx and "membar.sys" in ptx and "ld.global.cv" in ptx
+
+
+def test_spill_kernels_launch_from_words_packed_in_place(monkeypatch):
+    """``launch.words``: a CuPy kernel's launch is one driver call whose ``void**`` array points
+    at the call's 64-bit words, reused launch after launch; a driver error raises; a stand-in
+    without a CUfunction is called as CuPy calls a kernel."""
+    import ctypes
+    import types
+
+    from zipccl.kernels import launch
+
+    seen = []
+
+    def cu_launch(fn, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        ptrs = (ctypes.c_uint64 * 5).from_address(params)
+        seen.append((fn, gx, bx, stream, [ctypes.c_uint64.from_address(p).value for p in ptrs]))
+        return (0,) if fn == 7 else (999,)
+
+    driver = types.SimpleNamespace(cuLaunchKernel=cu_launch, cuGetErrorName=lambda e: (0, b"CUDA_ERROR_X"))
+    monkeypatch.setattr(launch, "_DRIVER", [driver])
+    go = launch.words(types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7)), kern.THREADS)
+    go(3, 11, (1, 2, 3, 4, 2**64 - 1))
+    go(1, 12, (5, 6))  # fewer words: the rest keep the last values, as a kernel of two reads two
+    assert seen == [(7, 3, kern.THREADS, 11, [1, 2, 3, 4, 2**64 - 1]),
+                    (7, 1, kern.THREADS, 12, [5, 6, 3, 4, 2**64 - 1])]
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed: CUDA_ERROR_X"):
+        launch.words(types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=8)), 32)(1, 0, (1,))
+    called = []
+    launch.words(lambda *a, **k: called.append((a, k)), 32)(2, 5, (9,))
+    assert called == [(((2,), (32,), (np.uint64(9),)), {"stream": 5})]
+
+
+def test_progress_polls_free_the_gil_and_end_on_the_word_or_the_stop():
+    """``mapped.wait`` returns once another thread writes the word (read again after every
+    sleep, not once), or False once the stop word is set, and the caller's thread runs
+    Python meanwhile: the poll holds no GIL."""
+    from zipccl.comm import mapped
+
+    words, stop = np.zeros(4, np.uint64), np.zeros(1, np.uint64)
+    assert mapped.wait(words, 2, 0, 1e-5, 1e-4)  # already there
+    got, ran = [], []
+    t = threading.Thread(target=lambda: got.append(mapped.wait(words, 2, 2**64 - 7, 5e-5, 1e-3)))
+    t.start()
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # Python on this thread while the other one polls
+        ran.append(1)
+    words[2] = np.uint64(2**64 - 7)
+    t.join(10)
+    assert got == [True] and not t.is_alive() and len(ran) > 1000
+    t = threading.Thread(target=lambda: got.append(mapped.wait(words, 1, 5, 5e-5, 1e-3, stop)))
+    t.start()
+    time.sleep(0.05)
+    stop[0] = 1
+    t.join(10)
+    assert got == [True, False] and not t.is_alive()

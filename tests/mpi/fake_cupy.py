@@ -314,7 +314,8 @@ class _RawKernel:
         self.twin = twin
 
     def __call__(self, grid, block, args, stream=None, shared_mem: int = 0) -> None:
-        _check_stream(stream)
+        if not isinstance(stream, int):  # zipccl passes its raw stream handle (kernels.launch.words)
+            _check_stream(stream)
         if not (isinstance(grid, tuple) and isinstance(block, tuple)):
             raise TypeError("RawKernel grid and block are tuples")
         if not all(isinstance(a, np.uint64) for a in args):

@@ -29,7 +29,8 @@ from .. import format as fmt
 from ..format import errors
 from ..format import slot as slots
 from ..kernels import spill as kern
-from .transport import cupy_stream
+from . import mapped
+from .transport import stream_ptr
 
 FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
 TAG_CALLS = 2048  # tags cycle over calls; MPI's non-overtaking order covers the wrap
@@ -408,10 +409,12 @@ class Spills:
         if not self.device:
             kern.HOST_TWINS[name](*args)
             return
-        fn = self._functions.get(name)  # each kernel looked up once
-        if fn is None:
-            fn = self._functions[name] = kern.function(self._cp, name)
-        kern.run(fn, grid, args, cupy_stream(stream))
+        go = self._functions.get(name)  # each kernel looked up once
+        if go is None:
+            from ..kernels.launch import words
+
+            go = self._functions[name] = words(kern.function(self._cp, name), kern.THREADS)
+        go(grid, stream_ptr(stream), args)
 
     def launch_out(self, seq: int, stream=None) -> None:
         """Enqueue on ``stream`` (after the encodes of call ``seq``, before its transfer): the
@@ -550,10 +553,7 @@ class Spills:
             self._sending.remove(call)
 
     def _wait(self, words: np.ndarray, at: int, seq: int) -> None:
-        delay = self._poll_min
-        while int(words[at]) != seq:
-            time.sleep(delay)
-            delay = max(delay, min(2 * delay, POLL_MAX_S))
+        mapped.wait(words, at, seq, self._poll_min, POLL_MAX_S)
 
     def _handle(self, call: _Call) -> None:
         """One call: its tails out to the peers, then the tails it asked for in, then its flag."""

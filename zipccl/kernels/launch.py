@@ -240,6 +240,40 @@ def launch(function: int, grid: int, block: int, stream: int, params: Params) ->
         check(got, "cuLaunchKernel")
 
 
+class Words:
+    """Launches of one kernel whose every parameter is a 64-bit word (the spill kernels,
+    compiled by CuPy): ``go(blocks, stream, args)`` writes ``args`` into one packed array and
+    makes one ``cuLaunchKernel`` on the raw stream handle ``stream``, where CuPy's own call
+    converts and packs each argument anew at every launch. The array is reused launch after
+    launch (a launch copies its parameters), by one caller thread at a time."""
+
+    __slots__ = ("function", "block", "vals", "ptrs", "address")
+
+    def __init__(self, function: int, count: int, block: int) -> None:
+        self.function, self.block = int(function), int(block)
+        self.vals = np.zeros(count, dtype=np.uint64)
+        self.ptrs = self.vals.ctypes.data + 8 * np.arange(count, dtype=np.uint64)
+        self.address = int(self.ptrs.ctypes.data)
+
+    def __call__(self, blocks: int, stream: int, args: tuple) -> None:
+        self.vals[:len(args)] = args
+        got = _driver().cuLaunchKernel(self.function, blocks, 1, 1, self.block, 1, 1, 0, stream,
+                                       self.address, 0)
+        if got[0]:
+            check(got, "cuLaunchKernel")
+
+
+def words(fn, block: int):
+    """``go(blocks, stream, args)`` enqueueing kernel ``fn`` (a CuPy ``RawKernel``) on the raw
+    stream handle ``stream``: ``blocks`` x ``block`` threads, every argument a 64-bit word (a
+    ``Words``; a stand-in without a CUfunction, tests' CuPy, is called as CuPy calls it)."""
+    ptr = getattr(getattr(fn, "kernel", None), "ptr", None)
+    if ptr is None:
+        return lambda blocks, stream, args: fn((int(blocks),), (block,), tuple(map(np.uint64, args)),
+                                               stream=stream)
+    return Words(int(ptr), 5, block)
+
+
 def _launcher():
     """cuda.bindings' ``cuLaunchKernel`` taking the packed ``void**`` address as an int: the
     cheapest of the routes ``experiments/bench_launch.py`` compares (libcuda through ctypes,

@@ -592,9 +592,3 @@ def function(cupy, name: str):
             if mod is None:
                 mod = _MODULES[key] = kernel_cache.cupy_module(cupy, source(), ("--std=c++14",))
     return mod.get_function(name)
-
-
-def run(fn, blocks: int, args: tuple[int, ...], stream) -> None:
-    """Enqueue kernel ``fn`` (``function``) on ``stream`` (a CuPy stream): ``blocks`` x
-    ``THREADS`` threads, every argument a 64-bit pointer or count."""
-    fn((int(blocks),), (THREADS,), tuple(map(np.uint64, args)), stream=stream)
