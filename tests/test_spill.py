@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -367,27 +366,3 @@ def test_spill_kernels_launch_from_words_packed_in_place(monkeypatch):
     launch.words(lambda *a, **k: called.append((a, k)), 32)(2, 5, (9,))
     assert called == [(((2,), (32,), (np.uint64(9),)), {"stream": 5})]
 
-
-def test_progress_polls_free_the_gil_and_end_on_the_word_or_the_stop():
-    """``mapped.wait`` returns once another thread writes the word (read again after every
-    sleep, not once), or False once the stop word is set, and the caller's thread runs
-    Python meanwhile: the poll holds no GIL."""
-    from zipccl.comm import mapped
-
-    words, stop = np.zeros(4, np.uint64), np.zeros(1, np.uint64)
-    assert mapped.wait(words, 2, 0, 1e-5, 1e-4)  # already there
-    got, ran = [], []
-    t = threading.Thread(target=lambda: got.append(mapped.wait(words, 2, 2**64 - 7, 5e-5, 1e-3)))
-    t.start()
-    deadline = time.monotonic() + 0.2
-    while time.monotonic() < deadline:  # Python on this thread while the other one polls
-        ran.append(1)
-    words[2] = np.uint64(2**64 - 7)
-    t.join(10)
-    assert got == [True] and not t.is_alive() and len(ran) > 1000
-    t = threading.Thread(target=lambda: got.append(mapped.wait(words, 1, 5, 5e-5, 1e-3, stop)))
-    t.start()
-    time.sleep(0.05)
-    stop[0] = 1
-    t.join(10)
-    assert got == [True, False] and not t.is_alive()

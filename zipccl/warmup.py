@@ -82,12 +82,7 @@ def build_all(device: int, report: Callable[[int, int, str, str, float], None]) 
         with cupy.cuda.Device(device):
             for name in spill_names:
                 spill.function(cupy, name)
-        import numpy as np
-
-        from .comm import mapped
-
-        mapped.wait(np.zeros(1, np.uint64), 0, 0, 1e-6, 1e-6)  # the progress threads' poll (Numba's cache)
-        report(total, total, f"spill kernels ({len(spill_names)}, CUDA C through CuPy; their host poll)",
+        report(total, total, f"spill kernels ({len(spill_names)}, CUDA C through CuPy)",
                f"CuPy's cache {cache.cupy_cache_dir(cupy)}", time.perf_counter() - t0)
     return counts
 

@@ -29,7 +29,6 @@ from .. import format as fmt
 from ..format import errors
 from ..format import slot as slots
 from ..kernels import spill as kern
-from . import mapped
 from .transport import stream_ptr
 
 FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
@@ -553,7 +552,10 @@ class Spills:
             self._sending.remove(call)
 
     def _wait(self, words: np.ndarray, at: int, seq: int) -> None:
-        mapped.wait(words, at, seq, self._poll_min, POLL_MAX_S)
+        delay = self._poll_min
+        while int(words[at]) != seq:
+            time.sleep(delay)
+            delay = max(delay, min(2 * delay, POLL_MAX_S))
 
     def _handle(self, call: _Call) -> None:
         """One call: its tails out to the peers, then the tails it asked for in, then its flag."""

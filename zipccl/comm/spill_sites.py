@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -19,7 +20,6 @@ import numpy as np
 
 from ..format import errors
 from ..kernels import spill as kern
-from . import mapped
 from .spill import POLL_MAX_S, TAG_CALLS, TAG_FRAMES, HostChannel, Spills, _move_tails
 
 #: what closed captures' kernels may still touch, should their graphs be replayed (one entry
@@ -96,14 +96,14 @@ class Sites:
         self.device = spills.device
         self._sites: list[_Site] = []
         self._thread: threading.Thread | None = None
-        self._stop = np.zeros(1, np.uint64)  # set by close(): the thread's polls end
+        self._stop = False
         self._failure: BaseException | None = None
 
     def begin(self, op, dtype, sends: Sequence, recvs: Sequence) -> _Site:
         """A new site for a captured call of these frames (``Spills.begin``'s arguments but the
         sequence number): its blocks allocated and laid out. Never waits for the device."""
         self.spills._check()
-        if self._stop[0]:
+        if self._stop:
             raise RuntimeError("Sites.begin after close()")
         lay = self.spills._layout(op, dtype, sends, recvs)
         with _allocating(self.device):
@@ -134,9 +134,9 @@ class Sites:
         they read and write stays allocated (``AFTER_CLOSE``), so a replay never hangs and
         never writes into memory given back; its spilled tails are lost, and the error word
         says so."""
-        if self._stop[0]:
+        if self._stop:
             return
-        self._stop[0] = 1
+        self._stop = True
         sp = self.spills
         AFTER_CLOSE.append((self._sites, sp._ctrl_mem, sp._dev))
         if self._thread is not None:
@@ -151,8 +151,12 @@ class Sites:
                 from self._failure
 
     def _wait(self, words: np.ndarray, at: int, seq: int) -> None:
-        if not mapped.wait(words, at, seq, self.spills._poll_min, POLL_MAX_S, self._stop):
-            raise _Stopped
+        delay = self.spills._poll_min
+        while int(words[at]) != seq:
+            if self._stop:
+                raise _Stopped
+            time.sleep(delay)
+            delay = max(delay, min(2 * delay, POLL_MAX_S))
 
     def _progress(self) -> None:
         last = None  # (block, seq, sends) handled last: its block is freed after the next one
