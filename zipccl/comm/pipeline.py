@@ -47,7 +47,7 @@ class DeviceEngine:
         self._stream = cupy.cuda.get_current_stream()
         self._reducers: dict[int, object] = {}
         self._encode_ws = None
-        self._raw_headers: dict[tuple, object] = {}  # encode_slot(raw=True): device frame headers
+        self._raw_headers: dict[tuple, object] = {}  # encode_slot(raw=True): pinned frame headers
         self._decode_ws: dict[int, object] = {}
         # slot_exchange: transfer and decode streams, events per round
         self._xfer = None
@@ -66,7 +66,8 @@ class DeviceEngine:
         self._stream = cupy_stream(stream)
 
     def held(self) -> list:
-        """Every device buffer the engine holds now (what a graph recorded on it uses)."""
+        """Every buffer the engine holds now (what a graph recorded on it uses): device
+        buffers, and the RAW headers' pinned host memory."""
         return [*self._work.values(), self._encode_ws, self._dec_ws, *self._dec_retired,
                 *self._decode_ws.values(), *self._raw_headers.values()]
 
@@ -249,20 +250,21 @@ class DeviceEngine:
     def encode_slot(self, values, region, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
         the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``).
-        ``raw``: a RAW frame, two device copies (its header, kept on the device per size and
+        ``raw``: a RAW frame, two copies (its header, from pinned host memory kept per size and
         type, then the values), no codec kernel."""
         if raw:
             key = (int(values.size), value_code(values))
+            hdr = self._raw_headers.get(key)
+            if hdr is None:  # once per size and type, in pinned host memory: copied without a wait
+                if len(self._raw_headers) >= 256:
+                    self._raw_headers.pop(next(iter(self._raw_headers)))
+                h = raw_header(*key)
+                hdr = np.frombuffer(self.cp.cuda.alloc_pinned_memory(h.nbytes), np.uint8, h.nbytes)
+                hdr[:] = h
+                self._raw_headers[key] = hdr
+            at = SLOT_HEADER + hdr.size
             with self._stream:
-                hdr = self._raw_headers.get(key)
-                if hdr is None:  # once per size and type: a set-up step, as a plan's
-                    if len(self._raw_headers) >= 256:
-                        self._raw_headers.pop(next(iter(self._raw_headers)))
-                    hdr = self.cp.asarray(raw_header(*key))
-                    self._stream.synchronize()  # uploaded before any stream of a later call reads it
-                    self._raw_headers[key] = hdr
-                at = SLOT_HEADER + hdr.size
-                region[SLOT_HEADER:at] = hdr
+                region[SLOT_HEADER:at].set(hdr, stream=self._stream)
                 region[at:at + values.nbytes] = values.view(self.cp.uint8)
             return
         src, bounced = self._aligned(values, "bounce_in")
