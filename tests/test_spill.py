@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -366,3 +367,20 @@ def test_spill_kernels_launch_from_words_packed_in_place(monkeypatch):
     launch.words(lambda *a, **k: called.append((a, k)), 32)(2, 5, (9,))
     assert called == [(((2,), (32,), (np.uint64(9),)), {"stream": 5})]
 
+
+
+def test_a_device_pool_with_none_free_doubles(monkeypatch):
+    """With a device, a call that finds no free block makes as many more as the calls in flight
+    hold: the pool grows at depths 1, 2, 4, 8 (1 + 2 + 4 + 8 blocks), not at every new depth."""
+    sp = spill.Spills(LocalChannel(_Net(), 0, 2), device=False)
+    monkeypatch.setattr(sp, "device", True)
+    monkeypatch.setattr(sp, "_pinned", lambda n: (None, np.zeros(n, np.uint8)))
+    monkeypatch.setattr(sp, "_device_words", lambda n: (None, 0))
+    made = []
+    for _ in range(9):  # one more call in flight each time
+        sp._inflight.append(types.SimpleNamespace(block=sp._take(5000)))
+        made.append(sp.stats()["allocations"])
+    assert made == [1, 3, 3, 7, 7, 7, 7, 15, 15]
+    assert sp.stats()["blocks"] == 15 and len(sp._free) == 6
+    sp._inflight.clear()
+    sp.close()

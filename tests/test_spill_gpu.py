@@ -152,7 +152,8 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
     once the pool is as deep as the calls in flight get, no call allocates again (pinned
     allocations of a 64 MiB call's blocks take tens of ms each). The first burst is queued
     behind a spinning kernel, so that all its calls are in flight at once whatever the timing:
-    the pool is then exactly as deep as that burst, and a shallower burst allocates nothing."""
+    the pool, doubling whenever none is free, then holds 63 blocks for those 40 calls, and a
+    burst as deep or shallower allocates nothing."""
     import time
 
     cp = _cupy()
@@ -184,8 +185,9 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
 
     burst(40, hold_s=0.5)
     made = sp.stats()["allocations"]
-    assert made == 40, sp.stats()  # none could retire while the stream was held
-    burst(30)  # fewer in flight than the pool holds
+    assert made == 63, sp.stats()  # none could retire while the stream was held: 1 + 2 + ... + 32
+    burst(40, hold_s=0.5)  # as deep again
+    burst(30)
     assert sp.stats()["allocations"] == made, sp.stats()
     sp.close()
     assert sp.error() == 0

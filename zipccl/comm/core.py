@@ -192,31 +192,7 @@ class Core:
         if plan is _UNSEEN:
             plan = self.plans.get(key) if key is not None else None
         if plan is not None and plan.call is not None:  # compressed, kept: its call and route
-            call = plan.call
-            device = call.send.device
-            self.last_decision = plan.decision
-            route = plan.route
-            if not (device and front.capturing(call, ctx)):
-                self.agree(plan, plan.link, device)
-                if device and plan.graph:  # recorded as a graph: launched
-                    launch, sites, uniform, st, _ = plan.graph
-                    why = route.channel.launch_graph(call.op, uniform, sites, launch)
-                    if why is None:
-                        self.count(call.op, True, st, extra)
-                        return None
-                    if why == "resized":  # recorded again below; launches in flight keep the old
-                        plan.retired.append(plan.graph)
-                        plan.graph = None
-            else:
-                route = self.captured(call, plan, plan.link, route, route.channel)
-            plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
-            if device:
-                front.where(call, ctx)  # the engine on the call's stream
-                if plan.graph is None and route is plan.route:
-                    self.replay(front, plan, ctx, extra)
-                    return None
-                # else: not a graph, or its feed is full this time: the call as it is
-            self.run(call, route, True, extra)
+            self.kept(front, plan, ctx, extra)
             return None
         if plan is not None and plan.run is not None:  # native, agreed: the bound transport call
             plan.run()
@@ -266,6 +242,42 @@ class Core:
         self.plans.bind(key, plan, bound,
                         agreed=link.verify == "first" and plan.sig in link.agreement.agreed)
         return None
+
+    def kept(self, front: Front, plan: Plan, ctx, extra: Stats | None = None) -> None:
+        """The kept compressed call of ``plan``: inside a capture on its stream, recorded into
+        it (``captured``); else agreed where due, then launched as its graph where it has one
+        (``launch_graph``), or recorded as one at its second call on a device (``replay``), or run."""
+        call, route = plan.call, plan.route
+        device = call.send.device
+        self.last_decision = plan.decision
+        if device and front.capturing(call, ctx):
+            route = self.captured(call, plan, plan.link, route, route.channel)
+        else:
+            self.agree(plan, plan.link, device)
+            if device and plan.graph and self.launch_graph(plan, extra):
+                return
+        plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans
+        if device:
+            front.where(call, ctx)  # the engine on the call's stream
+            if plan.graph is None and route is plan.route:
+                self.replay(front, plan, ctx, extra)
+                return
+            # else: not a graph, or its feed is full this time: the call as it is
+        self.run(call, route, True, extra)
+
+    def launch_graph(self, plan: Plan, extra: Stats | None = None) -> bool:
+        """Launch the graph of ``plan`` (``exchange.SlotChannel.launch_graph``); False where the
+        call must run as it is this time: its feed is full, or the capacity rule resized a slot
+        (the graph is then retired, launches in flight keep it, and the call recorded again)."""
+        launch, sites, uniform, st, _ = plan.graph
+        why = plan.route.channel.launch_graph(plan.call.op, uniform, sites, launch)
+        if why is None:
+            self.count(plan.call.op, True, st, extra)
+            return True
+        if why == "resized":
+            plan.retired.append(plan.graph)
+            plan.graph = None
+        return False
 
     def native_call(self, op: str, nbytes: int, why: str, run, extra: Stats | None = None):
         """A call zipccl does not code (``refusal``'s NATIVE ``why``): the front end's own

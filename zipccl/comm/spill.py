@@ -200,7 +200,8 @@ class Spills:
     ``device``: the regions are device memory (of the device current at construction) and
     the steps are kernels on the given streams (CuPy); otherwise they are host memory and
     the steps run at once. ``entries``: call blocks kept for reuse; with a device more are
-    made (and kept) while more calls are in flight, on the host ``begin`` waits instead.
+    made (and kept) while more calls are in flight, the pool doubling, on the host ``begin``
+    waits instead.
 
     Per call, in this order: ``begin``, ``launch_out``, the transfer, ``launch_in``; the
     decodes then read the regions. Sequence numbers increase from call to call, alike on
@@ -262,13 +263,17 @@ class Spills:
         return a, int(a.ctypes.data)
 
     def _take(self, need: int) -> _Block:
-        """A free call block of at least ``need`` bytes; blocks share one grow-only size."""
+        """A free call block of at least ``need`` bytes; blocks share one grow-only size. With a
+        device, a pool with none free doubles (as many new blocks as calls in flight hold), so
+        that however deep the calls in flight get, it grows a few times, not at every new depth."""
         size = max(self._size_class, 1 << max(12, (need - 1).bit_length()))
         self._size_class = size
         for i in range(len(self._free) - 1, -1, -1):
             if self._free[i].size >= need:
                 return self._free.pop(i)
-        self._allocations += 1
+        more = sum(1 for c in self._inflight if c.block.size >= size) if self.device else 0
+        self._free.extend(_Block(self, size) for _ in range(more))
+        self._allocations += 1 + more
         return _Block(self, size)
 
     def _retire(self) -> None:
