@@ -56,15 +56,10 @@ class _Site:
     def __init__(self, owner: Sites, index: int, lay: tuple):
         sp = owner.spills
         self.index = index
-        self.mem, raw = sp._pinned(8 * kern.SITE_WORDS)
-        self.words = raw.view(np.uint64)
-        self.words[:] = 0
-        self.ptr = int(raw.ctypes.data)
+        _site_memory(self, sp, lay)
         self.blocks = [_RingBlock(sp, lay[6], lay) for _ in range(owner.ring)]
         self.words[kern.S_RING] = owner.ring
         self.words[kern.S_BLOCKS:kern.S_BLOCKS + owner.ring] = [b.ptr for b in self.blocks]
-        self.counters, self.counters_ptr = _counters(sp)
-        self.grid_out, self.grid_in = lay[9]
         tags = (index % TAG_CALLS) * TAG_FRAMES + lay[8]  # the site's tags: the same every replay
         for b in self.blocks:
             b.send[:, kern.D_TAG] = tags[:len(b.send)]
@@ -206,6 +201,17 @@ def launch_in(sp: Spills, site, stream=None) -> None:
                (site.ptr, sp._ctrl_ptr, sp._dev_ptr, site.counters_ptr, 0), stream)
 
 
+def _site_memory(site, sp: Spills, lay: tuple) -> None:
+    """A site's words (pinned, zeroed, read by the kernels: ``mem``, ``words``, ``ptr``), its
+    kernels' counters (``_counters``) and grids, from its calls' block layout ``lay``."""
+    site.mem, raw = sp._pinned(8 * kern.SITE_WORDS)
+    site.words = raw.view(np.uint64)
+    site.words[:] = 0
+    site.ptr = int(raw.ctypes.data)
+    site.counters, site.counters_ptr = _counters(sp)
+    site.grid_out, site.grid_in = lay[9]
+
+
 def _counters(sp: Spills):
     """(array, address) of a site's kernel counters: zeroed host words, or device words left
     unset here (no stream work during a capture, no wait): ``launch_out`` zeroes them on the
@@ -239,13 +245,8 @@ class FedSite:
     def __init__(self, spills: Spills, op, code: int, out, inn):
         self.spills, self.op, self.code = spills, op, code
         self.out, self.inn = tuple(map(tuple, out)), tuple(map(tuple, inn))
-        self.grid_out, self.grid_in = spills._layout(op, code, self.out, self.inn)[9]
         with _allocating(spills.device):
-            self.mem, raw = spills._pinned(8 * kern.SITE_WORDS)
-            self.counters, self.counters_ptr = _counters(spills)
-        self.words = raw.view(np.uint64)
-        self.words[:] = 0  # S_RING 0: fed
-        self.ptr = int(raw.ctypes.data)
+            _site_memory(self, spills, spills._layout(op, code, self.out, self.inn))  # S_RING 0: fed
         self.launches = 0
         self._fed: deque = deque()  # calls fed, not yet seen started on the device
 
