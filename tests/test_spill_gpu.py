@@ -151,9 +151,9 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
     """Calls block pinned memory until they are handled; a device keeps every block it made, so
     once the pool is as deep as the calls in flight get, no call allocates again (pinned
     allocations of a 64 MiB call's blocks take tens of ms each). The first burst is queued
-    behind a spinning kernel, so that all its calls are in flight at once whatever the timing:
-    the pool, doubling whenever none is free, then holds 63 blocks for those 40 calls, and a
-    burst as deep or shallower allocates nothing."""
+    behind a spinning kernel (after one call that builds the kernels), so that all its calls are
+    in flight at once whatever the timing: the pool, doubling whenever none is free, then holds
+    63 blocks for those 40 calls, and a burst as deep or shallower allocates nothing."""
     import time
 
     cp = _cupy()
@@ -183,6 +183,7 @@ def test_a_steady_stream_of_calls_allocates_no_pinned_memory():
         while not all(c.done for c in sp._inflight) and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    burst(1)  # the kernels compiled (CuPy builds them at their first launch) before the hold
     burst(40, hold_s=0.5)
     made = sp.stats()["allocations"]
     assert made == 63, sp.stats()  # none could retire while the stream was held: 1 + 2 + ... + 32
