@@ -21,6 +21,11 @@ transport inside. ``--side-stream``: the calls run on a stream of their own, whe
 replays a kept call over NCCL as its own CUDA graph (``graph: true``, ``graph_kind: "plan"``:
 the eager call's time, graph launch included).
 
+``py_ref_us`` in each record times a fixed piece of zipccl's Python (``Stats.add``) in the
+same process just before its timed calls: H200 hosts and sessions differ by 2x and more in
+Python speed, so compare records through it (or through ``transport_us``), not across
+sessions alone.
+
 ``--queue-ms`` (NCCL only): a kernel of that many milliseconds is queued on the stream
 before each call; ``returned_before_kernel`` says whether the call returned while it still
 ran (NCCL's contract). Results are checked bit for bit against the native collective before
@@ -95,6 +100,19 @@ def counted(record: dict, transport_cls, cuda: bool = True):
     finally:
         for owner, name, real in reversed(patches):
             setattr(owner, name, real)
+
+
+def python_reference_us(repeat: int = 5, number: int = 4000) -> float:
+    """µs per ``Stats.add`` (one call's counting in zipccl) in this process: the best of
+    ``repeat`` runs of ``number``, a measure of how fast this host runs zipccl's Python."""
+    import timeit
+
+    from zipccl.comm.base import ExchangeStats
+    from zipccl.comm.stats import Stats
+
+    s, ex = Stats(), ExchangeStats(wire_bytes=70, raw_bytes=100)
+    best = min(timeit.repeat(lambda: s.add(True, ex, "all_gather"), number=number, repeat=repeat))
+    return 1e6 * best / number
 
 
 def python_calls(call, by: dict | None = None) -> tuple[int, int]:
@@ -254,6 +272,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 prof = cProfile.Profile()
                 prof.enable()
             stages: dict = {}
+            py_ref = python_reference_us()
             allocs = spill_allocations(zc)
             with counted(rec, ProcessGroupTransport, cuda), \
                     (staged(stages) if args.stages else contextlib.nullcontext()):
@@ -287,6 +306,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "warmup": args.calls if args.warmup is None else args.warmup,
                 # pinned call blocks the spill channel allocated during the timed calls
                 "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
+                "py_ref_us": py_ref,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
                 "compressed": zc.last_decision.compress if zc.last_decision else None,
