@@ -94,3 +94,27 @@ def test_device_raw_frame_matches_the_host_and_decodes(dtype):
     end = SLOT_HEADER + fmt.HEADER_SIZE + x.nbytes
     assert np.array_equal(cp.asnumpy(region[:end]), want[:end])
     assert np.array_equal(cp.asnumpy(out).view(np.uint8), x.view(np.uint8))
+
+
+def test_device_raw_headers_are_kept_in_pinned_chunks_never_freed():
+    """The device engine keeps each (size, type)'s RAW header in pinned host memory, packed
+    into chunks; a copy enqueued earlier may still read any of them, so none is dropped or
+    overwritten however many sizes come (here over two chunks)."""
+    import types
+
+    from zipccl.comm.pipeline import RAW_CHUNK, DeviceEngine
+
+    chunks = []
+
+    def pinned(n):
+        chunks.append(bytearray(n))
+        return chunks[-1]
+
+    eng = object.__new__(DeviceEngine)  # no CuPy here: only the header store is used
+    eng.cp = types.SimpleNamespace(cuda=types.SimpleNamespace(alloc_pinned_memory=pinned))
+    eng._raw_headers, eng._raw_chunk, eng._raw_used = {}, None, 0
+    keys = [(1000 + i, fmt.DTYPE_BF16 if i % 2 else fmt.DTYPE_FP32) for i in range(RAW_CHUNK + 10)]
+    got = [eng._raw_header(k) for k in keys]
+    assert len(chunks) == 2 and all(eng._raw_header(k) is g for k, g in zip(keys, got, strict=True))
+    for k, g in zip(keys, got, strict=True):
+        assert bytes(g) == bytes(raw_header(*k))

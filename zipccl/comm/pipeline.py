@@ -28,6 +28,7 @@ from .transport import cupy_stream
 
 _ALIGN = 16  # the GPU codec reads and writes values with 16-byte vector accesses
 CODEBOOK_REFRESH = 16  # calls on one buffer between two sigma estimates
+RAW_CHUNK = 256  # RAW frame headers per pinned chunk (``DeviceEngine._raw_header``)
 
 
 class DeviceEngine:
@@ -48,6 +49,7 @@ class DeviceEngine:
         self._reducers: dict[int, object] = {}
         self._encode_ws = None
         self._raw_headers: dict[tuple, object] = {}  # encode_slot(raw=True): pinned frame headers
+        self._raw_chunk, self._raw_used = None, 0  # the pinned chunk new headers go into
         self._decode_ws: dict[int, object] = {}
         # slot_exchange: transfer and decode streams, events per round
         self._xfer = None
@@ -247,21 +249,30 @@ class DeviceEngine:
                 out[...] = dst
         return None
 
+    def _raw_header(self, key: tuple):
+        """The RAW frame header of ``key`` (size, type) in pinned host memory, made once and
+        kept while the engine lives: a copy enqueued earlier may read it at any time, so none
+        is freed (headers share pinned chunks of ``RAW_CHUNK`` each)."""
+        hdr = self._raw_headers.get(key)
+        if hdr is None:
+            h = raw_header(*key)
+            if self._raw_chunk is None or self._raw_chunk.size - self._raw_used < h.nbytes:
+                n = RAW_CHUNK * h.nbytes
+                self._raw_chunk = np.frombuffer(self.cp.cuda.alloc_pinned_memory(n), np.uint8, n)
+                self._raw_used = 0
+            hdr = self._raw_chunk[self._raw_used:self._raw_used + h.nbytes]
+            hdr[:] = h
+            self._raw_used += h.nbytes
+            self._raw_headers[key] = hdr
+        return hdr
+
     def encode_slot(self, values, region, raw: bool = False) -> None:
         """Enqueue the frame of ``values`` into ``region[SLOT_HEADER:]``, its codebook chosen on
         the device from ``values`` (BF16, FP32; FP16 from a sample, ``_sampled_codebook``).
         ``raw``: a RAW frame, two copies (its header, from pinned host memory kept per size and
         type, then the values), no codec kernel."""
         if raw:
-            key = (int(values.size), value_code(values))
-            hdr = self._raw_headers.get(key)
-            if hdr is None:  # once per size and type, in pinned host memory: copied without a wait
-                if len(self._raw_headers) >= 256:
-                    self._raw_headers.pop(next(iter(self._raw_headers)))
-                h = raw_header(*key)
-                hdr = np.frombuffer(self.cp.cuda.alloc_pinned_memory(h.nbytes), np.uint8, h.nbytes)
-                hdr[:] = h
-                self._raw_headers[key] = hdr
+            hdr = self._raw_header((int(values.size), value_code(values)))
             at = SLOT_HEADER + hdr.size
             with self._stream:
                 region[SLOT_HEADER:at].set(hdr, stream=self._stream)
