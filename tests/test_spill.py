@@ -26,7 +26,7 @@ import pytest
 from conftest import need_torch
 from test_comm_mpi import ROOT, clean_env, mpiexec
 
-from zipccl.comm import spill
+from zipccl.comm import channels, spill
 from zipccl.format import errors
 from zipccl.kernels import spill as kern
 
@@ -313,7 +313,7 @@ def test_mpi_channel_needs_thread_multiple(monkeypatch):
     MPI = pytest.importorskip("mpi4py.MPI")  # noqa: N806
     monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
     with pytest.raises(RuntimeError, match="MPI_THREAD_MULTIPLE"):
-        spill.MPIChannel(MPI.COMM_SELF)
+        channels.MPIChannel(MPI.COMM_SELF)
 
 
 def test_error_bits_do_not_meet_the_decode_bits():

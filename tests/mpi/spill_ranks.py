@@ -322,7 +322,8 @@ def main(mode: str, calls: int, torch_rank: tuple[int, int] | None) -> int:
         import fake_cupy
 
         fake_cupy.install()
-    from zipccl.comm.spill import MPIChannel, Spills
+    from zipccl.comm.channels import MPIChannel
+    from zipccl.comm.spill import Spills
 
     mem = Memory(mode)
     if torch_rank is None:

@@ -517,7 +517,8 @@ class Communicator(Front):
     def spills(self, eng, stream):
         """The spill channel of compressed calls on the engine's memory (host or device, one
         each, made at the first such call, which every rank makes at the same point)."""
-        from .spill import MPIChannel, Spills
+        from .channels import MPIChannel
+        from .spill import Spills
 
         return eng.device, lambda: Spills(MPIChannel(self.comm), device=eng.device)
 

@@ -5,8 +5,8 @@ does not fit spills the rest of its bytes, its tail. ``Spills`` moves tails with
 the caller's thread wait for the device or a peer (NCCL's contract): ``begin`` writes the
 call's frame descriptors into a pinned, device-mapped call block; ``launch_out`` and
 ``launch_in`` enqueue the kernels (``kernels.spill``) that copy tails out and in; one progress
-thread per ``Spills`` moves them over a host channel (``MPIChannel`` here, ``TorchChannel`` in
-``zipccl.torch.transport``) in call order. A stream waits only on the CPU, the CPU only on
+thread per ``Spills`` moves them over a host channel (``channels.MPIChannel``, ``TorchChannel``
+in ``zipccl.torch.transport``) in call order. A stream waits only on the CPU, the CPU only on
 device work enqueued before. Errors go into a sticky word in mapped memory that every slot
 header then carries to the peers. With ``device=False`` (host arrays) the same steps run at
 once in the caller's thread. The protocol, the deadlock rule and the error bits:
@@ -21,7 +21,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from .. import format as fmt
 from ..format import errors
 from ..format import slot as slots
 from ..kernels import spill as kern
+from .channels import HostChannel
 from .transport import stream_ptr
 
 FRAME_FIELDS = ("peer", "region_ptr", "slot_bytes", "region_bytes", "n")
@@ -54,80 +54,6 @@ def _poll_min_s() -> float:
     if not 0 < us <= 1e6:
         raise ValueError(f"ZIPCCL_SPILL_POLL_US must be in (0, 1e6] microseconds, got {raw!r}")
     return us * 1e-6
-
-
-class Handle(Protocol):
-    def wait(self) -> None: ...
-
-    def test(self) -> bool: ...
-
-
-class HostChannel(Protocol):
-    """Point-to-point byte messages between the ranks of one communicator, for one thread."""
-
-    rank: int
-    size: int
-
-    def isend(self, data: np.ndarray, peer: int, tag: int) -> Handle: ...
-
-    def recv(self, out: np.ndarray, peer: int, tag: int) -> None: ...
-
-    def twin(self) -> HostChannel: ...
-
-    def close(self) -> None: ...
-
-
-class SendHandle:
-    """A send in flight: its channel's wait and test, and the buffer it must keep alive."""
-
-    def __init__(self, wait, test, buffer):
-        self._wait, self._test, self.buffer = wait, test, buffer
-
-    def wait(self) -> None:
-        self._wait()
-
-    def test(self) -> bool:
-        return bool(self._test())
-
-
-class MPIChannel:
-    """A host channel over a duplicate of an mpi4py communicator (a collective call).
-
-    The progress thread uses it while the caller's thread runs MPI too, so MPI must have
-    been initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py's default).
-    """
-
-    def __init__(self, comm):
-        from mpi4py import MPI
-
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise RuntimeError(
-                "zipccl's spill thread needs MPI initialised with MPI_THREAD_MULTIPLE; MPI "
-                f"provides level {MPI.Query_thread()} (mpi4py requests MULTIPLE unless "
-                "mpi4py.rc.thread_level was changed before importing mpi4py.MPI)")
-        self._mpi = MPI
-        self.comm = comm.Dup()
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-
-    def isend(self, data: np.ndarray, peer: int, tag: int) -> SendHandle:
-        req = self.comm.Isend(data, dest=peer, tag=tag)
-        return SendHandle(req.Wait, req.Test, data)
-
-    def twin(self) -> MPIChannel:
-        """Another channel over the same ranks (a collective call, like this one's making)."""
-        return MPIChannel(self.comm)
-
-    def recv(self, out: np.ndarray, peer: int, tag: int) -> None:
-        status = self._mpi.Status()
-        self.comm.Recv(out, source=peer, tag=tag, status=status)
-        got = status.Get_count(self._mpi.BYTE)
-        if got != out.size:
-            raise RuntimeError(f"spill from rank {peer} (tag {tag}): {got} bytes, expected {out.size}")
-
-    def close(self) -> None:
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
 
 
 def describe(bits: int) -> str:
@@ -195,7 +121,7 @@ class _Call:
 
 class Spills:
     """The spill machinery of one communicator: call blocks, the sticky error word, the
-    progress thread and the host channel (``MPIChannel``, or ``zipccl.torch``'s ``TorchChannel``).
+    progress thread and the host channel (``channels.MPIChannel``, or ``zipccl.torch``'s ``TorchChannel``).
 
     ``device``: the regions are device memory (of the device current at construction) and
     the steps are kernels on the given streams (CuPy); otherwise they are host memory and
@@ -313,7 +239,8 @@ class Spills:
         in the same order on the sender as on the receiver. Never waits. ``observe``: keep
         the call's largest escape count over every rank's frames for ``observed``.
         """
-        self._check()
+        if self._failure is not None:
+            self._check()
         if self._closed:
             raise RuntimeError("Spills.begin after close()")
         seq = int(seq)
@@ -403,7 +330,8 @@ class Spills:
         return a
 
     def _call(self, seq: int) -> _Call:
-        self._check()
+        if self._failure is not None:
+            self._check()
         call = self._calls.get(int(seq))
         if call is None:
             raise ValueError(f"call {seq} was not begun (or its kernels were all launched)")
@@ -456,7 +384,8 @@ class Spills:
     def record_error(self, stream, bits_ptr: int) -> None:
         """Enqueue on ``stream`` an OR of the uint32 at device address ``bits_ptr`` (a decode
         workspace's error bits) into the sticky error word."""
-        self._check()
+        if self._failure is not None:
+            self._check()
         self._launch("zipccl_spill_record", 1, (self._ctrl_ptr, self._dev_ptr, int(bits_ptr)), stream)
 
     def observed(self, seq: int) -> int | None:
@@ -464,7 +393,8 @@ class Spills:
         ``observe=True``), once the device has checked its received slot headers; None
         before that. Each value is returned once. A read of what the progress thread noted:
         no wait."""
-        self._check()
+        if self._failure is not None:
+            self._check()
         return self._observed.pop(int(seq), None)
 
     def report(self, bits: int) -> None:
@@ -475,7 +405,8 @@ class Spills:
     def error(self) -> int:
         """The sticky error word as far as the device has got (a read of mapped memory, no
         wait): every bit recorded on this rank or reported by a peer's slot header."""
-        self._check()
+        if self._failure is not None:
+            self._check()
         self._sticky |= int(self._ctrl[kern.C_ERR]) | int(self._ctrl[kern.C_HOST_ERR])
         return self._sticky
 
@@ -496,7 +427,8 @@ class Spills:
                                    f"after {timeout} s (were their kernels launched and run?)")
         self._retire()
         self.channel.close()
-        self._check()
+        if self._failure is not None:
+            self._check()
 
     @property
     def closed(self) -> bool:
@@ -504,6 +436,8 @@ class Spills:
 
     # -- the progress thread ---------------------------------------------------------------
     def _check(self) -> None:
+        """Raise the progress thread's failure (the steps test ``_failure`` inline first: a
+        function call less per step when all is well)."""
         if self._failure is not None:
             raise RuntimeError(f"zipccl spill progress thread failed: {self._failure!r}") \
                 from self._failure

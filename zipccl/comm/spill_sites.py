@@ -20,7 +20,8 @@ import numpy as np
 
 from ..format import errors
 from ..kernels import spill as kern
-from .spill import POLL_MAX_S, TAG_CALLS, TAG_FRAMES, HostChannel, Spills, _move_tails
+from .channels import HostChannel
+from .spill import POLL_MAX_S, TAG_CALLS, TAG_FRAMES, Spills, _move_tails
 
 #: what closed captures' kernels may still touch, should their graphs be replayed (one entry
 #: per capture, for the process's life)

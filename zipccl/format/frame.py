@@ -13,6 +13,7 @@ the two must agree.
 
 from __future__ import annotations
 
+import functools
 import operator
 import struct
 import zlib
@@ -179,6 +180,12 @@ class Layout:
 
     @staticmethod
     def for_count(n: int, dtype: int = DTYPE_BF16) -> Layout:
+        """The layout of ``n`` elements of ``dtype`` (a pure function of both: made once per
+        pair and kept, as every call of a collective asks again)."""
+        return _layout_for(operator.index(n), dtype)
+
+    @staticmethod
+    def _make(n: int, dtype) -> Layout:
         if n < 0:
             raise ValueError(f"element count must be >= 0, got {n}")
         dtype = dtype_code(dtype)
@@ -234,6 +241,11 @@ def max_compressed_size(n: int, dtype=DTYPE_BF16) -> int:
     if isinstance(n, bool) or not hasattr(n, "__index__"):
         raise TypeError(f"element count must be an integer, got {type(n).__name__} {n!r}")
     return Layout.for_count(operator.index(n), dtype_code(dtype)).raw_size
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_for(n: int, dtype) -> Layout:
+    return Layout._make(n, dtype)
 
 
 def static_size(n: int, dtype=DTYPE_BF16) -> int:

@@ -4,7 +4,7 @@
 collectives (NCCL on GPUs, gloo on CPUs), viewing the engine's NumPy / CuPy buffers as torch
 tensors without copies. On a GPU it makes the stream the bytes must follow torch's current
 stream for the call, so encode -> transfer -> decode stay in order without a host wait.
-``TorchChannel`` is ``zipccl.torch``'s spill channel (``comm.spill.HostChannel``): a gloo
+``TorchChannel`` is ``zipccl.torch``'s spill channel (``comm.channels.HostChannel``): a gloo
 backend of its own among a group's ranks. ``post_failure`` / ``peer_failures`` tell a rank's
 failure to its peers through the job's store; ``forget_groups`` drops every group zipccl.torch
 holds, at interpreter exit. Agreement across ranks is ``comm.agreement``'s, over this transport.
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..arrays import as_torch
-from ..comm.spill import SendHandle
+from ..comm.channels import SendHandle
 from ..comm.transport import Transport
 
 _OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
