@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     x = cupy.asarray(rng.normal(0, 0.02, args.n).astype(np.float32).view(np.uint32).astype(np.uint16))
     out = cupy.empty(args.n, np.uint16)
-    recs = []
+    recs, stamp = [], time.strftime("%Y%m%dT%H%M%S")
     with zipccl.Communicator(MPI.COMM_WORLD, backend="nccl",
                              policy=Policy("always", loopback=True)) as c:
         calls = {"all_gather": lambda: c.all_gather(x, out, dtype="bfloat16"),
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
                          "by_function": {k: v for k, v in sorted(by.items()) if not k.startswith(SIM_ONLY)},
                          "label": args.label, "commit": os.environ.get("ZIPCCL_COMMIT", ""),
                          "machine": "CPU box, Numba's CUDA simulator, stand-in CuPy and NCCL, one rank",
-                         "run": time.strftime("%Y%m%dT%H%M%S")})
+                         "run": stamp})
             print(f"{op:15s} zipccl calls {recs[-1]['calls']:4d} (+{sim} that exist only without a GPU)")
     if args.out:
         with open(args.out, "a") as f:
