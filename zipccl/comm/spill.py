@@ -167,7 +167,7 @@ class Spills:
         self._layouts: dict[tuple, tuple] = {}  # begin's plan cache, by (op, dtype, frames)
         self._failure: BaseException | None = None
         self._closed = False
-        self._functions: dict = {}  # the spill kernels by name, on this channel's device
+        self._launchers: dict = {}  # each spill kernel's launcher, by name (this device)
 
     # -- memory ------------------------------------------------------------------------------
     def _pinned(self, nbytes: int):
@@ -341,11 +341,11 @@ class Spills:
         if not self.device:
             kern.HOST_TWINS[name](*args)
             return
-        go = self._functions.get(name)  # each kernel looked up once
+        go = self._launchers.get(name)  # each kernel looked up once
         if go is None:
             from ..kernels.launch import words
 
-            go = self._functions[name] = words(kern.function(self._cp, name), kern.THREADS)
+            go = self._launchers[name] = words(kern.function(self._cp, name), kern.THREADS)
         go(grid, stream_ptr(stream), args)
 
     def launch_out(self, seq: int, stream=None) -> None:
