@@ -5,7 +5,9 @@
 
 One rank, ``Communicator`` over the stand-in NCCL in loopback mode (the whole compressed path
 through a slot to itself), BF16, CuPy arrays of the stand-in (``tests/mpi/fake_cupy.py``), the
-GPU codec's kernels in Numba's simulator. After a few warm calls, one more call runs under
+GPU codec's kernels in Numba's simulator, launched by the plan route a GPU takes
+(``codec.gpu_route.plans_under_simulator``, ``kernels/simlaunch.py`` standing in for the
+driver). After a few warm calls, one more call runs under
 ``sys.setprofile``: every Python function of zipccl entered on the caller's thread is counted,
 by file and function. Functions that exist only because there is no GPU (the spill kernels'
 NumPy twins in ``kernels/spill.py``, the simulator's launch route ``kernels/simlaunch.py`` and
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
     from bench_host_path import python_calls  # the H200 bench's count, the same way
 
     import zipccl
+    from zipccl.codec.gpu_route import plans_under_simulator
     from zipccl.comm.policy import Policy
 
     if getattr(cupy, "__version__", "") != "fake":
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
     out = cupy.empty(args.n, np.uint16)
     recs, stamp = [], time.strftime("%Y%m%dT%H%M%S")
     with zipccl.Communicator(MPI.COMM_WORLD, backend="nccl",
-                             policy=Policy("always", loopback=True)) as c:
+                             policy=Policy("always", loopback=True)) as c, plans_under_simulator():
         calls = {"all_gather": lambda: c.all_gather(x, out, dtype="bfloat16"),
                  "reduce_scatter": lambda: c.reduce_scatter(x, out, dtype="bfloat16"),
                  "all_to_all": lambda: c.all_to_all(x, out, dtype="bfloat16")}
