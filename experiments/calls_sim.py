@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             recs.append({"bench": "calls_sim", "op": op, "n": args.n, "dtype": "bfloat16",
                          "calls": sum(by.values()) - sim, "sim_only_calls": sim,
                          "by_function": {k: v for k, v in sorted(by.items()) if not k.startswith(SIM_ONLY)},
-                         "label": args.label, "commit": os.environ.get("ZIPCCL_COMMIT", ""),
+                         "route": "plan", "label": args.label, "commit": os.environ.get("ZIPCCL_COMMIT", ""),
                          "machine": "CPU box, Numba's CUDA simulator, stand-in CuPy and NCCL, one rank",
                          "run": stamp})
             print(f"{op:15s} zipccl calls {recs[-1]['calls']:4d} (+{sim} that exist only without a GPU)")
