@@ -22,6 +22,7 @@ from ..format import errors
 from ..kernels import spill as kern
 from .channels import HostChannel
 from .spill import POLL_MAX_S, TAG_CALLS, TAG_FRAMES, Spills, _move_tails
+from .transport import stream_ptr
 
 #: what closed captures' kernels may still touch, should their graphs be replayed (one entry
 #: per capture, for the process's life)
@@ -188,8 +189,6 @@ def launch_out(sp: Spills, site, stream=None) -> None:
     first the zeroing of the site's counters (``_counters``), recorded with them: the launches
     reset the counters themselves, so a replay finds them zero anyway."""
     if sp.device:
-        from .transport import stream_ptr
-
         sp._cp.cuda.runtime.memsetAsync(site.counters_ptr, 0, 4 * kern.COUNTERS, stream_ptr(stream))
     sp._launch("zipccl_spill_take", 1, (site.ptr, sp._ctrl_ptr), stream)
     sp._launch("zipccl_spill_out", site.grid_out,
