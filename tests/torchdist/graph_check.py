@@ -26,7 +26,8 @@ N = 3 << 19  # BF16 values per collective (3 MiB): three pipeline rounds of 1 Mi
 CHUNK_BYTES = 1 << 20
 REPLAYS = 12
 NAMES = ["graph/plan_replayed", "graph/replayed_exact", "graph/spilled", "graph/eager_after",
-         "graph/error_word", "graph/second_graph", "graph/new_signature_refused", "graph/gloo_refused"]
+         "graph/error_word", "graph/second_graph", "graph/new_signature_refused", "graph/gloo_refused",
+         "graph/default_stream_replayed", "graph/communicator_default_stream"]
 
 
 def main(out_path: str) -> int:
@@ -144,6 +145,71 @@ def checks(res: dict, torch, dist) -> None:
     refused("graph/gloo_refused",
             lambda: zc.all_gather_into_tensor(outs["all_gather"], x, group=gloo), "cannot be captured")
     torch.cuda.synchronize()
+    default_stream(res, torch)
+    communicator_default_stream(res, torch)
+
+
+def default_stream(res: dict, torch) -> None:
+    """zipccl's own graphs of calls on the legacy default stream: recorded on a capture stream
+    of zipccl's, launched on the default stream, spills at every launch, each output exact."""
+    import zipccl.torch as zt
+    from zipccl.comm import Policy
+
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    x = torch.empty(N, dtype=torch.bfloat16, device=dev)
+    outs = {op: torch.empty_like(x) for op in ("all_gather", "reduce_scatter", "all_to_all")}
+    zc = zt.Collectives(Policy("always", loopback=True), chunk_bytes=CHUNK_BYTES, capacity={"nbytes": 0})
+    bad = []
+    assert torch.cuda.current_stream(dev) == torch.cuda.default_stream(dev)
+    for k in range(8):  # no synchronize between calls: the launches queue on the default stream
+        x.copy_((torch.randn(N, device=dev, generator=gen) * 0.02 * (1 + k % 3)).to(torch.bfloat16))
+        for o in outs.values():
+            o.zero_()
+        zc.all_gather_into_tensor(outs["all_gather"], x)
+        zc.reduce_scatter_tensor(outs["reduce_scatter"], x)
+        zc.all_to_all_single(outs["all_to_all"], x)
+        want = x.view(torch.int16).clone()
+        torch.cuda.synchronize()
+        bad += [f"call {k}: {op} differs in {int((o.view(torch.int16) != want).sum())} values"
+                for op, o in outs.items() if not torch.equal(o.view(torch.int16), want)]
+    kept = [bool(p.graph) for p in zc._core.plans.values() if p.call is not None]
+    (ch,) = zc._core.channels().values()
+    err = ch.error_text()
+    res["graph/default_stream_replayed"] = {
+        "ok": not bad and kept == [True] * 3 and err is None and zc.stats.compressed_calls == 24,
+        "detail": "; ".join(bad[:6]) or f"plans recorded as graphs: {kept}, error word {err}, "
+                                         f"{zc.stats.compressed_calls} compressed calls counted"}
+
+
+def communicator_default_stream(res: dict, torch) -> None:
+    """The same through ``zipccl.Communicator`` on CuPy arrays over one-rank NCCL, CuPy's
+    current stream being the legacy default one."""
+    import cupy
+    import numpy as np
+    from mpi4py import MPI
+
+    import zipccl
+    from zipccl.comm import Policy
+
+    rng = np.random.default_rng(11)
+    bad, kept = [], []
+    with zipccl.Communicator(MPI.COMM_SELF, backend="nccl", policy=Policy("always", loopback=True),
+                             chunk_bytes=CHUNK_BYTES, capacity={"nbytes": 0}) as c:
+        x = cupy.empty(N, dtype=cupy.uint16)
+        out = cupy.empty_like(x)
+        for k in range(6):
+            host = (rng.standard_normal(N) * 0.02 * (1 + k % 3)).astype(np.float32)
+            x.set((host.view(np.uint32) >> 16).astype(np.uint16))
+            out.fill(0)
+            c.all_gather(x, out, dtype="bfloat16")
+            if not bool((out == x).all()):
+                bad.append(f"call {k}: differs in {int((out != x).sum())} values")
+        kept = [bool(p.graph) for p in c._core.plans.values() if p.call is not None]
+        moved = type(c._nccl).__name__
+        ok = not bad and kept == [True] and c.stats.compressed_calls == 6 and moved == "NCCLTransport"
+        detail = "; ".join(bad) or f"plans recorded as graphs: {kept}, transport {moved}"
+    res["graph/communicator_default_stream"] = {"ok": ok, "detail": detail}
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from .base import CollectiveError
 from .call import Call
 from .core import DEFAULT_CHUNK_BYTES, Core, Front, Link
 from .policy import OPS, Decision, Policy, Profile, env_policy
-from .transport import MPITransport, Transport, stream_ptr
+from .transport import MPITransport, Transport, cupy_stream, stream_ptr
 
 BACKENDS = ("auto", "nccl", "mpi")
 _log = logging.getLogger("zipccl")
@@ -173,6 +173,7 @@ class Communicator(Front):
         self._nccl: Transport | None = None
         self._nccl_tried = False
         self._nccl_error: str | None = None
+        self._capture_stream = None  # where zipccl's own graphs are recorded (``graph``)
         try:
             self._agreement.control(
                 "Communicator", sig_hash(("settings", self._agreement.settings)), None,
@@ -288,8 +289,6 @@ class Communicator(Front):
             raise CollectiveError("zipccl synchronize: the communicator is closed")
         if True in self._core.channels():
             import cupy
-
-            from .transport import cupy_stream
 
             (cupy.cuda.get_current_stream() if stream is None else cupy_stream(stream)).synchronize()
         err = None
@@ -489,21 +488,23 @@ class Communicator(Front):
     def where(self, call: Call, stream):
         return self._route(call.device, call.stream)
 
-    def graph(self, call: Call, stream, run):
-        """``run()`` captured on the call's CuPy stream (not the legacy default stream, which
-        cannot be captured), thread-local; None where this CuPy cannot capture."""
+    def graph(self, call: Call, stream, record):
+        """``record(stream)`` captured on a CuPy stream of this communicator's own, thread-local;
+        launched on the call's stream (the legacy default stream too); None where this CuPy
+        cannot capture."""
         import cupy
 
-        ptr = stream_ptr(call.stream)
-        if not ptr or not hasattr(cupy.cuda.Stream, "begin_capture"):
+        if not hasattr(cupy.cuda.Stream, "begin_capture"):
             return None
-        s = cupy.cuda.ExternalStream(ptr)
-        s.begin_capture(cupy.cuda.runtime.streamCaptureModeThreadLocal)
+        if self._capture_stream is None:
+            self._capture_stream = cupy.cuda.Stream(non_blocking=True)
+        cap = self._capture_stream
+        cap.begin_capture(cupy.cuda.runtime.streamCaptureModeThreadLocal)
         try:
-            run()
+            record(cap.ptr)
         finally:
-            graph = s.end_capture()
-        return functools.partial(graph.launch, s)
+            graph = cap.end_capture()
+        return functools.partial(graph.launch, cupy_stream(call.stream))
 
     def capturing(self, call: Call, stream) -> bool:
         import cupy

@@ -99,9 +99,11 @@ class Front:
         """Whether the stream of ``call`` (on device memory) is being captured into a CUDA graph."""
         return False
 
-    def graph(self, call: Call, ctx, run):
-        """``run()`` captured as a CUDA graph on the stream of ``call``, without waiting: a
-        function that launches it on that stream, or None where the front end cannot."""
+    def graph(self, call: Call, ctx, record):
+        """``record(stream)`` captured as a CUDA graph on a stream of the front end's own
+        (``stream``: its raw handle; the call's own may be the legacy default stream, which
+        cannot be captured), without waiting: a function that launches the graph on the
+        stream of ``call``, or None where the front end cannot."""
         return None
 
     def spills(self, eng, ctx):
@@ -362,9 +364,11 @@ class Core:
     def replay(self, front: Front, plan: Plan, ctx, extra: Stats | None = None) -> None:
         """Record the kept call of ``plan`` as a CUDA graph and launch it (where graphs are on,
         the transport records into them, the type is not FP16, whose codebook comes from a
-        host-side sample, and the front end captures on the call's stream; else run it and never
-        try again): its rounds' spills fed by the host at every launch (``exchange.
-        RecordingChannel``), its slot sizes those of this call, its bytes counted at every launch."""
+        host-side sample, and the front end can capture; else run it and never try again),
+        recorded on a capture stream of the front end's own and launched on the call's stream
+        (the legacy default stream too): its rounds' spills fed by the host at every launch
+        (``exchange.RecordingChannel``), its slot sizes those of this call, its bytes counted at
+        every launch."""
         call, route = plan.call, plan.route
         plan.graph = False  # also when the capture fails: this plan then runs as it is
         if not (self.graphs and getattr(route.tr, "capturable", False)) or call.send.code == fmt.DTYPE_FP16:
@@ -374,8 +378,16 @@ class Core:
 
         rec = replace(route, channel=RecordingChannel(route.channel))
         got = []
+
+        def record(stream) -> None:  # the call's work on the capture stream, then its own again
+            route.eng.set_stream(stream)
+            try:
+                got.append(COLLECTIVES[call.op].run(call, replace(rec, stream=stream), True))
+            finally:
+                route.eng.set_stream(call.stream)
+
         try:
-            launch = front.graph(call, ctx, lambda: got.append(COLLECTIVES[call.op].run(call, rec, True)))
+            launch = front.graph(call, ctx, record)
         except Exception as e:  # noqa: BLE001 -- nothing of it ran: the call runs as it is
             warnings.warn(f"zipccl {call.op}: recording the call as a CUDA graph failed ({e}); "
                           f"it runs without one", RuntimeWarning, stacklevel=4)

@@ -54,6 +54,7 @@ class Collectives(Front):
             Policy(policy, min_bytes=min_compress_bytes, compress_host=compress_host)
         self._core = Core(pol, chunk_bytes=chunk_bytes, checksum=checksum, capacity=capacity)
         self._links: dict[tuple, tuple[ProcessGroupTransport, Link]] = {}
+        self._capture_streams: dict[torch.device, torch.cuda.Stream] = {}  # zipccl's own graphs'
         _tr.HOLDERS.add(self)  # transport.forget_groups calls forget()
 
     def forget(self) -> None:
@@ -93,19 +94,25 @@ class Collectives(Front):
     def capturing(self, call, ctx) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
-    def graph(self, call, ctx, run):
-        """``run()`` captured with ``torch.cuda.CUDAGraph`` on the current stream (the call's;
-        not the default stream, which cannot be captured), thread-local: no other thread's
-        CUDA calls are disturbed; its memory comes from the graph's own pool."""
-        stream = torch.cuda.current_stream(ctx[1].device)
-        if stream.cuda_stream != call.stream or stream == torch.cuda.default_stream(ctx[1].device):
+    def graph(self, call, ctx, record):
+        """``record(stream)`` captured with ``torch.cuda.CUDAGraph`` on a capture stream of this
+        object's own per device, thread-local: no other thread's CUDA calls are disturbed; its
+        memory comes from the graph's own pool. ``replay`` launches it on torch's current stream,
+        the call's (the plan's key names it): the default stream too."""
+        device = ctx[1].device
+        stream = torch.cuda.current_stream(device)
+        if stream.cuda_stream != call.stream:
             return None
+        cap = self._capture_streams.get(device)
+        if cap is None:
+            cap = self._capture_streams[device] = torch.cuda.Stream(device)
         graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            run()
-        finally:
-            graph.capture_end()
+        with torch.cuda.stream(cap):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                record(cap.cuda_stream)
+            finally:
+                graph.capture_end()
         return graph.replay
 
     def spills(self, eng, ctx):
