@@ -33,7 +33,8 @@ COLLECTIVE_CHECKS = [
           for ref in ("stated", "vs_torch")],
         "all_to_all", "all_to_all_uneven")
 ] + ["compressed_calls_counted", "passthrough_int32_and_max", "never_is_native", "async_work",
-     "megatron", "transport_alltoallv_gaps", "agreement", "import_zipccl_without_torch",
+     "megatron", "transport_alltoallv_gaps", "agreement", "agreement_own_control",
+     "import_zipccl_without_torch",
      "single_names", "loopback"] + [
     f"wide_{name}_{dtype}/{kind}" for dtype in ("float32", "float16") for kind in ("gauss", "corpus")
     for name in ("all_gather", "all_to_all", "compressed",

@@ -330,6 +330,40 @@ def check_agreement(rank: int, p: int, res: dict) -> None:
     except Exception as e:  # noqa: BLE001
         res["agreement"] = {"ok": type(e).__name__ == "CollectiveError" and "rank 1: bad frame" in str(e),
                             "detail": str(e)}
+    check_own_control(rank, p, res)
+
+
+def check_own_control(rank: int, p: int, res: dict) -> None:
+    """A group with no backend for CPU tensors (here gloo for CUDA tensors only, as an NCCL
+    group is): the control exchanges go over a gloo backend of zipccl's own among its ranks,
+    on the host; ints, flags, maxima and objects arrive in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    from zipccl.comm.agreement import Agreement
+    from zipccl.torch.transport import ProcessGroupTransport
+
+    group = dist.new_group(backend="cuda:gloo")
+    tr = ProcessGroupTransport(group, "cpu")
+    table = np.zeros((p, 3), dtype=np.int64)
+    tr.allgather_ints(np.array([rank, 10 * rank, -rank]), table)
+    wrong = [] if table.tolist() == [[r, 10 * r, -r] for r in range(p)] else [f"ints {table.tolist()}"]
+    if tr.any_flag(rank == p - 1) is not True or tr.any_flag(False) is not False:
+        wrong.append("any_flag")
+    if tr.max_int(7 * (rank + 1)) != 7 * p:
+        wrong.append("max_int")
+    got = tr.allgather_objects({"rank": rank, "text": "x" * (5 * rank)})
+    if got != [{"rank": r, "text": "x" * (5 * r)} for r in range(p)]:
+        wrong.append(f"objects {got}")
+    try:
+        Agreement(tr, p).agree("bad frame" if rank == 0 else None)
+        wrong.append("no error raised")
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ != "CollectiveError" or "rank 0: bad frame" not in str(e):
+            wrong.append(str(e))
+    own = tr._ctl is not None and tr._ctl is not group._get_backend(torch.device("cuda"))
+    res["agreement_own_control"] = {"ok": not wrong and own,
+                                    "detail": "; ".join(wrong) or f"control over {type(tr._ctl).__name__}"}
 
 
 def run_checks(checks, rank: int, p: int, res: dict) -> None:

@@ -24,7 +24,7 @@ from ..comm.policy import Policy
 from ..comm.spill import Spills
 from ..comm.stats import Stats
 from . import transport as _tr
-from .translate import ReduceOp, agreed_max, fast_key, nbytes, op_name, refused, split_counts
+from .translate import ReduceOp, fast_key, nbytes, op_name, refused, split_counts
 from .transport import ProcessGroupTransport, TorchChannel, resolve_group
 from .work import _CheckedWork, _done_work, _guarded
 
@@ -201,7 +201,7 @@ class Collectives(Front):
             lambda: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                            group=group, async_op=async_op),
             describe, passed, extra="uneven" if uneven else None, splits=splits,
-            settle=(lambda n: agreed_max(group, input, n)) if settled else None)
+            settle=(lambda n: self._links[(group, input.device)][0].max_int(n)) if settled else None)
 
     @_guarded("all_reduce", 2)
     def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,

@@ -2,8 +2,7 @@
 
 ``refused`` is ``comm.core.refusal`` asked with torch's arguments, the one decision of whether
 zipccl takes a call, shared by ``Collectives`` (``functional``) and the backend's dispatch.
-``fast_key`` is a torch call's plan key, read without a check (``comm.core.Core.call``);
-``agreed_max`` its ``settle`` (per-peer counts' largest size over the group's ranks).
+``fast_key`` is a torch call's plan key, read without a check (``comm.core.Core.call``).
 """
 
 from __future__ import annotations
@@ -89,10 +88,3 @@ def element_counts(t: torch.Tensor, splits, p: int, role: str) -> list[int]:
     if sum(splits) != rows:
         raise ValueError(f"{role} split sizes {splits} do not cover its {rows} rows on {p} ranks")
     return [s * per_row for s in splits]
-
-
-def agreed_max(group, like: torch.Tensor, n: int) -> int:
-    """The maximum of ``n`` over the group's ranks (one small all-reduce on ``like``'s device)."""
-    t = torch.tensor([n], dtype=torch.int64, device=like.device)
-    dist.all_reduce(t, op=ReduceOp.MAX, group=group)
-    return int(t.tolist()[0])

@@ -7,7 +7,8 @@ stream for the call, so encode -> transfer -> decode stay in order without a hos
 ``TorchChannel`` is ``zipccl.torch``'s spill channel (``comm.channels.HostChannel``): a gloo
 backend of its own among a group's ranks. ``post_failure`` / ``peer_failures`` tell a rank's
 failure to its peers through the job's store; ``forget_groups`` drops every group zipccl.torch
-holds, at interpreter exit. Agreement across ranks is ``comm.agreement``'s, over this transport.
+holds, at interpreter exit. Agreement across ranks is ``comm.agreement``'s, over this transport's
+control exchanges, which run on the host (``control_backend``).
 
 This module imports torch: it is loaded only by ``zipccl.torch``.
 """
@@ -15,6 +16,7 @@ This module imports torch: it is loaded only by ``zipccl.torch``.
 from __future__ import annotations
 
 import atexit
+import pickle
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -91,8 +93,9 @@ def _span(counts: Sequence[int], displs: Sequence[int]) -> tuple[int, int] | Non
 class ProcessGroupTransport(Transport):
     """Bytes over a torch ProcessGroup (see the module docstring).
 
-    A ``Transport`` without an mpi4py communicator: its control exchanges (frame
-    lengths, flags, error messages) go over the same group too.
+    A ``Transport`` without an mpi4py communicator: its control exchanges (control rows,
+    flags, maxima, error messages) go over the group's ranks on the host, on CPU tensors
+    (``control_backend``), never through the device.
 
     >>> # inside an initialised torch.distributed job:
     >>> # tr = ProcessGroupTransport(group, torch.device("cpu"))
@@ -110,6 +113,7 @@ class ProcessGroupTransport(Transport):
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self.backend = _backend_name(self.group, self.device)
+        self._ctl = None  # the control exchanges' backend (``control_backend``), made at the first
         # NCCL on CUDA tensors records into a CUDA graph; gloo moves them through the host
         self.capturable = self._cuda and self.backend == "nccl"
 
@@ -181,27 +185,78 @@ class ProcessGroupTransport(Transport):
     def close(self) -> None:
         """Nothing to release: the group belongs to the caller."""
 
-    # -- control exchanges: small host ints and, on failure, objects, over the same group -------
-    def _ints(self, a) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+    # -- control exchanges: small host ints and, on failure, objects, on the host ---------------
+    # On CPU tensors over the group itself where it moves CPU tensors (gloo, or a CPU backend
+    # beside NCCL), else over a gloo backend of the transport's own among the group's ranks
+    # (``control_backend``): so they wait for the peers only, never for the device (a device
+    # tensor read back would wait for every kernel already on its stream).
+    def _control(self):
+        pg = self._ctl
+        if pg is None:
+            pg = self._ctl = control_backend(self.group)
+        return pg
 
     def allgather_ints(self, row: np.ndarray, table: np.ndarray) -> None:
         """table[i] = rank i's ``row`` (int64; ``table`` is (size, row.size))."""
-        out = torch.empty(table.size, dtype=torch.int64, device=self.device)
-        all_gather_single(out, self._ints(row).reshape(-1), self.group)
-        table[...] = out.cpu().numpy().reshape(table.shape)
+        mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64).reshape(-1))
+        got = torch.from_numpy(table.reshape(self.size, -1)) if table.flags.c_contiguous and \
+            table.dtype == np.int64 else torch.empty(table.shape, dtype=torch.int64)
+        self._control().allgather([list(got.unbind(0))], [mine]).wait()
+        if got.data_ptr() != table.ctypes.data:
+            table[...] = got.numpy().reshape(table.shape)
 
     def allgather_objects(self, obj) -> list:
-        """Every rank's ``obj`` (picklable), in rank order."""
-        out: list = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        """Every rank's ``obj`` (picklable), in rank order: lengths first, then the pickles."""
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = np.zeros((self.size, 1), dtype=np.int64)
+        self.allgather_ints(np.array([data.size]), sizes)
+        width = int(sizes.max())
+        mine = torch.zeros(width, dtype=torch.uint8)
+        mine[:data.size] = torch.from_numpy(data.copy())
+        out = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+        self._control().allgather([out], [mine]).wait()
+        return [pickle.loads(o[:int(n)].numpy().tobytes()) for o, n in zip(out, sizes[:, 0], strict=True)]
 
     def any_flag(self, flag: bool) -> bool:
-        """True on every rank if any rank passes True (one small MAX all-reduce)."""
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        """True on every rank if any rank passes True (one 8-byte MAX all-reduce)."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        self._control().allreduce([t], _max_options()).wait()
+        return bool(t[0])
+
+    def max_int(self, n: int) -> int:
+        """The maximum of ``n`` over the group's ranks (one 8-byte MAX all-reduce)."""
+        t = torch.tensor([int(n)], dtype=torch.int64)
+        self._control().allreduce([t], _max_options()).wait()
+        return int(t[0])
+
+
+def _max_options():
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    return opts
+
+
+_CONTROLS: dict[str, int] = {}  # control backends made so far in this process, by group name
+
+
+def control_backend(group):
+    """What carries the control exchanges of ``group``'s transports: the group's own gloo
+    backend where it has one for CPU tensors (the backend itself: a zipccl group's inner one),
+    else a ``ProcessGroupGloo`` of its ranks over a ``PrefixStore`` of the job's store (as
+    ``TorchChannel``'s: no job-wide collective; the ranks make theirs at the same call, their
+    first control exchange on the group), under the group's timeout."""
+    try:
+        cpu = group._get_backend(torch.device("cpu"))
+    except (RuntimeError, AttributeError, ValueError):
+        cpu = None
+    if cpu is not None and str(cpu.name()).lower() == "gloo":
+        return cpu
+    name = _group_name(group)
+    k = _CONTROLS.get(name, 0)
+    _CONTROLS[name] = k + 1
+    store = dist.PrefixStore(f"zipccl-control/{name}/{k}", dist.distributed_c10d._get_default_store())
+    return dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group),
+                                 group_timeout(group))
 
 
 # -- a rank's failure, told to its peers through the job's store ------------------------------
