@@ -253,6 +253,38 @@ def test_a_graph_launch_is_numbered_as_an_eager_call_and_refused_when_resized_or
     sp.close()
 
 
+def test_a_graph_launch_compares_its_slots_again_only_when_the_rule_changed():
+    """``launch_graph`` compares a site's slot sizes with the adaptive rule's only after the rule
+    changed (``CapacityRule.changes``): an observation at another site changes nothing for this
+    one and the launch goes on; one that raises this site's capacity refuses it ("resized")."""
+    from zipccl.comm.capacity import CapacityRule
+    from zipccl.comm.exchange import SlotChannel
+
+    op, code, n = SITES[0]
+    sp = spill.Spills(LocalChannel(_Net(), 0, 1), device=False)
+    rule = CapacityRule()
+    ch = SlotChannel(sp, rule)
+    key = (op, True, n, code)
+    region, slot = slots.region_bytes(n, code), slots.slot_bytes(n, code, rule.capacity(key, n, code))
+    send, recv = _aligned(region), _aligned(region)
+    site = spill_sites.FedSite(sp, op, code, [(0, int(send.ctypes.data), slot, region, n)],
+                               [(0, int(recv.ctypes.data), slot, region, n)])
+
+    def launch():
+        send[128:128 + 64] = 0
+        spill_sites.launch_out(sp, site)
+        _to_self([(0, send[:slot])], [(0, recv[:slot])])
+        spill_sites.launch_in(sp, site)
+
+    assert ch.launch_graph(op, True, [site], launch) is None and site.sized == (id(rule), 0, False)
+    rule.observe(("elsewhere", True, n, code), n, code, max_escapes=n // 2)
+    assert rule.changes == 1
+    assert ch.launch_graph(op, True, [site], launch) is None and site.sized == (id(rule), 1, False)
+    rule.observe(key, n, code, max_escapes=n // 2)
+    assert ch.launch_graph(op, True, [site], launch) == "resized" and ch.seq == 2
+    sp.close()
+
+
 def test_a_replay_after_close_waits_for_nothing():
     """A graph replayed after its communicator closed (a misuse): its take and spill-in steps
     return at once (no hang; the memory they touch is kept), and the error word says why."""

@@ -135,12 +135,22 @@ class CapacityRule:
     def __init__(self, config: CapacityConfig | None = None, **settings):
         if config is not None and settings:
             raise TypeError("give a CapacityConfig or settings, not both")
-        self.config = config if config is not None else CapacityConfig(**settings)
+        self._config = config if config is not None else CapacityConfig(**settings)
         self._sites: dict[Hashable, _Site] = {}
+        self.changes = 0  # how often a capacity may have changed (a kept graph's slots: resized?)
+
+    @property
+    def config(self) -> CapacityConfig:
+        return self._config
+
+    @config.setter
+    def config(self, value: CapacityConfig) -> None:
+        self._config = value
+        self.changes += 1
 
     def capacity(self, site: Hashable, n: int, code: int = fmt.DTYPE_BF16) -> int:
         """Escape bytes to reserve for a frame of ``n`` values of type ``code`` at ``site``."""
-        n, cfg = _count("n", n), self.config
+        n, cfg = _count("n", n), self._config
         if cfg.nbytes is not None:
             want = cfg.nbytes
         elif cfg.fraction is not None:
@@ -159,7 +169,7 @@ class CapacityRule:
         """Record the largest escape count ``max_escapes`` among the frames of a call at
         ``site`` whose frames hold ``n`` values (frames of unequal sizes: the count of the frame
         that escape count belongs to)."""
-        n, e, cfg = _count("n", n), _count("max_escapes", max_escapes), self.config
+        n, e, cfg = _count("n", n), _count("max_escapes", max_escapes), self._config
         fmt.dtype_code(code)  # validates the type code
         if e > n:
             raise ValueError(f"max_escapes {e} exceeds the frame's {n} values")
@@ -171,10 +181,12 @@ class CapacityRule:
             s = self._sites[site] = _Site(deque(maxlen=cfg.window), 0)
         s.rates.append(rate)
         target = min(cfg.grid, math.ceil(max(s.rates) * cfg.margin) + cfg.pad)
+        before = s.level
         if target >= s.level:  # a new site starts at level 0
             s.level = target
         else:
             s.level -= math.ceil((s.level - target) * cfg.decay)
+        self.changes += s.level != before
 
     def level(self, site: Hashable) -> float | None:
         """The site's current capacity as a fraction of n (None: not observed yet)."""
@@ -184,6 +196,7 @@ class CapacityRule:
     def reset(self) -> None:
         """Forget every observation (every rank together, e.g. when a communicator is rebuilt)."""
         self._sites.clear()
+        self.changes += 1
 
 
 # -- measuring a rule on recorded traffic --------------------------------------------------------

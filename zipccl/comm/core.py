@@ -255,7 +255,9 @@ class Core:
         if device and front.capturing(call, ctx):
             route = self.captured(call, plan, plan.link, route, route.channel)
         else:
-            self.agree(plan, plan.link, device)
+            link = plan.link  # ``agree``'s condition, inline: a kept call is compressed
+            if plan.sig not in link.agreement.agreed or link.verify == "always" or not device:
+                self.agree(plan, link, device)
             if device and plan.graph and self.launch_graph(plan, extra):
                 return
         plan.route.channel.raw = plan.decision.raw  # the channel is shared between plans

@@ -335,13 +335,19 @@ class SlotChannel:
         rounds ``sites`` numbered and given a call block as an eager round is (``begin``), fed
         to the graph, then ``launch()``: None. With nothing done: "resized" where the capacity
         rule now sizes a slot otherwise (record the call again), "full" where a feed is full
-        (the host is far ahead of the device: run this call as it is)."""
-        self.check(op)
-        self.site(op, uniform)
+        (the host is far ahead of the device: run this call as it is). A site's slot sizes are
+        compared with the rule's only when the rule or the RAW setting changed since they
+        last matched (``sized``); the error word is read inline (``check`` where it is set)."""
+        if self.failed is not None or self.spills.error():
+            self.check(op)
+        self._site = (op, uniform)
+        stamp = (id(self.rule), self.rule.changes, self.raw)
         for s in sites:
-            if any(slot != slots.slot_bytes(n, s.code, self.capacity(n, s.code))
-                   for _, _, slot, _, n in s.out):
-                return "resized"
+            if s.sized != stamp:
+                for _, _, slot, _, n in s.out:
+                    if slot != slots.slot_bytes(n, s.code, self.capacity(n, s.code)):
+                        return "resized"
+                s.sized = stamp
             if not s.room():
                 return "full"
         for s in sites:

@@ -249,6 +249,7 @@ class FedSite:
             _site_memory(self, spills, spills._layout(op, code, self.out, self.inn))  # S_RING 0: fed
         self.launches = 0
         self._fed: deque = deque()  # calls fed, not yet seen started on the device
+        self.sized = None  # (rule, its changes, RAW) when its slot sizes last matched the rule
 
     def room(self) -> bool:
         """Whether an entry is free for the next launch (a read of mapped memory, no wait)."""
