@@ -4,7 +4,10 @@
     torchrun --nproc-per-node 2 experiments/bench_host_path.py --backend nccl ...   # 2 GPUs
 
 Without torchrun it spawns 2 ranks that share GPU 0 over gloo (gloo moves CUDA tensors;
-NCCL refuses two ranks on one GPU). Per collective and size, after a warm-up, it times
+NCCL refuses two ranks on one GPU). Per collective and size, after two calls (the first
+checked bit for bit; zipccl records its own CUDA graph of a kept call over NCCL at the second,
+as a training loop's second step would) and a warm-up burst (``--warmup``; the pinned call
+blocks it made: ``warmup_block_allocations``), it times
 ``--calls`` calls on the caller's thread (``time.perf_counter``) and, beside it, the time
 spent inside the transport's own calls (gloo or NCCL: wrapped and timed the same way), so
 ``zipccl_us = call_us - transport_us`` is what zipccl itself costs the caller's thread.
@@ -249,9 +252,13 @@ def run(rank: int, p: int, args) -> list[dict]:
                 dist.all_to_all_single(ref, x)
             sync()
             exact = op == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+            call()  # the second call: where zipccl records its own graph of the call (NCCL)
+            sync()
+            warm_allocs = spill_allocations(zc)
             for _ in range(args.calls if args.warmup is None else args.warmup):
                 call()
             sync()
+            warm_allocs = None if warm_allocs is None else spill_allocations(zc) - warm_allocs
             dist.barrier()
             by: dict | None = {} if args.calls_by_function and rank == 0 else None
             zc_calls, py_calls = python_calls(call, by)  # one more warm call, counted
@@ -306,6 +313,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "warmup": args.calls if args.warmup is None else args.warmup,
                 # pinned call blocks the spill channel allocated during the timed calls
                 "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
+                "warmup_block_allocations": warm_allocs,  # made in the warm-up burst (untimed)
                 "py_ref_us": py_ref,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
@@ -470,9 +478,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=None,
                     help="untimed calls, back to back, before the timed ones (default: --calls): a "
-                         "burst as deep as the timed one, so that the spill channel's pool of call "
-                         "blocks is as deep as the timed calls keep in flight, as after a training "
-                         "loop's first step")
+                         "burst as deep as the timed one, after the call that records zipccl's own "
+                         "graph, so that the spill channel's pool of call blocks is as deep as the "
+                         "timed calls keep in flight, as after a training loop's first steps")
     ap.add_argument("--queue-ms", type=float, default=0.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", type=lambda s: s.split(","), default=[],
