@@ -6,8 +6,9 @@
 Without torchrun it spawns 2 ranks that share GPU 0 over gloo (gloo moves CUDA tensors;
 NCCL refuses two ranks on one GPU). Per collective and size, after two calls (the first
 checked bit for bit; zipccl records its own CUDA graph of a kept call over NCCL at the second,
-as a training loop's second step would) and a warm-up burst (``--warmup``; the pinned call
-blocks it made: ``warmup_block_allocations``), it times
+as a training loop's second step would) and warm-up bursts (``--warmup`` calls each, repeated
+until one makes no pinned call block, at most ``WARMUP_BURSTS``: ``warmup_bursts``, and the
+blocks they made, ``warmup_block_allocations``), it times
 ``--calls`` calls on the caller's thread (``time.perf_counter``) and, beside it, the time
 spent inside the transport's own calls (gloo or NCCL: wrapped and timed the same way), so
 ``zipccl_us = call_us - transport_us`` is what zipccl itself costs the caller's thread.
@@ -57,6 +58,7 @@ sys.path.insert(0, str(HERE))
 from zipccl.tools.gpus import place  # noqa: E402 -- after the path set-up above
 
 OPS = ("all_gather", "reduce_scatter", "all_to_all")
+WARMUP_BURSTS = 4  # warm-up bursts at most, until one makes no pinned call block
 
 
 @contextlib.contextmanager
@@ -254,11 +256,19 @@ def run(rank: int, p: int, args) -> list[dict]:
             exact = op == "reduce_scatter" or bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
             call()  # the second call: where zipccl records its own graph of the call (NCCL)
             sync()
-            warm_allocs = spill_allocations(zc)
-            for _ in range(args.calls if args.warmup is None else args.warmup):
-                call()
-            sync()
-            warm_allocs = None if warm_allocs is None else spill_allocations(zc) - warm_allocs
+            # warm-up bursts until one makes no call block (at most WARMUP_BURSTS): a burst that
+            # grows the pool stalls the host meanwhile, so the device catches up and the burst
+            # runs shallower than the next, as a training loop's first steps do
+            warm_allocs, bursts = (None if spill_allocations(zc) is None else 0), 0
+            while bursts < WARMUP_BURSTS:
+                before = spill_allocations(zc)
+                for _ in range(args.calls if args.warmup is None else args.warmup):
+                    call()
+                sync()
+                bursts += 1
+                if before is None or spill_allocations(zc) == before:
+                    break
+                warm_allocs += spill_allocations(zc) - before
             dist.barrier()
             by: dict | None = {} if args.calls_by_function and rank == 0 else None
             zc_calls, py_calls = python_calls(call, by)  # one more warm call, counted
@@ -313,7 +323,8 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "warmup": args.calls if args.warmup is None else args.warmup,
                 # pinned call blocks the spill channel allocated during the timed calls
                 "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
-                "warmup_block_allocations": warm_allocs,  # made in the warm-up burst (untimed)
+                "warmup_block_allocations": warm_allocs,  # made in the warm-up bursts (untimed)
+                "warmup_bursts": bursts,
                 "py_ref_us": py_ref,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,

@@ -295,7 +295,8 @@ class SlotChannel:
     def begin(self, op: str, code: int, out, inn) -> int:
         """Number the next round and hand its frames, (peer, region address, slot bytes,
         region bytes, n), to the spill path; returns its sequence number."""
-        self._observe_until(self.seq + 1 - self.lag)
+        if self._pending and self._pending[0][0] <= self.seq + 1 - self.lag:
+            self._observe_until(self.seq + 1 - self.lag)
         self.seq += 1
         observe = bool(self._site is not None and self._site[1] and out and inn)
         self.spills.begin(self.seq, op, code, out, inn, observe=observe)

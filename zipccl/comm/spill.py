@@ -254,7 +254,8 @@ class Spills:
                 self._layouts.clear()
             self._layouts[key] = lay
         op, code, ns, nr, recv_at, tails_at, need, template, ordinal, grids = lay
-        self._retire()
+        if self._inflight and (self._inflight[0].done or not self.device):  # else: none to retire
+            self._retire()
         block = self._take(need)
 
         w = block.words
@@ -376,7 +377,9 @@ class Spills:
     def fed(self, seq: int) -> _Call:
         """Call ``seq``'s kernels run in a graph (``spill_sites.FedSite``): as ``launch_out``
         and ``launch_in`` both done."""
-        call = self._call(seq)
+        call = self._calls.get(seq) if self._failure is None else None
+        if call is None:
+            call = self._call(seq)  # raises why
         call.out_launched = call.in_launched = True
         del self._calls[call.seq]
         return call
