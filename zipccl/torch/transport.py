@@ -113,7 +113,7 @@ class ProcessGroupTransport(Transport):
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self.backend = _backend_name(self.group, self.device)
-        self._ctl = None  # the control exchanges' backend (``control_backend``), made at the first
+        self._ctl = None  # the control exchanges' backend (``control_backend``), made at the first one
         # NCCL on CUDA tensors records into a CUDA graph; gloo moves them through the host
         self.capturable = self._cuda and self.backend == "nccl"
 
