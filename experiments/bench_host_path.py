@@ -218,6 +218,14 @@ def spill_allocations(zc) -> int | None:
     return sum(ch.spills.stats()["allocations"] for ch in core.channels().values())
 
 
+def spill_pinned_bytes(zc) -> int | None:
+    """Pinned bytes the slot channels of ``zc`` hold in call blocks (free and in flight)."""
+    core = getattr(zc, "_core", None)
+    if core is None:  # an older tree
+        return None
+    return sum(ch.spills.stats()["pinned_bytes"] for ch in core.channels().values())
+
+
 def run(rank: int, p: int, args) -> list[dict]:
     import zipccl.torch as zt
     from zipccl.torch.transport import ProcessGroupTransport
@@ -325,6 +333,7 @@ def run(rank: int, p: int, args) -> list[dict]:
                 "spill_block_allocations": None if allocs is None else spill_allocations(zc) - allocs,
                 "warmup_block_allocations": warm_allocs,  # made in the warm-up bursts (untimed)
                 "warmup_bursts": bursts,
+                "spill_pinned_bytes": spill_pinned_bytes(zc),  # call blocks held after the timed calls
                 "py_ref_us": py_ref,
                 "call_us": 1e6 * wall / args.calls,
                 "transport_us": 1e6 * rec.pop("transport_s") / args.calls,
