@@ -17,6 +17,8 @@
 #             rank over NCCL (loopback) with each call also captured and replayed (--graph)
 #   api       experiments/bench_api_overhead.py (the public compress / decompress), then its
 #             Python calls, launches and waits per call (--count-calls)
+#   graphab   bench_host_path.py on one rank over NCCL (loopback) on the default stream, four
+#             alternating processes: zipccl's own graphs (ZIPCCL_GRAPHS=1) and plans only (=0)
 #   bash experiments/run_one_gpu.sh OUTDIR
 set -u
 OUTDIR=${1:?usage: run_one_gpu.sh OUTDIR}
@@ -91,5 +93,12 @@ if has api; then
   step public api
   timeout ${API_S:-200} python3 experiments/bench_api_overhead.py --out "$OUTDIR/api_overhead.jsonl" 2>&1 | tail -20
   timeout ${API_S:-200} python3 experiments/bench_api_overhead.py --count-calls --out "$OUTDIR/api_overhead.jsonl" 2>&1 | tail -9
+fi
+if has graphab; then
+  for g in 1 0 1 0; do
+    step "one rank over NCCL, loopback, default stream, ZIPCCL_GRAPHS=$g"
+    ZIPCCL_GRAPHS=$g timeout ${HOST_S:-200} python3 experiments/bench_host_path.py --ranks 1 --loopback --backend nccl \
+      --sizes-mib ${HOST_SIZES:-1,16,64} --out "$OUTDIR/host_path.jsonl" 2>&1 | grep "call "
+  done
 fi
 step done
