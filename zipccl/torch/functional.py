@@ -28,6 +28,9 @@ from .translate import ReduceOp, fast_key, nbytes, op_name, refused, split_count
 from .transport import ProcessGroupTransport, TorchChannel, resolve_group
 from .work import _CheckedWork, _done_work, _guarded
 
+# whether the current stream is being captured, asked in C (torch.cuda's function wraps it)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
 
 class Collectives(Front):
     """The four collectives with one configuration, one ``comm.core.Core`` and one ``stats``.
@@ -92,7 +95,7 @@ class Collectives(Front):
         return self._core.engine(True, call.stream, idx), self._links[(group, t.device)][0]
 
     def capturing(self, call, ctx) -> bool:
-        return torch.cuda.is_current_stream_capturing()
+        return _capturing()
 
     def graph(self, call, ctx, record):
         """``record(stream)`` captured with ``torch.cuda.CUDAGraph`` on a capture stream of this

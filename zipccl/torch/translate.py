@@ -57,10 +57,21 @@ def refused(op: str, p: int, tensors, send_n: int, recv_n: int, reduce=None, spl
     return refusal(op, p, dtypes, name, send_n, recv_n, *counts, problem=problem)
 
 
+# torch's current stream's raw handle on a device index, read in C (CUDA builds of torch; the
+# same handle ``torch.cuda.current_stream(device).cuda_stream`` builds a Stream object for
+# through several Python frames, at every call)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def fast_key(op: str, group, t, r, extra=None):
     """A call's plan key: the op, the group, both tensors' address, size, type, device and
     layout, and the stream (CUDA: torch's current one)."""
-    st = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    if not t.is_cuda:
+        st = None
+    elif _RAW_STREAM is not None:
+        st = _RAW_STREAM(t.device.index)
+    else:
+        st = torch.cuda.current_stream(t.device).cuda_stream
     return (op, group, t.data_ptr(), r.data_ptr(), t.numel(), r.numel(), t.dtype, r.dtype,
             t.device, r.device, t.is_contiguous(), r.is_contiguous(), st, extra)
 
