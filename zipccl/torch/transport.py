@@ -197,13 +197,10 @@ class ProcessGroupTransport(Transport):
         return pg
 
     def allgather_ints(self, row: np.ndarray, table: np.ndarray) -> None:
-        """table[i] = rank i's ``row`` (int64; ``table`` is (size, row.size))."""
+        """table[i] = rank i's ``row`` (``table``: (size, row.size) int64, C-contiguous, written
+        in place)."""
         mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64).reshape(-1))
-        got = torch.from_numpy(table.reshape(self.size, -1)) if table.flags.c_contiguous and \
-            table.dtype == np.int64 else torch.empty(table.shape, dtype=torch.int64)
-        self._control().allgather([list(got.unbind(0))], [mine]).wait()
-        if got.data_ptr() != table.ctypes.data:
-            table[...] = got.numpy().reshape(table.shape)
+        self._control().allgather([list(torch.from_numpy(table).unbind(0))], [mine]).wait()
 
     def allgather_objects(self, obj) -> list:
         """Every rank's ``obj`` (picklable), in rank order: lengths first, then the pickles."""
@@ -236,27 +233,35 @@ def _max_options():
     return opts
 
 
-_CONTROLS: dict[str, int] = {}  # control backends made so far in this process, by group name
+_MADE: dict[str, int] = {}  # gloo backends made so far in this process, by purpose and group name
+
+
+def own_gloo(group, purpose: str):
+    """A ``ProcessGroupGloo`` among the ranks of ``group``, built directly over a ``PrefixStore``
+    of the job's default store keyed by ``purpose``, the group's name and how many such backends
+    this process made before: no job-wide collective (``new_group`` is one), and two backends
+    over the same ranks never meet. The group's ranks must make theirs in the same order; its
+    timeout is the group's (``group_timeout``)."""
+    name = f"zipccl-{purpose}/{_group_name(group)}"
+    k = _MADE.get(name, 0)
+    _MADE[name] = k + 1
+    store = dist.PrefixStore(f"{name}/{k}", dist.distributed_c10d._get_default_store())
+    return dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group),
+                                 group_timeout(group))
 
 
 def control_backend(group):
     """What carries the control exchanges of ``group``'s transports: the group's own gloo
     backend where it has one for CPU tensors (the backend itself: a zipccl group's inner one),
-    else a ``ProcessGroupGloo`` of its ranks over a ``PrefixStore`` of the job's store (as
-    ``TorchChannel``'s: no job-wide collective; the ranks make theirs at the same call, their
-    first control exchange on the group), under the group's timeout."""
+    else a gloo backend of its ranks (``own_gloo``; the ranks make theirs at the same call,
+    their first control exchange on the group)."""
     try:
         cpu = group._get_backend(torch.device("cpu"))
     except (RuntimeError, AttributeError, ValueError):
         cpu = None
     if cpu is not None and str(cpu.name()).lower() == "gloo":
         return cpu
-    name = _group_name(group)
-    k = _CONTROLS.get(name, 0)
-    _CONTROLS[name] = k + 1
-    store = dist.PrefixStore(f"zipccl-control/{name}/{k}", dist.distributed_c10d._get_default_store())
-    return dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group),
-                                 group_timeout(group))
+    return own_gloo(group, "control")
 
 
 # -- a rank's failure, told to its peers through the job's store ------------------------------
@@ -313,30 +318,21 @@ class TorchChannel:
     """A host channel over a gloo backend of its own among the ranks of ``group`` (default: the
     world), made by those ranks alone.
 
-    The backend is a ``ProcessGroupGloo`` built directly over a ``PrefixStore`` of the job's
-    default store, keyed by the group's name and by how many channels this process has made for
-    that group before; so no job-wide collective is needed (``new_group`` is one: every process
-    of the job would have to reach it, also those outside ``group``), and two channels over the
-    same ranks never meet. The group's ranks must make their channels in the same order (they
-    do: a channel is made at the group's first compressed call, which every rank of the group
-    makes). Ranks and peers are ranks in ``group``. Its timeout is the group's
-    (``group_timeout``), so a peer that never comes fails this rank in that time, as the
-    group's own collectives would.
+    The backend is ``own_gloo``'s: no job-wide collective (``new_group`` would need every process
+    of the job, also those outside ``group``), two channels over the same ranks never meet, and
+    the group's ranks make their channels in the same order (a channel is made at the group's
+    first compressed call, which every rank of the group makes). Ranks and peers are ranks in
+    ``group``. Its timeout is the group's (``group_timeout``), so a peer that never comes fails
+    this rank in that time, as the group's own collectives would.
     """
-
-    _made: dict[str, int] = {}  # channels made so far in this process, by group name
 
     def __init__(self, group=None):
         group = group if group is not None else dist.group.WORLD
         self._over = group
         self._own: dict[int, deque] = {}  # tails this rank sent itself, by tag
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-        name = _group_name(group)
-        k = TorchChannel._made.get(name, 0)
-        TorchChannel._made[name] = k + 1
-        store = dist.PrefixStore(f"zipccl-spill/{name}/{k}", dist.distributed_c10d._get_default_store())
         self.timeout = group_timeout(group)
-        self.group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
+        self.group = own_gloo(group, "spill")
 
     def isend(self, data: np.ndarray, peer: int, tag: int) -> SendHandle:
         if peer == self.rank:  # one rank looping back (Policy.loopback): gloo has no pair to itself
